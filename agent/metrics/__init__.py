@@ -1,0 +1,31 @@
+"""Pure attention-geometry math: tensors in, tensors out; no hooks, threads, I/O or globals.
+
+Every function is batched over any leading dimensions (layers x heads in one call), computes
+in float32 by default (float64 on request), and runs on whatever device its inputs live on.
+The definitions are DESIGN.md's metric table.
+"""
+
+from agent.metrics.attention import STAT_NAMES, attention_stats
+from agent.metrics.heads import effective_key_map, group_heads, householder, split_heads, split_qkv
+from agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
+from agent.metrics.subspace import ACCURACY, RANDOMIZED_TOLERANCE, geometry, principal_overlap, qkai, stable_rank
+
+__all__ = [
+    "ACCURACY",
+    "RANDOMIZED_TOLERANCE",
+    "STAT_NAMES",
+    "attention_stats",
+    "column_alignment",
+    "effective_key_map",
+    "effective_rank",
+    "geometry",
+    "group_heads",
+    "householder",
+    "participation_ratio",
+    "principal_overlap",
+    "projection_norms",
+    "qkai",
+    "split_heads",
+    "split_qkv",
+    "stable_rank",
+]

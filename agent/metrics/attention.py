@@ -1,0 +1,132 @@
+"""Attention statistics of sampled query rows against all keys.
+
+Only ``(sample x keys)`` is ever built per head: the probe hands over a few query rows (after
+RoPE, as the model uses them) and the keys of the same sequence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from agent.metrics.heads import group_heads
+from agent.metrics.spectra import effective_rank
+
+STAT_NAMES = (
+    "attn_entropy", "attn_top1", "attn_top5", "attn_gap",
+    "logit_mean", "logit_std", "logit_max", "qk_erank", "attn_srank", "attn_gap1",
+)
+
+
+def attention_stats(q: Tensor, k: Tensor, causal: bool = True, *, q_pos: Tensor | None = None,
+                    dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """Per-head statistics of the softmax attention of sampled queries.
+
+    Logits are ``q . k / sqrt(d_head)``; row ``i`` may see ``n_i`` keys (causal: the keys up to its
+    own position, ``n_i = pos_i + 1``; otherwise all ``T_k``).
+
+    * ``attn_entropy``: ``H(p_i) / log(n_i)``, rows with ``n_i = 1`` skipped, mean over rows; 1 = uniform.
+    * ``attn_top1``, ``attn_top5``, ``attn_gap``: mean largest probability, mass of the 5
+      largest, ``p(1) - p(2)``.
+    * ``logit_mean``, ``logit_std`` (population), ``logit_max``: over all allowed (row, key) pairs.
+    * ``qk_erank``: effective rank of the singular values of the raw ``Q K^T`` on the sample.
+    * ``attn_srank``, ``attn_gap1``: stable rank ``||A||_F^2 / ||A||_2^2`` of the sampled
+      attention matrix ``A`` and ``sigma_1(A) - sigma_2(A)`` (seed 003's spectral gap).
+
+    Args:
+        q: ``(..., T_q, d_head)`` sampled query rows.
+        k: ``(..., T_k, d_head)`` all keys; ``k`` may have fewer heads than ``q`` at dim -3 (GQA).
+        causal: apply the causal mask.
+        q_pos: ``(T_q,)`` positions of the sampled rows among the keys; by default the last
+            ``T_q`` positions (causal aligns the last ``T_q`` queries with the last ``T_q`` keys).
+        dtype: compute dtype, float32 by default (float64 on request or for float64 inputs).
+
+    Returns:
+        name -> ``(...)`` tensor, one value per head.
+    """
+    _check(q, k, q_pos)
+    dt = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
+    qg, kg, shape = group_heads(q.to(dt), k.to(dt))
+    t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    raw = qg @ kg.mT  # (..., Tq, Tk)
+    logits = raw * (1.0 / math.sqrt(d))
+    allowed, n_keys = _visible(t_q, t_k, causal, q_pos, q.device)  # (Tq, Tk), (Tq,)
+
+    masked = logits.masked_fill(~allowed, -math.inf)
+    logp = torch.log_softmax(masked, -1)
+    p = logp.exp()
+    out = _row_stats(p, logp, n_keys)
+    out.update(_logit_stats(logits, allowed))
+    out["qk_erank"] = effective_rank(_singular_values(raw))
+    sv = _singular_values(p)
+    out["attn_srank"] = sv.square().sum(-1) / sv[..., 0].square()
+    out["attn_gap1"] = sv[..., 0] - (sv[..., 1] if sv.shape[-1] > 1 else 0.0)
+    return {name: out[name].reshape(shape) for name in STAT_NAMES}
+
+
+def _row_stats(p: Tensor, logp: Tensor, n_keys: Tensor) -> dict[str, Tensor]:
+    entropy = -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)  # (..., Tq)
+    multi = n_keys > 1
+    norm = torch.where(multi, n_keys.to(p.dtype).clamp_min(2).log(), torch.ones_like(n_keys, dtype=p.dtype))
+    entropy = (entropy / norm * multi).sum(-1) / multi.sum().clamp_min(1)
+    top = p.topk(min(5, p.shape[-1]), dim=-1).values  # (..., Tq, <=5)
+    second = top[..., 1] if top.shape[-1] > 1 else torch.zeros_like(top[..., 0])
+    return {
+        "attn_entropy": entropy,
+        "attn_top1": top[..., 0].mean(-1),
+        "attn_top5": top.sum(-1).mean(-1),
+        "attn_gap": (top[..., 0] - second).mean(-1),
+    }
+
+
+def _logit_stats(logits: Tensor, allowed: Tensor) -> dict[str, Tensor]:
+    count = allowed.sum()
+    vals = logits * allowed
+    mean = vals.sum((-2, -1)) / count
+    var = ((logits - mean[..., None, None]).square() * allowed).sum((-2, -1)) / count
+    return {
+        "logit_mean": mean,
+        "logit_std": var.sqrt(),
+        "logit_max": logits.masked_fill(~allowed, -math.inf).amax((-2, -1)),
+    }
+
+
+def _singular_values(m: Tensor) -> Tensor:
+    """Descending singular values of ``(..., a, b)`` through the smaller Gram, eigenvalues in float64.
+
+    Values below about ``sqrt(u) * sigma_1`` (u the unit roundoff of ``m``) are rounding noise;
+    the summaries built on them (effective and stable rank, the top gap) are insensitive to that.
+    """
+    gram = m @ m.mT if m.shape[-2] <= m.shape[-1] else m.mT @ m
+    evals = torch.linalg.eigvalsh(gram.double()).flip(-1).clamp_min(0)
+    return evals.sqrt().to(m.dtype)
+
+
+def _visible(t_q: int, t_k: int, causal: bool, q_pos: Tensor | None, device) -> tuple[Tensor, Tensor]:
+    if not causal:
+        return torch.ones(t_q, t_k, dtype=torch.bool, device=device), torch.full((t_q,), t_k, device=device)
+    pos = torch.arange(t_k - t_q, t_k, device=device) if q_pos is None else q_pos.to(device)
+    allowed = torch.arange(t_k, device=device)[None, :] <= pos[:, None]  # (Tq, Tk)
+    return allowed, pos + 1
+
+
+def _check(q: Tensor, k: Tensor, q_pos: Tensor | None) -> None:
+    if q.ndim < 2 or k.ndim < 2 or q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"attention_stats needs q (..., T_q, d_head) and k (..., T_k, d_head) with equal d_head; "
+            f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    if q.shape[-2] < 1 or k.shape[-2] < 1:
+        raise ValueError(
+            f"attention_stats needs at least one query and one key; got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    if q_pos is not None:
+        if q_pos.shape != (q.shape[-2],):
+            raise ValueError(f"q_pos must have shape ({q.shape[-2]},), got {tuple(q_pos.shape)}")
+        # validated on the host: q_pos is a small index tensor the probe builds on the CPU
+        if bool(((q_pos < 0) | (q_pos >= k.shape[-2])).any()):
+            raise ValueError(f"q_pos must lie in [0, T_k={k.shape[-2]})")
+    elif q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"more queries ({q.shape[-2]}) than keys ({k.shape[-2]}): pass q_pos")

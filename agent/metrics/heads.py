@@ -1,0 +1,134 @@
+"""From projection weights to per-head factors in math layout.
+
+Math layout (DESIGN.md): for one head, ``Wq_h`` and ``Wk_h`` are ``d_model x d_head``; their
+columns span the head's query / key subspace of the residual stream.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def split_heads(weight: Tensor, n_heads: int) -> Tensor:
+    """Per-head factors of an ``nn.Linear(d_model, n_heads * d_head)`` weight.
+
+    Args:
+        weight: ``(..., n_heads * d_head, d_model)``, the layout of ``nn.Linear.weight``.
+        n_heads: number of heads the output features are split into.
+
+    Returns:
+        ``(..., n_heads, d_model, d_head)``.
+    """
+    if weight.ndim < 2:
+        raise ValueError(f"split_heads expects (..., n_heads*d_head, d_model), got shape {tuple(weight.shape)}")
+    out_features, d_model = weight.shape[-2:]
+    if n_heads <= 0 or out_features % n_heads:
+        raise ValueError(
+            f"split_heads: {out_features} output features do not split into {n_heads} heads "
+            f"(weight shape {tuple(weight.shape)})"
+        )
+    d_head = out_features // n_heads
+    heads = weight.reshape(*weight.shape[:-2], n_heads, d_head, d_model)  # (..., nh, hs, D)
+    return heads.transpose(-1, -2)  # (..., nh, D, hs)
+
+
+def split_qkv(
+    weight: Tensor, n_heads: int, n_kv_heads: int | None = None, *, conv1d: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-head query, key and value factors of a fused QKV projection.
+
+    nanoGPT's ``c_attn`` is an ``nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head)`` whose
+    output rows are ``[q; k; v]``. GPT-2's ``Conv1D`` stores the same matrix transposed,
+    ``(d_model, 3 * d_model)``: pass ``conv1d=True``.
+
+    Returns:
+        ``wq (..., n_heads, d_model, d_head)``, ``wk`` and ``wv`` ``(..., n_kv_heads, d_model, d_head)``.
+    """
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if weight.ndim < 2:
+        raise ValueError(f"split_qkv expects a matrix, got shape {tuple(weight.shape)}")
+    linear = weight.transpose(-1, -2) if conv1d else weight  # (..., (nh + 2 nkv) hs, D)
+    rows = linear.shape[-2]
+    total_heads = n_heads + 2 * n_kv_heads
+    if rows % total_heads:
+        layout = "Conv1D (d_model, 3*d_model)" if conv1d else "Linear (3*d_model, d_model)"
+        raise ValueError(
+            f"split_qkv: fused weight of shape {tuple(weight.shape)} ({layout}) does not split into "
+            f"{n_heads} query + 2 x {n_kv_heads} key/value heads"
+        )
+    d_head = rows // total_heads
+    wq, wk, wv = linear.split([n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head], dim=-2)
+    return split_heads(wq, n_heads), split_heads(wk, n_kv_heads), split_heads(wv, n_kv_heads)
+
+
+def householder(vectors: Tensor) -> Tensor:
+    """Product of Householder reflections ``H_1 H_2 ... H_p``, ``H_i = I - 2 v_i v_i^T / |v_i|^2``.
+
+    Args:
+        vectors: ``(..., p, d)``; each row one reflection vector (nonzero).
+
+    Returns:
+        ``(..., d, d)`` orthogonal matrices. Applied to a key ``k`` (column) as ``R @ k``.
+    """
+    *lead, p, d = vectors.shape
+    eye = torch.eye(d, dtype=vectors.dtype, device=vectors.device)
+    rot = eye.expand(*lead, d, d)
+    for i in range(p):  # p is small (4 in seed 000); the loop is over reflections, not heads
+        v = vectors[..., i, :].unsqueeze(-1)  # (..., d, 1)
+        reflect = eye - 2.0 * (v @ v.mT) / (v.mT @ v)  # (..., d, d)
+        rot = rot @ reflect
+    return rot
+
+
+def effective_key_map(wk: Tensor, rotation: Tensor | None) -> Tensor:
+    """The key map the bilinear form actually uses, ``Wk_h R_h^T``.
+
+    A model that rotates keys after projection (``k' = R_h k``, RAA's Householder rotation) has
+    logits ``q^T R_h k = x^T Wq_h R_h Wk_h^T y``.
+
+    Args:
+        wk: ``(..., d_model, d_head)``.
+        rotation: ``(..., d_head, d_head)`` or None (no rotation).
+    """
+    if rotation is None:
+        return wk
+    if rotation.shape[-2:] != (wk.shape[-1], wk.shape[-1]):
+        raise ValueError(
+            f"key rotation of shape {tuple(rotation.shape)} does not fit key heads of shape {tuple(wk.shape)}"
+        )
+    return wk @ rotation.mT
+
+
+def group_heads(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
+    """Line query heads up with the key head that serves them, without copying keys.
+
+    With grouped-query attention key head ``g`` serves query heads ``g*n_rep ... (g+1)*n_rep-1``.
+    Both tensors carry heads at dim -3. When the head counts differ, ``q`` is viewed as
+    ``(..., G, n_rep, a, b)`` and ``k`` as ``(..., G, 1, a', b')`` so that broadcasting does the
+    expansion. Returns the two views and the shape to reshape a per-head result to.
+    """
+    if q.ndim < 3 or k.ndim < 3:
+        # no head dim: plain broadcasting
+        return q, k, tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+    h, g = q.shape[-3], k.shape[-3]
+    if h == g or g == 1:
+        try:
+            lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        except RuntimeError:
+            raise ValueError(
+                f"query shape {tuple(q.shape)} and key shape {tuple(k.shape)} do not broadcast"
+            ) from None
+        return q, k, tuple(lead)
+    if h % g:
+        raise ValueError(
+            f"{h} query heads cannot share {g} key heads (grouped-query attention needs "
+            f"n_heads % n_kv_heads == 0); query shape {tuple(q.shape)}, key shape {tuple(k.shape)}"
+        )
+    try:
+        lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])
+    except RuntimeError:
+        raise ValueError(f"query shape {tuple(q.shape)} and key shape {tuple(k.shape)} do not broadcast") from None
+    qg = q.reshape(*q.shape[:-3], g, h // g, *q.shape[-2:])  # (..., G, n_rep, a, b)
+    kg = k.unsqueeze(-3)  # (..., G, 1, a', b')
+    return qg, kg, (*lead, h)

@@ -1,0 +1,69 @@
+"""Spectral summaries: effective rank, participation ratio, column alignment, projection norms."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def effective_rank(s: Tensor) -> Tensor:
+    """Effective rank ``exp(-sum_i p_i log p_i)``, ``p = s / sum(s)``, with ``0 log 0 = 0``.
+
+    Args:
+        s: ``(..., k)`` nonnegative singular values.
+
+    Returns:
+        ``(...)`` in ``[1, k]``: 1 for a one-hot spectrum, ``k`` for a flat one. An all-zero
+        spectrum gives NaN (no direction at all).
+    """
+    if s.ndim < 1:
+        raise ValueError(f"effective_rank expects (..., k) singular values, got shape {tuple(s.shape)}")
+    p = s / s.sum(-1, keepdim=True)
+    plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
+    return torch.exp(-plogp.sum(-1))
+
+
+def participation_ratio(x: Tensor) -> Tensor:
+    """Participation ratio ``(sum l)^2 / sum l^2 = tr(C)^2 / tr(C^2)`` of the sample covariance.
+
+    ``C`` is the covariance of the rows of ``x`` (centred). Works with the smaller of the two
+    Grams (``n x n`` or ``width x width``), which share their nonzero eigenvalues; no
+    eigendecomposition is needed.
+
+    Args:
+        x: ``(..., n_samples, width)``, ``n_samples >= 2``.
+
+    Returns:
+        ``(...)`` in ``[1, min(n_samples - 1, width)]``; isotropic data gives about ``width``.
+    """
+    if x.ndim < 2 or x.shape[-2] < 2:
+        raise ValueError(f"participation_ratio expects (..., n_samples >= 2, width), got {tuple(x.shape)}")
+    xc = x - x.mean(-2, keepdim=True)  # (..., n, w)
+    n, w = xc.shape[-2:]
+    gram = xc @ xc.mT if n <= w else xc.mT @ xc  # (..., min, min); the 1/(n-1) cancels in the ratio
+    trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    return trace.square() / gram.square().sum((-2, -1))
+
+
+def column_alignment(wq: Tensor, wk: Tensor) -> Tensor:
+    """``qk_cos``: mean over output features ``j`` of ``|cos(Wq[:, j], Wk[:, j])|``.
+
+    Args:
+        wq, wk: ``(..., d_model, width)``, whole-layer projections in math layout (the
+            transpose of ``nn.Linear.weight``). With GQA pass the keys repeated per query head.
+
+    Returns:
+        ``(...)`` in ``[0, 1]``; independent Xavier at ``d_model = 256`` gives about 0.0498
+        (``E|cos| = sqrt(2 / (pi d_model))`` for independent isotropic columns).
+    """
+    if wq.shape != wk.shape:
+        raise ValueError(f"column_alignment needs equal shapes, got wq {tuple(wq.shape)} and wk {tuple(wk.shape)}")
+    dot = (wq * wk).sum(-2)
+    norms = wq.norm(dim=-2) * wk.norm(dim=-2)
+    return (dot / norms).abs().mean(-1)
+
+
+def projection_norms(w: Tensor) -> dict[str, Tensor]:
+    """Frobenius norm, spectral norm and effective rank of ``(..., d_model, width)`` projections."""
+    s = torch.linalg.svdvals(w.float() if w.dtype not in (torch.float32, torch.float64) else w)
+    return {"fro": s.square().sum(-1).sqrt(), "spec": s[..., 0], "erank": effective_rank(s)}

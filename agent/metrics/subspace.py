@@ -1,0 +1,308 @@
+"""Query-key subspace geometry of the weights: QKAI, the principal-angle overlap, stable rank.
+
+For one head, ``Wq`` and ``Wk`` are ``d_model x d_head`` (math layout). Everything here reduces
+them to ``d_head x d_head`` objects through three Gram products
+
+    Gq = Wq^T Wq,   Gk = Wk^T Wk,   X = Wq^T Wk
+
+so that nothing ``d_model x d_model`` is ever formed and the batched work is matrix products.
+
+* Full rank ``r = d_head``: Cholesky ``G = L L^T`` makes ``U = W L^{-T}`` an orthonormal basis of
+  the column space (Cholesky QR, ``W = U R`` with ``R = L^T``), so the cosines of the principal
+  angles are the singular values of ``C = Lq^{-1} X Lk^{-T}`` and ``sum_i c_i^2 = ||C||_F^2``:
+  no SVD at all.
+* ``r < d_head``: the top-r left-singular vectors of ``W`` are ``W V_r Lambda_r^{-1/2}`` with
+  ``(V, Lambda)`` the eigenpairs of ``G``, so ``C = Lambda_q^{-1/2} V_q^T X V_k Lambda_k^{-1/2}``.
+* Stable rank of ``M = Wq Wk^T``: with ``W = U R``, ``M = Uq (Rq Rk^T) Uk^T`` has the singular
+  values of the ``d_head x d_head`` core ``Rq Rk^T``.
+
+Gram products square the condition number, so each head's result carries a rounding error of
+about ``u * kappa(W)^2``. Heads whose estimated error exceeds ``ACCURACY`` are recomputed in
+float64, and those still too ill-conditioned (or rank-deficient) with Householder QR in float64.
+A head whose weights hold a NaN or inf gives NaN: a diverging run still reports.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from agent.metrics.heads import group_heads
+
+Method = Literal["auto", "exact", "randomized"]
+
+ACCURACY = 1e-5
+"""Target absolute error of ``sum_i c_i^2 / r`` from rounding; the cascade keeps every head within it."""
+
+RANDOMIZED_OVERSAMPLE = 8
+RANDOMIZED_NITER = 4
+RANDOMIZED_TOLERANCE = 1e-3
+"""Randomised mode (``torch.svd_lowrank``, ``q = r + 8``, 4 power iterations): absolute error of
+``qkai`` within 1e-3 when the weights have a spectral gap ``sigma_{r+1} / sigma_r <= 0.5`` at the
+cut (tested). Without a gap the top-r subspace itself is ill-defined, exact or not."""
+
+
+def qkai(wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "auto",
+         dtype: torch.dtype | None = None) -> Tensor:
+    """Query-key alignment index per head: ``mean_i c_i^2``.
+
+    ``c_i`` are the cosines of the principal angles between the top-``rank`` left-singular
+    subspaces of ``Wq`` and ``Wk`` (default ``rank = d_head``: the whole column spaces).
+
+    Args:
+        wq: ``(..., n_heads, d_model, d_head)``.
+        wk: ``(..., n_kv_heads, d_model, d_head)``; ``n_heads % n_kv_heads == 0`` (GQA), or any
+            shape that broadcasts with ``wq``.
+        rank: ``r``, ``1 <= r <= d_head``.
+        method: ``"exact"``, ``"randomized"`` (``torch.svd_lowrank``) or ``"auto"`` (randomised
+            only where its cost is lower, i.e. ``6 (r + 8) < d_head``).
+        dtype: compute dtype; float32 unless the weights are float64 or this asks for float64.
+
+    Returns:
+        ``(..., n_heads)`` in ``[0, 1]``; independent random subspaces give about ``r / d_model``.
+    """
+    r = _rank(wq, rank)
+    return principal_overlap(wq, wk, r, method=method, dtype=dtype) / r
+
+
+def principal_overlap(wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "auto",
+                      dtype: torch.dtype | None = None) -> Tensor:
+    """``sum_i c_i^2`` per head, differentiable in ``wq`` and ``wk`` (RAA's PAR loss uses it).
+
+    Same arguments and shapes as :func:`qkai`; the range is ``[0, r]``.
+    """
+    _check_pair(wq, wk)
+    r = _rank(wq, rank)
+    d = wq.shape[-1]
+    dt = _compute_dtype(wq, dtype)
+    if _use_randomized(method, r, d):
+        return _overlap_randomized(wq, wk, r, dt)
+    if r == d:
+        return _cascade(wq, wk, dt, _full_rank, _householder)[..., 0]
+    return _cascade(wq, wk, dt, partial(_top_r, r=r), partial(_svd_top_r, r=r))
+
+
+def stable_rank(wq: Tensor, wk: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Stable rank ``||M||_F^2 / ||M||_2^2`` of ``M = Wq Wk^T`` per head, without forming ``M``.
+
+    Args:
+        wq, wk: as in :func:`qkai`. Pass the effective key map (``effective_key_map``) when
+            the model rotates its keys.
+
+    Returns:
+        ``(..., n_heads)`` in ``[1, d_head]``.
+    """
+    _check_pair(wq, wk)
+    return _cascade(wq, wk, _compute_dtype(wq, dtype), _full_rank, _householder)[..., 1]
+
+
+def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *,
+             dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+    """QKAI and stable rank per head from one shared pass (what the agent reports).
+
+    Returns ``{"qkai": (..., n_heads), "stable_rank": (..., n_heads)}``.
+    """
+    _check_pair(wq, wk)
+    r = _rank(wq, rank)
+    dt = _compute_dtype(wq, dtype)
+    both = _cascade(wq, wk, dt, _full_rank, _householder)
+    out = {"qkai": both[..., 0] / r, "stable_rank": both[..., 1]}
+    if r < wq.shape[-1]:
+        out["qkai"] = qkai(wq, wk, r, dtype=dt)
+    return out
+
+
+# --- the tiers ------------------------------------------------------------------------------
+
+
+def _full_rank(wq: Tensor, wk: Tensor, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Cholesky QR of both factors: ``[..., (sum c_i^2, stable rank)]`` and trustworthy, per head."""
+    wq, wk = wq.to(dt), wk.to(dt)
+    lq, ok_q = _cholesky(wq.mT @ wq, dt)  # (..., hs, hs)
+    lk, ok_k = _cholesky(wk.mT @ wk, dt)
+    x = wq.mT @ wk  # (..., hs, hs)
+    c = torch.linalg.solve_triangular(lq, x, upper=False)  # Lq^{-1} X
+    c = torch.linalg.solve_triangular(lk, c.mT, upper=False).mT  # Lq^{-1} X Lk^{-T}
+    overlap = c.square().sum((-2, -1))
+    srank = _stable_rank_of_core(lq.mT @ lk)  # Rq Rk^T with R = L^T
+    return torch.stack([overlap, srank], -1), ok_q & ok_k
+
+
+def _top_r(wq: Tensor, wk: Tensor, dt: torch.dtype, r: int) -> tuple[Tensor, Tensor]:
+    """Eigenpairs of the Grams: (sum of the top-r c_i^2, trustworthy) per head."""
+    wq, wk = wq.to(dt), wk.to(dt)
+    bq, ok_q = _top_r_basis(wq.mT @ wq, r, dt)  # U_Q = Wq Bq, Bq (..., hs, r)
+    bk, ok_k = _top_r_basis(wk.mT @ wk, r, dt)
+    c = bq.mT @ (wq.mT @ wk) @ bk  # (..., r, r)
+    return c.square().sum((-2, -1)), ok_q & ok_k
+
+
+def _householder(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
+    """Last resort for full rank, float64 Householder QR: ``[..., (sum c_i^2, stable rank)]``, defined.
+
+    A rank-deficient head (dead, zeroed) has no ``d_head``-dimensional column space: not defined.
+    """
+    uq, rq = torch.linalg.qr(wq.double())
+    uk, rk = torch.linalg.qr(wk.double())
+    overlap = (uq.mT @ uk).square().sum((-2, -1))
+    srank = _stable_rank_of_core(rq @ rk.mT)
+    diag = torch.cat([rq.diagonal(dim1=-2, dim2=-1), rk.diagonal(dim1=-2, dim2=-1)], -1).abs()
+    return torch.stack([overlap, srank], -1), _well_separated(diag.amin(-1), diag.amax(-1), wq)
+
+
+def _svd_top_r(wq: Tensor, wk: Tensor, r: int) -> tuple[Tensor, Tensor]:
+    """Last resort for ``r < d_head``, float64 SVD: top-r overlap, defined (a gap at the cut)."""
+    uq, sq, _ = torch.linalg.svd(wq.double(), full_matrices=False)
+    uk, sk, _ = torch.linalg.svd(wk.double(), full_matrices=False)
+    overlap = (uq[..., :r].mT @ uk[..., :r]).square().sum((-2, -1))
+    gap = torch.minimum(sq[..., r - 1] - _after(sq, r), sk[..., r - 1] - _after(sk, r))
+    return overlap, _well_separated(gap, torch.maximum(sq[..., 0], sk[..., 0]), wq)
+
+
+def _after(s: Tensor, r: int) -> Tensor:
+    return s[..., r] if r < s.shape[-1] else torch.zeros_like(s[..., 0])
+
+
+def _well_separated(small: Tensor, big: Tensor, w: Tensor) -> Tensor:
+    return small > big * w.shape[-2] * torch.finfo(torch.float64).eps
+
+
+def _overlap_randomized(wq: Tensor, wk: Tensor, r: int, dt: torch.dtype) -> Tensor:
+    qg, kg, shape = group_heads(wq, wk)
+    q = min(r + RANDOMIZED_OVERSAMPLE, wq.shape[-1])
+    uq = torch.svd_lowrank(_finite_or_eye(qg.to(dt)), q=q, niter=RANDOMIZED_NITER)[0][..., :r]
+    uk = torch.svd_lowrank(_finite_or_eye(kg.to(dt)), q=q, niter=RANDOMIZED_NITER)[0][..., :r]
+    overlap = (uq.mT @ uk).square().sum((-2, -1))
+    bad = ~(_finite_heads(qg) & _finite_heads(kg))
+    return overlap.masked_fill(bad, math.nan).reshape(shape)
+
+
+# --- the cascade ----------------------------------------------------------------------------
+
+
+def _cascade(wq: Tensor, wk: Tensor, dt: torch.dtype, tier, last_resort) -> Tensor:
+    """Run ``tier`` on every head in ``dt``, then recompute the untrustworthy heads more carefully.
+
+    ``tier(wq, wk, dtype) -> (values, ok)`` with values ``(*heads, ...)``. Heads with ``ok`` false
+    are recomputed in float64 with the same tier, and those still not ok by
+    ``last_resort(wq, wk) -> (values, defined)``; undefined heads give NaN. Non-finite heads are
+    replaced by a harmless matrix for the arithmetic and come out NaN.
+    """
+    qg, kg, shape = group_heads(wq, wk)
+    finite = _finite_heads(qg) & _finite_heads(kg)
+    values, ok = tier(_finite_or_eye(qg), _finite_or_eye(kg), dt)
+    pending = ~ok & finite
+    if bool(pending.any()):  # one host sync per call, never one per head
+        values = values.clone()
+        values[pending] = _refine(pending, qg, kg, tier, last_resort).to(values.dtype)
+    values = torch.where(_expand_like(finite, values), values, torch.full_like(values, math.nan))
+    return values.reshape(*shape, *values.shape[finite.ndim:])
+
+
+def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier, last_resort) -> Tensor:
+    q = qg.expand(*pending.shape, *qg.shape[-2:])[pending]  # (n_pending, D, hs): copies these heads only
+    k = kg.expand(*pending.shape, *kg.shape[-2:])[pending]
+    values, ok = tier(q, k, torch.float64)
+    if not bool(ok.all()):
+        last, defined = last_resort(q[~ok], k[~ok])
+        last = torch.where(_expand_like(defined, last), last, torch.full_like(last, math.nan))
+        values = values.index_put(((~ok).nonzero(as_tuple=True)), last)
+    return values
+
+
+# --- small pieces ---------------------------------------------------------------------------
+
+
+def _cholesky(gram: Tensor, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Cholesky factor and whether its rounding error keeps ``sum c_i^2`` within ACCURACY."""
+    chol, info = torch.linalg.cholesky_ex(gram)
+    diag = chol.diagonal(dim1=-2, dim2=-1).abs()
+    # (max L_ii / min L_ii)^2 estimates kappa(G) = kappa(W)^2 from below; the factor 16 is margin.
+    kappa = (diag.amax(-1) / diag.amin(-1).clamp_min(torch.finfo(dt).tiny)).square()
+    ok = (info == 0) & (16 * _unit(dt) * kappa * gram.shape[-1] ** 0.5 <= ACCURACY)
+    return chol, ok & torch.isfinite(kappa)
+
+
+def _top_r_basis(gram: Tensor, r: int, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    lam = evals[..., -r:].clamp_min(torch.finfo(dt).tiny)  # (..., r)
+    basis = evecs[..., -r:] * lam.rsqrt().unsqueeze(-2)  # V_r Lambda_r^{-1/2}, (..., hs, r)
+    kappa = evals[..., -1] / lam[..., 0]
+    ok = 16 * _unit(dt) * kappa * gram.shape[-1] ** 0.5 <= ACCURACY
+    if r < gram.shape[-1]:  # the top-r subspace needs a gap to be computed from a rounded Gram
+        gap = (evals[..., -r] - evals[..., -r - 1]) / evals[..., -1]
+        ok = ok & (gap > 1e3 * _unit(dt))
+    return basis, ok
+
+
+def _stable_rank_of_core(core: Tensor) -> Tensor:
+    fro2 = core.square().sum((-2, -1))
+    spec2 = torch.linalg.eigvalsh(core.mT @ core)[..., -1]
+    return fro2 / spec2
+
+
+def _finite_heads(w: Tensor) -> Tensor:
+    return torch.isfinite(w).all(-1).all(-1)
+
+
+def _finite_or_eye(w: Tensor) -> Tensor:
+    """Replace each non-finite head by a well-conditioned stand-in (its result is masked to NaN)."""
+    finite = _finite_heads(w)
+    if bool(finite.all()):
+        return w
+    stand_in = torch.eye(*w.shape[-2:], dtype=w.dtype, device=w.device)
+    return torch.where(finite[..., None, None], w, stand_in)
+
+
+def _expand_like(mask: Tensor, values: Tensor) -> Tensor:
+    return mask.reshape(*mask.shape, *([1] * (values.ndim - mask.ndim)))
+
+
+def _unit(dt: torch.dtype) -> float:
+    return torch.finfo(dt).eps / 2
+
+
+def _compute_dtype(w: Tensor, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"compute dtype must be torch.float32 or torch.float64, got {dtype}")
+        return dtype
+    return torch.float64 if w.dtype == torch.float64 else torch.float32
+
+
+def _rank(wq: Tensor, rank: int | None) -> int:
+    d = wq.shape[-1]
+    if rank is None:
+        return d
+    if not 1 <= int(rank) <= d:
+        raise ValueError(f"rank must be in [1, d_head={d}], got {rank}")
+    return int(rank)
+
+
+def _use_randomized(method: Method, r: int, d: int) -> bool:
+    if method not in ("auto", "exact", "randomized"):
+        raise ValueError(f"method must be 'auto', 'exact' or 'randomized', got {method!r}")
+    if method == "auto":
+        # randomised costs ~ (2 niter + 2) d_model d_head q against d_model d_head^2 for the Grams
+        return (2 * RANDOMIZED_NITER + 2) * (r + RANDOMIZED_OVERSAMPLE) < d
+    return method == "randomized"
+
+
+def _check_pair(wq: Tensor, wk: Tensor) -> None:
+    if wq.ndim < 2 or wk.ndim < 2:
+        raise ValueError(f"wq and wk must be (..., d_model, d_head); got {tuple(wq.shape)} and {tuple(wk.shape)}")
+    if wq.shape[-2:] != wk.shape[-2:]:
+        raise ValueError(
+            f"wq {tuple(wq.shape)} and wk {tuple(wk.shape)} differ in (d_model, d_head) = "
+            f"{tuple(wq.shape[-2:])} vs {tuple(wk.shape[-2:])}"
+        )
+    d_model, d_head = wq.shape[-2:]
+    if d_head > d_model:
+        raise ValueError(
+            f"d_head={d_head} exceeds d_model={d_model}: expected math layout (..., d_model, d_head); "
+            "an nn.Linear weight needs split_heads first"
+        )

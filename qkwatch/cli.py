@@ -1,0 +1,69 @@
+"""The ``qkwatch`` command: one entry point, subcommands contributed by the components.
+
+Each component owns its subcommands in its own ``cli`` module with a ``register(subparsers)``
+function; those modules import only argparse at the top, so ``qkwatch --help`` stays fast and
+the collector's host needs no torch. Unknown subcommands print the help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from qkwatch import __version__
+
+# (module, what it adds); a module that is missing or fails to import is skipped with a note.
+COMPONENTS = ("agent.cli", "monitor.cli", "trainer.cli", "qkwatch.demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="qkwatch",
+        description="Watch query-key subspace collapse while a transformer trains, and act on it.",
+    )
+    parser.add_argument("--version", action="version", version=f"qkwatch {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMPONENTS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # the module exists but needs something not installed
+                logging.getLogger(__name__).debug("%s unavailable: %s", name, exc)
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    commands = _commands(parser)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first is not None and first not in commands:
+        parser.print_help()
+        print(f"\nqkwatch: unknown command {first!r}; choose from {', '.join(sorted(commands))}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 2 if args.command else 0
+    return int(handler(args) or 0)
+
+
+def _commands(parser: argparse.ArgumentParser) -> set[str]:
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        if isinstance(action, argparse._SubParsersAction):
+            return set(action.choices)
+    return set()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
