@@ -18,8 +18,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITOR_PURE = {"monitor.wire", "monitor.scheduling"}
-IMPURE_FOR_METRICS = {"threading", "socket", "httpx", "requests", "urllib", "os", "io", "pathlib", "logging",
-                      "queue", "subprocess", "multiprocessing", "time"}
+IMPURE_FOR_METRICS = {
+    "threading",
+    "socket",
+    "httpx",
+    "requests",
+    "urllib",
+    "os",
+    "io",
+    "pathlib",
+    "logging",
+    "queue",
+    "subprocess",
+    "multiprocessing",
+    "time",
+}
 
 
 def imports_of(path: Path) -> list[str]:
@@ -52,8 +65,14 @@ def test_monitor_imports_no_torch_agent_or_trainer(path: Path) -> None:
 def test_agent_imports_only_pure_monitor_modules(path: Path) -> None:
     names = imports_of(path)
     assert not [n for n in names if top(n) == "trainer"], f"{path.relative_to(ROOT)} imports trainer"
-    bad = [n for n in names if top(n) == "monitor" and n not in MONITOR_PURE
-           and not any(n.startswith(m + ".") for m in MONITOR_PURE) and n != "monitor"]
+    bad = [
+        n
+        for n in names
+        if top(n) == "monitor"
+        and n not in MONITOR_PURE
+        and not any(n.startswith(m + ".") for m in MONITOR_PURE)
+        and n != "monitor"
+    ]
     assert not bad, f"{path.relative_to(ROOT)} imports impure monitor modules {bad}"
 
 

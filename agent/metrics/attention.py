@@ -15,13 +15,22 @@ from agent.metrics.heads import group_heads
 from agent.metrics.spectra import effective_rank
 
 STAT_NAMES = (
-    "attn_entropy", "attn_top1", "attn_top5", "attn_gap",
-    "logit_mean", "logit_std", "logit_max", "qk_erank", "attn_srank", "attn_gap1",
+    "attn_entropy",
+    "attn_top1",
+    "attn_top5",
+    "attn_gap",
+    "logit_mean",
+    "logit_std",
+    "logit_max",
+    "qk_erank",
+    "attn_srank",
+    "attn_gap1",
 )
 
 
-def attention_stats(q: Tensor, k: Tensor, causal: bool = True, *, q_pos: Tensor | None = None,
-                    dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+def attention_stats(
+    q: Tensor, k: Tensor, causal: bool = True, *, q_pos: Tensor | None = None, dtype: torch.dtype | None = None
+) -> dict[str, Tensor]:
     """Per-head statistics of the softmax attention of sampled queries.
 
     Logits are ``q . k / sqrt(d_head)``; row ``i`` may see ``n_i`` keys (causal: the keys up to its
@@ -96,11 +105,17 @@ def _logit_stats(logits: Tensor, allowed: Tensor) -> dict[str, Tensor]:
 def _singular_values(m: Tensor) -> Tensor:
     """Descending singular values of ``(..., a, b)`` through the smaller Gram, eigenvalues in float64.
 
-    Values below about ``sqrt(u) * sigma_1`` (u the unit roundoff of ``m``) are rounding noise;
-    the summaries built on them (effective and stable rank, the top gap) are insensitive to that.
+    Forming the Gram in ``m``'s dtype rounds its eigenvalues by about ``sqrt(k) u lambda_1``
+    (``k`` the inner dimension, ``u`` the unit roundoff); eigenvalues below four times that are
+    noise and count as zero, i.e. singular values below ``2 (k u^2)^(1/4) sigma_1`` (float32, 2,048
+    keys: 0.3 % of sigma_1). Effective and stable rank and the top gap are insensitive to that.
     """
-    gram = m @ m.mT if m.shape[-2] <= m.shape[-1] else m.mT @ m
-    evals = torch.linalg.eigvalsh(gram.double()).flip(-1).clamp_min(0)
+    wide = m.shape[-2] <= m.shape[-1]
+    gram = m @ m.mT if wide else m.mT @ m
+    inner = m.shape[-1] if wide else m.shape[-2]
+    evals = torch.linalg.eigvalsh(gram.double()).flip(-1)
+    floor = 4 * inner**0.5 * torch.finfo(m.dtype).eps / 2 * evals[..., :1]
+    evals = torch.where(evals > floor, evals, torch.zeros_like(evals))
     return evals.sqrt().to(m.dtype)
 
 

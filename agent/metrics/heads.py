@@ -116,9 +116,7 @@ def group_heads(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
         try:
             lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
         except RuntimeError:
-            raise ValueError(
-                f"query shape {tuple(q.shape)} and key shape {tuple(k.shape)} do not broadcast"
-            ) from None
+            raise ValueError(f"query shape {tuple(q.shape)} and key shape {tuple(k.shape)} do not broadcast") from None
         return q, k, tuple(lead)
     if h % g:
         raise ValueError(

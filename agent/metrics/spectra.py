@@ -18,9 +18,11 @@ def effective_rank(s: Tensor) -> Tensor:
     """
     if s.ndim < 1:
         raise ValueError(f"effective_rank expects (..., k) singular values, got shape {tuple(s.shape)}")
-    p = s / s.sum(-1, keepdim=True)
+    total = s.sum(-1, keepdim=True)
+    p = s / total
     plogp = torch.where(p > 0, p * p.log(), torch.zeros_like(p))
-    return torch.exp(-plogp.sum(-1))
+    erank = torch.exp(-plogp.sum(-1))
+    return torch.where(total.squeeze(-1) > 0, erank, torch.full_like(erank, float("nan")))  # NaN stays NaN
 
 
 def participation_ratio(x: Tensor) -> Tensor:
@@ -64,6 +66,12 @@ def column_alignment(wq: Tensor, wk: Tensor) -> Tensor:
 
 
 def projection_norms(w: Tensor) -> dict[str, Tensor]:
-    """Frobenius norm, spectral norm and effective rank of ``(..., d_model, width)`` projections."""
-    s = torch.linalg.svdvals(w.float() if w.dtype not in (torch.float32, torch.float64) else w)
+    """Frobenius norm, spectral norm and effective rank of ``(..., d_model, width)`` projections.
+
+    A projection holding a NaN or inf gives NaN for all three (the SVD never sees it).
+    """
+    w = w if w.dtype in (torch.float32, torch.float64) else w.float()
+    finite = torch.isfinite(w).all(-1).all(-1)  # (...)
+    s = torch.linalg.svdvals(torch.where(finite[..., None, None], w, torch.zeros_like(w)))
+    s = torch.where(finite[..., None], s, torch.full_like(s, float("nan")))
     return {"fro": s.square().sum(-1).sqrt(), "spec": s[..., 0], "erank": effective_rank(s)}

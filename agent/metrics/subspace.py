@@ -41,13 +41,15 @@ ACCURACY = 1e-5
 RANDOMIZED_OVERSAMPLE = 8
 RANDOMIZED_NITER = 4
 RANDOMIZED_TOLERANCE = 1e-3
-"""Randomised mode (``torch.svd_lowrank``, ``q = r + 8``, 4 power iterations): absolute error of
-``qkai`` within 1e-3 when the weights have a spectral gap ``sigma_{r+1} / sigma_r <= 0.5`` at the
-cut (tested). Without a gap the top-r subspace itself is ill-defined, exact or not."""
+"""Randomised mode (a seeded range finder as in ``torch.svd_lowrank``, ``q = r + 8``, 4 power
+iterations): absolute error of ``qkai`` within 1e-3 when the weights have a spectral gap
+``sigma_{r+1} / sigma_r <= 0.5`` at the cut (tested). Without a gap the top-r subspace itself is
+ill-defined, exact or not."""
 
 
-def qkai(wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "auto",
-         dtype: torch.dtype | None = None) -> Tensor:
+def qkai(
+    wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "auto", dtype: torch.dtype | None = None
+) -> Tensor:
     """Query-key alignment index per head: ``mean_i c_i^2``.
 
     ``c_i`` are the cosines of the principal angles between the top-``rank`` left-singular
@@ -58,8 +60,8 @@ def qkai(wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "a
         wk: ``(..., n_kv_heads, d_model, d_head)``; ``n_heads % n_kv_heads == 0`` (GQA), or any
             shape that broadcasts with ``wq``.
         rank: ``r``, ``1 <= r <= d_head``.
-        method: ``"exact"``, ``"randomized"`` (``torch.svd_lowrank``) or ``"auto"`` (randomised
-            only where its cost is lower, i.e. ``6 (r + 8) < d_head``).
+        method: ``"exact"``, ``"randomized"`` (a seeded randomised SVD) or ``"auto"`` (randomised
+            only where it is faster, i.e. ``4 (r + 8) <= d_head``).
         dtype: compute dtype; float32 unless the weights are float64 or this asks for float64.
 
     Returns:
@@ -69,8 +71,9 @@ def qkai(wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "a
     return principal_overlap(wq, wk, r, method=method, dtype=dtype) / r
 
 
-def principal_overlap(wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "auto",
-                      dtype: torch.dtype | None = None) -> Tensor:
+def principal_overlap(
+    wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "auto", dtype: torch.dtype | None = None
+) -> Tensor:
     """``sum_i c_i^2`` per head, differentiable in ``wq`` and ``wk`` (RAA's PAR loss uses it).
 
     Same arguments and shapes as :func:`qkai`; the range is ``[0, r]``.
@@ -100,8 +103,7 @@ def stable_rank(wq: Tensor, wk: Tensor, *, dtype: torch.dtype | None = None) -> 
     return _cascade(wq, wk, _compute_dtype(wq, dtype), _full_rank, _householder)[..., 1]
 
 
-def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *,
-             dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
     """QKAI and stable rank per head from one shared pass (what the agent reports).
 
     Returns ``{"qkai": (..., n_heads), "stable_rank": (..., n_heads)}``.
@@ -144,14 +146,17 @@ def _top_r(wq: Tensor, wk: Tensor, dt: torch.dtype, r: int) -> tuple[Tensor, Ten
 def _householder(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
     """Last resort for full rank, float64 Householder QR: ``[..., (sum c_i^2, stable rank)]``, defined.
 
-    A rank-deficient head (dead, zeroed) has no ``d_head``-dimensional column space: not defined.
+    A rank-deficient head (dead, zeroed) has no ``d_head``-dimensional column space, so its
+    overlap is not defined; its stable rank is, unless ``M = 0``.
     """
     uq, rq = torch.linalg.qr(wq.double())
     uk, rk = torch.linalg.qr(wk.double())
     overlap = (uq.mT @ uk).square().sum((-2, -1))
     srank = _stable_rank_of_core(rq @ rk.mT)
     diag = torch.cat([rq.diagonal(dim1=-2, dim2=-1), rk.diagonal(dim1=-2, dim2=-1)], -1).abs()
-    return torch.stack([overlap, srank], -1), _well_separated(diag.amin(-1), diag.amax(-1), wq)
+    full_rank = _well_separated(diag.amin(-1), diag.amax(-1), wq)
+    nonzero = srank.isfinite()  # the stable rank needs only M != 0
+    return torch.stack([overlap, srank], -1), torch.stack([full_rank, nonzero], -1)
 
 
 def _svd_top_r(wq: Tensor, wk: Tensor, r: int) -> tuple[Tensor, Tensor]:
@@ -173,12 +178,29 @@ def _well_separated(small: Tensor, big: Tensor, w: Tensor) -> Tensor:
 
 def _overlap_randomized(wq: Tensor, wk: Tensor, r: int, dt: torch.dtype) -> Tensor:
     qg, kg, shape = group_heads(wq, wk)
-    q = min(r + RANDOMIZED_OVERSAMPLE, wq.shape[-1])
-    uq = torch.svd_lowrank(_finite_or_eye(qg.to(dt)), q=q, niter=RANDOMIZED_NITER)[0][..., :r]
-    uk = torch.svd_lowrank(_finite_or_eye(kg.to(dt)), q=q, niter=RANDOMIZED_NITER)[0][..., :r]
+    uq = _randomized_top_r(_finite_or_eye(qg.to(dt)), r)
+    uk = _randomized_top_r(_finite_or_eye(kg.to(dt)), r)
     overlap = (uq.mT @ uk).square().sum((-2, -1))
     bad = ~(_finite_heads(qg) & _finite_heads(kg))
     return overlap.masked_fill(bad, math.nan).reshape(shape)
+
+
+def _randomized_top_r(w: Tensor, r: int) -> Tensor:
+    """Top-r left-singular vectors by a randomised range finder with power iterations.
+
+    The algorithm of ``torch.svd_lowrank`` (Halko, Martinsson & Tropp 2011, alg. 4.4), with its
+    own seeded generator: the result is deterministic and the training run's global RNG stream
+    is left untouched.
+    """
+    q = min(r + RANDOMIZED_OVERSAMPLE, w.shape[-1])
+    gen = torch.Generator(device=w.device).manual_seed(0)
+    omega = torch.randn(w.shape[-1], q, generator=gen, device=w.device, dtype=w.dtype)  # (hs, q)
+    basis = torch.linalg.qr(w @ omega).Q  # (..., D, q)
+    for _ in range(RANDOMIZED_NITER):
+        basis = torch.linalg.qr(w.mT @ basis).Q  # (..., hs, q)
+        basis = torch.linalg.qr(w @ basis).Q  # (..., D, q)
+    u_small = torch.linalg.svd(basis.mT @ w, full_matrices=False).U  # (..., q, q)
+    return (basis @ u_small)[..., :r]
 
 
 # --- the cascade ----------------------------------------------------------------------------
@@ -200,7 +222,7 @@ def _cascade(wq: Tensor, wk: Tensor, dt: torch.dtype, tier, last_resort) -> Tens
         values = values.clone()
         values[pending] = _refine(pending, qg, kg, tier, last_resort).to(values.dtype)
     values = torch.where(_expand_like(finite, values), values, torch.full_like(values, math.nan))
-    return values.reshape(*shape, *values.shape[finite.ndim:])
+    return values.reshape(*shape, *values.shape[finite.ndim :])
 
 
 def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier, last_resort) -> Tensor:
@@ -287,8 +309,9 @@ def _use_randomized(method: Method, r: int, d: int) -> bool:
     if method not in ("auto", "exact", "randomized"):
         raise ValueError(f"method must be 'auto', 'exact' or 'randomized', got {method!r}")
     if method == "auto":
-        # randomised costs ~ (2 niter + 2) d_model d_head q against d_model d_head^2 for the Grams
-        return (2 * RANDOMIZED_NITER + 2) * (r + RANDOMIZED_OVERSAMPLE) < d
+        # Measured (bench/metrics.py): the exact top-r path pays for an eigendecomposition of each
+        # Gram; the range finder wins while its sketch is at most a quarter of the head.
+        return 4 * (r + RANDOMIZED_OVERSAMPLE) <= d
     return method == "randomized"
 
 

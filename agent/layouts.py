@@ -1,0 +1,126 @@
+"""Where each architecture keeps its query and key projections, and how many heads it has.
+
+A layout names the modules by path pattern (``{i}`` = layer index); a checkpoint's tensor is the
+module path plus ``.weight``, so the same layout serves a state dict on disk and a live module
+tree. Checkpoints may carry a prefix (``bert.``, ``model.``, ``transformer.``, ``module.``):
+detection finds it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+
+class LayoutError(Exception):
+    """No known layout fits; the message lists what was looked for and how to map it by hand."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    """Architecture family, e.g. ``"gpt2"``."""
+    q: str | None = None
+    """Query projection module path, e.g. ``"encoder.layer.{i}.attention.self.query"``."""
+    k: str | None = None
+    """Key projection module path."""
+    qkv: str | None = None
+    """Fused QKV projection module path (nanoGPT's ``c_attn``, GPT-2's Conv1D)."""
+    conv1d: bool = False
+    """The fused weight is stored transposed, ``(d_model, 3 d_model)`` (GPT-2 ``Conv1D``)."""
+    rotation: str | None = None
+    """Householder key-rotation vectors ``(n_kv_heads, p, d_head)`` (qkwatch's GPT with RAA)."""
+    layers: tuple[str, ...] = ("num_hidden_layers", "n_layer", "n_layers")
+    heads: tuple[str, ...] = ("num_attention_heads", "n_head", "n_heads")
+    kv_heads: tuple[str, ...] = ("num_key_value_heads", "n_kv_heads", "n_kv_head")
+    width: tuple[str, ...] = ("hidden_size", "n_embd", "d_model")
+    head_dim: tuple[str, ...] = ("head_dim", "d_head")
+    prefix: str = ""
+    """Prefix found in the checkpoint's keys (set by :func:`detect`)."""
+
+    def weight_keys(self, layer: int) -> list[str]:
+        paths = [self.qkv] if self.qkv else [self.q, self.k]
+        return [f"{self.prefix}{p.format(i=layer)}.weight" for p in paths if p]
+
+    def rotation_key(self, layer: int) -> str | None:
+        return f"{self.prefix}{self.rotation.format(i=layer)}" if self.rotation else None
+
+
+LAYOUTS = (
+    Layout(
+        "qkwatch-gpt",
+        q="blocks.{i}.attn.q_proj",
+        k="blocks.{i}.attn.k_proj",
+        rotation="blocks.{i}.attn.key_rotation.vectors",
+    ),
+    Layout("bert", q="encoder.layer.{i}.attention.self.query", k="encoder.layer.{i}.attention.self.key"),
+    Layout("gpt2", qkv="h.{i}.attn.c_attn", conv1d=True),
+    Layout("nanogpt", qkv="transformer.h.{i}.attn.c_attn"),
+    Layout("llama", q="layers.{i}.self_attn.q_proj", k="layers.{i}.self_attn.k_proj"),
+)
+"""Known layouts; ``llama`` covers Llama, Mistral, Qwen2/3 and their GQA (``num_key_value_heads``)."""
+
+_PREFIXES = ("", "model.", "bert.", "transformer.", "module.", "model.model.")
+
+
+def detect(keys: Iterable[str], config: Mapping[str, Any]) -> Layout:
+    """The layout whose layer-0 weights the checkpoint holds (the model type breaks ties)."""
+    keys = set(keys)
+    hint = str(config.get("model_type", "")).lower()
+    found = [
+        replace(layout, prefix=prefix)
+        for layout in LAYOUTS
+        for prefix in _PREFIXES
+        if all(key in keys for key in replace(layout, prefix=prefix).weight_keys(0))
+    ]
+    if not found:
+        raise LayoutError(_not_found_message(keys))
+    # GPT-2 (Conv1D) and nanoGPT (Linear) share key names; the stored shape decides (see resolve).
+    found.sort(key=lambda layout: (layout.name != hint and not hint.startswith(layout.name), len(layout.prefix)))
+    return found[0]
+
+
+def custom(q: str | None, k: str | None, qkv: str | None, conv1d: bool = False) -> Layout:
+    """A layout from user-supplied key patterns (``--q-key``/``--k-key`` or ``--qkv-key``)."""
+    if qkv and (q or k):
+        raise LayoutError("give either --qkv-key or both --q-key and --k-key, not both")
+    if not qkv and not (q and k):
+        raise LayoutError("give both --q-key and --k-key (or --qkv-key for a fused projection)")
+    for pattern in (q, k, qkv):
+        if pattern and "{i}" not in pattern:
+            raise LayoutError(f"key pattern {pattern!r} must contain {{i}} where the layer index goes")
+    return Layout("custom", q=_module_path(q), k=_module_path(k), qkv=_module_path(qkv), conv1d=conv1d)
+
+
+def _module_path(pattern: str | None) -> str | None:
+    return pattern.removesuffix(".weight") if pattern else None
+
+
+def count_layers(layout: Layout, keys: Iterable[str]) -> int:
+    """Number of consecutive layers from 0 whose weights are present."""
+    keys = set(keys)
+    n = 0
+    while all(key in keys for key in layout.weight_keys(n)):
+        n += 1
+    return n
+
+
+def first(config: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    return next((config[n] for n in names if config.get(n) is not None), None)
+
+
+def _not_found_message(keys: set[str]) -> str:
+    looked = "; ".join(f"{layout.name}: {', '.join(layout.weight_keys(0))}" for layout in LAYOUTS)
+    sample = sorted(keys, key=_natural)[:12]
+    return (
+        "no known attention layout in this checkpoint. Looked for (with optional prefixes "
+        f"{', '.join(repr(p) for p in _PREFIXES if p)}): {looked}. Its keys include: {', '.join(sample)}. "
+        "Map it explicitly with --q-key/--k-key (or --qkv-key [--conv1d]) using {i} for the layer "
+        "index, e.g. --q-key 'blocks.{i}.attn.wq' --k-key 'blocks.{i}.attn.wk', and --n-heads."
+    )
+
+
+def _natural(key: str) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]

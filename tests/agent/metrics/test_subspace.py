@@ -1,0 +1,268 @@
+"""QKAI, the principal-angle overlap and stable rank against closed forms and float64 numpy.
+
+The references here are written independently of the implementation: numpy SVDs of each head
+(the textbook definition), never the Gram/Cholesky route the library takes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from agent.metrics import (
+    ACCURACY,
+    RANDOMIZED_TOLERANCE,
+    effective_key_map,
+    householder,
+    principal_overlap,
+    qkai,
+    split_heads,
+    stable_rank,
+)
+from agent.metrics.subspace import geometry
+
+RNG = np.random.default_rng(0)
+
+
+def orthonormal(rows: int, cols: int, rng=RNG) -> np.ndarray:
+    q, _ = np.linalg.qr(rng.standard_normal((rows, cols)))
+    return q
+
+
+def pair_with_angles(d_model: int, cosines: np.ndarray, rng=RNG) -> tuple[np.ndarray, np.ndarray]:
+    """Orthonormal U_Q, U_K (d_model x d) whose principal cosines are exactly ``cosines``."""
+    d = len(cosines)
+    basis = orthonormal(d_model, 2 * d, rng)
+    a, b = basis[:, :d], basis[:, d:]
+    return a, a * cosines + b * np.sqrt(1 - cosines**2)
+
+
+def reference_qkai(wq: np.ndarray, wk: np.ndarray, r: int) -> float:
+    uq = np.linalg.svd(wq, full_matrices=False)[0][:, :r]
+    uk = np.linalg.svd(wk, full_matrices=False)[0][:, :r]
+    c = np.linalg.svd(uq.T @ uk, compute_uv=False)
+    return float(np.mean(c**2))
+
+
+def reference_stable_rank(wq: np.ndarray, wk: np.ndarray) -> float:
+    s = np.linalg.svd(wq @ wk.T, compute_uv=False)  # forms the d_model x d_model product
+    return float((s**2).sum() / s[0] ** 2)
+
+
+def t(x: np.ndarray, dtype=torch.float64) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(dtype)
+
+
+def test_identical_column_spaces_give_one() -> None:
+    w = t(RNG.standard_normal((3, 4, 64, 16)))
+    mix = t(RNG.standard_normal((3, 4, 16, 16)))  # invertible map inside each head
+    assert torch.allclose(qkai(w, w @ mix), torch.ones(3, 4, dtype=torch.float64), atol=1e-10)
+
+
+def test_disjoint_supports_give_zero() -> None:
+    wq = torch.zeros(2, 64, 16, dtype=torch.float64)
+    wk = torch.zeros(2, 64, 16, dtype=torch.float64)
+    wq[:, :32] = t(RNG.standard_normal((2, 32, 16)))
+    wk[:, 32:] = t(RNG.standard_normal((2, 32, 16)))
+    assert torch.allclose(qkai(wq, wk), torch.zeros(2, dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_prescribed_principal_angles_give_mean_cos_squared(dtype) -> None:
+    cosines = np.linspace(0.0, 1.0, 24)
+    uq, uk = pair_with_angles(200, cosines)
+    wq = uq @ RNG.standard_normal((24, 24))  # arbitrary bases of the same column spaces
+    wk = uk @ RNG.standard_normal((24, 24))
+    got = qkai(t(wq, dtype), t(wk, dtype))
+    assert got.dtype == dtype
+    tol = 1e-12 if dtype == torch.float64 else ACCURACY
+    assert abs(got.item() - np.mean(cosines**2)) < tol
+
+
+def test_top_r_subspaces_match_numpy_svd() -> None:
+    wq = RNG.standard_normal((5, 96, 32)) * np.linspace(3, 0.1, 32)
+    wk = RNG.standard_normal((5, 96, 32)) * np.linspace(2, 0.2, 32)
+    for r in (1, 4, 17, 32):
+        got = qkai(t(wq), t(wk), rank=r, method="exact")
+        want = [reference_qkai(wq[h], wk[h], r) for h in range(5)]
+        np.testing.assert_allclose(got.numpy(), want, atol=1e-10)
+
+
+def test_invariant_under_orthogonal_map_of_residual_stream() -> None:
+    wq, wk = RNG.standard_normal((2, 4, 80, 20))
+    rot = orthonormal(80, 80)
+    for r in (None, 7):
+        before = qkai(t(wq), t(wk), rank=r)
+        after = qkai(t(rot @ wq), t(rot @ wk), rank=r)
+        assert torch.allclose(before, after, atol=1e-10)
+    assert torch.allclose(stable_rank(t(wq), t(wk)), stable_rank(t(rot @ wq), t(rot @ wk)), atol=1e-9)
+
+
+def test_full_rank_invariant_under_invertible_maps_inside_a_head() -> None:
+    wq, wk = RNG.standard_normal((2, 6, 80, 20))
+    a, b = RNG.standard_normal((2, 6, 20, 20))
+    assert torch.allclose(qkai(t(wq), t(wk)), qkai(t(wq @ a), t(wk @ b)), atol=1e-9)
+
+
+def test_random_subspaces_average_r_over_d_model() -> None:
+    # sum c_i^2 = tr(P_Q P_K). For a Haar-random rank-r projection P and fixed A,
+    # E tr(A P) = r tr(A) / D and Var tr(A P) = 2 r (D-r) (tr(A^2) - tr(A)^2 / D) / (D (D-1) (D+2)).
+    # With A = P_Q: E[qkai] = r / D and Var[qkai] = 2 (D-r)^2 / (D^2 (D-1) (D+2)) (r = 1 gives the
+    # Beta(1/2, (D-1)/2) law of one squared cosine). n heads: the mean is within 5 standard errors,
+    # and the sample variance (relative SE sqrt(2/(n-1)) ~ 7 %) within 30 %.
+    d_model, d, n = 256, 32, 400
+    w = torch.randn(2, n, d_model, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    values = qkai(w[0], w[1])
+    var = 2 * (d_model - d) ** 2 / (d_model**2 * (d_model - 1) * (d_model + 2))
+    assert abs(values.mean().item() - d / d_model) < 5 * math.sqrt(var / n)
+    assert abs(values.var().item() - var) < 0.3 * var
+
+
+def test_stable_rank_of_prescribed_spectrum() -> None:
+    # M = Wq Wk^T with Wq = U diag(s), Wk = V: the singular values of M are s exactly.
+    s = np.array([4.0, 2.0, 2.0, 1.0, 0.5, 0.5, 0.25, 0.1])
+    wq = orthonormal(64, 8) * s
+    wk = orthonormal(64, 8)
+    assert abs(stable_rank(t(wq), t(wk)).item() - (s**2).sum() / 16.0) < 1e-12
+    flat = stable_rank(t(orthonormal(64, 8)), t(orthonormal(64, 8)))
+    assert abs(flat.item() - 8.0) < 1e-9  # all singular values equal -> d_head
+
+
+def test_stable_rank_matches_forming_the_product() -> None:
+    wq, wk = RNG.standard_normal((2, 3, 50, 10)) * np.logspace(0, -1, 10)
+    got = stable_rank(t(wq), t(wk))
+    np.testing.assert_allclose(got.numpy(), [reference_stable_rank(wq[h], wk[h]) for h in range(3)], rtol=1e-10)
+    f32 = stable_rank(t(wq, torch.float32), t(wk, torch.float32))
+    np.testing.assert_allclose(f32.numpy(), got.numpy(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("kappa", [1.0, 30.0, 1e3, 1e5, 1e8])
+def test_float32_stays_within_accuracy_at_any_conditioning(kappa: float) -> None:
+    """The cascade recomputes ill-conditioned heads, so float32 inputs keep ACCURACY."""
+    cosines = np.sqrt(RNG.uniform(0, 1, 32))
+    uq, uk = pair_with_angles(256, cosines)
+    spectrum = np.logspace(0, -math.log10(kappa), 32)
+    wq = uq @ (orthonormal(32, 32) * spectrum) @ orthonormal(32, 32)
+    wk = uk @ RNG.standard_normal((32, 32))
+    got = qkai(t(wq, torch.float32), t(wk, torch.float32))
+    want = np.mean(cosines**2)
+    # float32 rounding of the inputs themselves perturbs small directions by ~u*kappa
+    assert abs(got.item() - want) < ACCURACY + 32 * 6e-8 * kappa / 32
+
+
+def test_rank_deficient_and_non_finite_heads_give_nan_not_a_crash() -> None:
+    w = torch.randn(4, 64, 8, dtype=torch.float64)
+    wk = torch.randn(4, 64, 8, dtype=torch.float64)
+    w[1, 3, 2] = math.nan
+    w[2, :, 5] = w[2, :, 4]  # rank 7 < d_head
+    w[3] = 0.0
+    wk_inf = wk.clone()
+    wk_inf[0, 0, 0] = math.inf
+    out = qkai(w, wk)
+    assert math.isfinite(out[0].item()) and out[1:].isnan().all()
+    assert qkai(w[:1], wk_inf[:1]).isnan().all()
+    assert stable_rank(w, wk)[1].isnan() and math.isfinite(stable_rank(w, wk)[2].item())
+
+
+def test_grouped_query_attention_equals_repeated_keys() -> None:
+    wq = torch.randn(3, 8, 64, 16, dtype=torch.float64)
+    wk = torch.randn(3, 2, 64, 16, dtype=torch.float64)
+    wk[:, 0] = wq[:, 1] @ torch.randn(16, 16, dtype=torch.float64)  # kv head 0 serves q heads 0-3
+    expanded = wk.repeat_interleave(4, dim=1)
+    got = qkai(wq, wk)
+    assert got.shape == (3, 8)
+    assert torch.allclose(got, qkai(wq, expanded), atol=1e-12)
+    assert torch.allclose(got[:, 1], torch.ones(3, dtype=torch.float64))
+    assert torch.allclose(stable_rank(wq, wk), stable_rank(wq, expanded), atol=1e-9)
+
+
+def test_key_rotation_changes_the_bilinear_form_not_the_subspaces() -> None:
+    wq = torch.randn(4, 64, 16, dtype=torch.float64)
+    wk = torch.randn(4, 64, 16, dtype=torch.float64)
+    rot = householder(torch.randn(4, 4, 16, dtype=torch.float64))
+    wk_eff = effective_key_map(wk, rot)
+    assert torch.allclose(qkai(wq, wk_eff), qkai(wq, wk), atol=1e-10)
+    for h in range(4):  # the bilinear form is Wq R Wk^T
+        m = (wq[h] @ rot[h] @ wk[h].T).numpy()
+        s = np.linalg.svd(m, compute_uv=False)
+        assert abs(stable_rank(wq[h], wk_eff[h]).item() - (s**2).sum() / s[0] ** 2) < 1e-9
+
+
+def test_randomized_mode_within_stated_tolerance_given_a_gap() -> None:
+    r, d = 8, 128
+    spectrum = np.concatenate([np.linspace(10, 5, r), np.linspace(2.5, 0.1, d - r)])  # gap 0.5 at r
+    heads = []
+    for _ in range(6):
+        heads.append(orthonormal(512, d) @ np.diag(spectrum) @ orthonormal(d, d))
+    wq = t(np.stack(heads[:3]), torch.float32)
+    wk = t(np.stack(heads[3:]), torch.float32)
+    exact = qkai(wq, wk, rank=r, method="exact")
+    approx = qkai(wq, wk, rank=r, method="randomized")
+    assert (exact - approx).abs().max().item() < RANDOMIZED_TOLERANCE
+    assert torch.allclose(qkai(wq, wk, rank=r), approx, rtol=0, atol=1e-6)  # auto picks randomised here
+    state = torch.random.get_rng_state()
+    qkai(wq, wk, rank=r, method="randomized")
+    assert torch.equal(torch.random.get_rng_state(), state)  # the training run's RNG is untouched
+
+
+@pytest.mark.parametrize("rank", [None, 3])
+def test_overlap_gradients_pass_gradcheck(rank) -> None:
+    wq = torch.randn(2, 12, 5, dtype=torch.float64, requires_grad=True)
+    wk = torch.randn(2, 12, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: principal_overlap(a, b, rank, method="exact"), (wq, wk))
+
+
+def test_overlap_gradient_through_grouped_heads() -> None:
+    wq = torch.randn(4, 10, 3, dtype=torch.float64, requires_grad=True)
+    wk = torch.randn(2, 10, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(principal_overlap, (wq, wk))
+
+
+def test_seed001_initial_alignments() -> None:
+    """Seed 001 Table 3 initial alignment: QK identical 1, disjoint-support Xavier 0."""
+    gen = torch.Generator().manual_seed(0)
+    d_model, n_heads = 256, 4
+    xavier = math.sqrt(6 / (2 * d_model))
+    w = (torch.rand(d_model, d_model, generator=gen) * 2 - 1) * xavier
+    wq = split_heads(w, n_heads)
+    assert torch.allclose(qkai(wq, wq), torch.ones(n_heads), atol=1e-5)
+    wq_dis, wk_dis = torch.zeros(d_model, d_model), torch.zeros(d_model, d_model)
+    wq_dis[:, :128] = w[:, :128]  # queries read input coordinates 0..127, keys 128..255
+    wk_dis[:, 128:] = w[:, 128:]
+    assert torch.allclose(qkai(split_heads(wq_dis, n_heads), split_heads(wk_dis, n_heads)), torch.zeros(n_heads))
+
+
+def test_geometry_shares_one_pass_and_agrees() -> None:
+    wq, wk = torch.randn(2, 3, 5, 40, 10)
+    geo = geometry(wq, wk)
+    assert torch.allclose(geo["qkai"], qkai(wq, wk))
+    assert torch.allclose(geo["stable_rank"], stable_rank(wq, wk))
+    assert torch.allclose(geometry(wq, wk, rank=4)["qkai"], qkai(wq, wk, rank=4))
+
+
+@pytest.mark.parametrize(
+    ("wq", "wk", "match"),
+    [
+        ((4, 64, 16), (4, 64, 8), r"\(64, 16\) vs \(64, 8\)"),
+        ((4, 64, 16), (4, 32, 16), r"\(64, 16\) vs \(32, 16\)"),
+        ((6, 64, 16), (4, 64, 16), r"6 query heads cannot share 4 key heads"),
+        ((4, 8, 16), (4, 8, 16), r"d_head=16 exceeds d_model=8"),
+        ((16,), (16,), r"must be \(\.\.\., d_model, d_head\)"),
+    ],
+)
+def test_mismatched_shapes_raise_value_error_naming_them(wq, wk, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        qkai(torch.randn(wq), torch.randn(wk))
+
+
+def test_rank_and_method_are_validated() -> None:
+    w = torch.randn(2, 32, 8)
+    with pytest.raises(ValueError, match=r"rank must be in \[1, d_head=8\], got 9"):
+        qkai(w, w, rank=9)
+    with pytest.raises(ValueError, match="method must be"):
+        qkai(w, w, method="fast")
+    with pytest.raises(ValueError, match="compute dtype"):
+        qkai(w, w, dtype=torch.float16)
