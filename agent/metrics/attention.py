@@ -76,7 +76,7 @@ def attention_stats(
 
 
 def _row_stats(p: Tensor, logp: Tensor, n_keys: Tensor) -> dict[str, Tensor]:
-    entropy = -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)  # (..., Tq)
+    entropy = torch.special.entr(p).sum(-1)  # -sum p log p with 0 log 0 = 0, (..., Tq)
     multi = n_keys > 1
     norm = torch.where(multi, n_keys.to(p.dtype).clamp_min(2).log(), torch.ones_like(n_keys, dtype=p.dtype))
     entropy = (entropy / norm * multi).sum(-1) / multi.sum().clamp_min(1)
@@ -92,12 +92,11 @@ def _row_stats(p: Tensor, logp: Tensor, n_keys: Tensor) -> dict[str, Tensor]:
 
 def _logit_stats(logits: Tensor, allowed: Tensor) -> dict[str, Tensor]:
     count = allowed.sum()
-    vals = logits * allowed
-    mean = vals.sum((-2, -1)) / count
-    var = ((logits - mean[..., None, None]).square() * allowed).sum((-2, -1)) / count
+    mean = logits.masked_fill(~allowed, 0.0).sum((-2, -1)) / count
+    centred = (logits - mean[..., None, None]).masked_fill(~allowed, 0.0)  # two passes: no cancellation
     return {
         "logit_mean": mean,
-        "logit_std": var.sqrt(),
+        "logit_std": (centred.square().sum((-2, -1)) / count).sqrt(),
         "logit_max": logits.masked_fill(~allowed, -math.inf).amax((-2, -1)),
     }
 

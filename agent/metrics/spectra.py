@@ -52,14 +52,17 @@ def column_alignment(wq: Tensor, wk: Tensor) -> Tensor:
 
     Args:
         wq, wk: ``(..., d_model, width)``, whole-layer projections in math layout (the
-            transpose of ``nn.Linear.weight``). With GQA pass the keys repeated per query head.
+            transpose of ``nn.Linear.weight``), or per-head factors (then average the result over
+            heads); shapes broadcast. With GQA pass the keys repeated per query head.
 
     Returns:
         ``(...)`` in ``[0, 1]``; independent Xavier at ``d_model = 256`` gives about 0.0498
         (``E|cos| = sqrt(2 / (pi d_model))`` for independent isotropic columns).
     """
-    if wq.shape != wk.shape:
-        raise ValueError(f"column_alignment needs equal shapes, got wq {tuple(wq.shape)} and wk {tuple(wk.shape)}")
+    try:
+        torch.broadcast_shapes(wq.shape, wk.shape)
+    except RuntimeError:
+        raise ValueError(f"column_alignment: wq {tuple(wq.shape)} and wk {tuple(wk.shape)} do not broadcast") from None
     dot = (wq * wk).sum(-2)
     norms = wq.norm(dim=-2) * wk.norm(dim=-2)
     return (dot / norms).abs().mean(-1)

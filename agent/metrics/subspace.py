@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -104,15 +104,17 @@ def stable_rank(wq: Tensor, wk: Tensor, *, dtype: torch.dtype | None = None) -> 
 
 
 def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
-    """QKAI and stable rank per head from one shared pass (what the agent reports).
+    """QKAI, stable rank and column alignment per head from one shared pass (what the agent reports).
 
-    Returns ``{"qkai": (..., n_heads), "stable_rank": (..., n_heads)}``.
+    Returns ``{"qkai", "stable_rank", "qk_cos"}``, each ``(..., n_heads)``; ``qk_cos`` is the mean
+    over the head's output features of ``|cos(Wq[:, j], Wk[:, j])|``, read off the Grams' diagonals
+    (the layer's ``qk_cos`` is the mean over heads).
     """
     _check_pair(wq, wk)
     r = _rank(wq, rank)
     dt = _compute_dtype(wq, dtype)
-    both = _cascade(wq, wk, dt, _full_rank, _householder)
-    out = {"qkai": both[..., 0] / r, "stable_rank": both[..., 1]}
+    values = _cascade(wq, wk, dt, _full_rank, _householder)
+    out = {"qkai": values[..., 0] / r, "stable_rank": values[..., 1], "qk_cos": values[..., 2]}
     if r < wq.shape[-1]:
         out["qkai"] = qkai(wq, wk, r, dtype=dt)
     return out
@@ -121,30 +123,55 @@ def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *, dtype: torch.dt
 # --- the tiers ------------------------------------------------------------------------------
 
 
-def _full_rank(wq: Tensor, wk: Tensor, dt: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Cholesky QR of both factors: ``[..., (sum c_i^2, stable rank)]`` and trustworthy, per head."""
-    wq, wk = wq.to(dt), wk.to(dt)
-    lq, ok_q = _cholesky(wq.mT @ wq, dt)  # (..., hs, hs)
-    lk, ok_k = _cholesky(wk.mT @ wk, dt)
-    x = wq.mT @ wk  # (..., hs, hs)
-    c = torch.linalg.solve_triangular(lq, x, upper=False)  # Lq^{-1} X
+def _full_rank(grams: _Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Cholesky QR of both factors: ``[..., (sum c_i^2, stable rank, qk_cos)]`` and trustworthy."""
+    lq, ok_q = _cholesky(grams.q, dt)  # (..., hs, hs)
+    lk, ok_k = _cholesky(grams.k, dt)
+    c = torch.linalg.solve_triangular(lq, grams.x, upper=False)  # Lq^{-1} X
     c = torch.linalg.solve_triangular(lk, c.mT, upper=False).mT  # Lq^{-1} X Lk^{-T}
     overlap = c.square().sum((-2, -1))
     srank = _stable_rank_of_core(lq.mT @ lk)  # Rq Rk^T with R = L^T
-    return torch.stack([overlap, srank], -1), ok_q & ok_k
+    return torch.stack([overlap, srank, grams.column_cos()], -1), ok_q & ok_k & grams.finite
 
 
-def _top_r(wq: Tensor, wk: Tensor, dt: torch.dtype, r: int) -> tuple[Tensor, Tensor]:
+def _top_r(grams: _Grams, dt: torch.dtype, r: int) -> tuple[Tensor, Tensor]:
     """Eigenpairs of the Grams: (sum of the top-r c_i^2, trustworthy) per head."""
-    wq, wk = wq.to(dt), wk.to(dt)
-    bq, ok_q = _top_r_basis(wq.mT @ wq, r, dt)  # U_Q = Wq Bq, Bq (..., hs, r)
-    bk, ok_k = _top_r_basis(wk.mT @ wk, r, dt)
-    c = bq.mT @ (wq.mT @ wk) @ bk  # (..., r, r)
-    return c.square().sum((-2, -1)), ok_q & ok_k
+    bq, ok_q = _top_r_basis(grams.q, r, dt)  # U_Q = Wq Bq, Bq (..., hs, r)
+    bk, ok_k = _top_r_basis(grams.k, r, dt)
+    c = bq.mT @ grams.x @ bk  # (..., r, r)
+    return c.square().sum((-2, -1)), ok_q & ok_k & grams.finite
+
+
+class _Grams(NamedTuple):
+    """``Wq^T Wq``, ``Wk^T Wk``, ``Wq^T Wk`` per head; non-finite heads replaced by harmless ones."""
+
+    q: Tensor
+    k: Tensor
+    x: Tensor
+    finite: Tensor
+
+    @classmethod
+    def of(cls, wq: Tensor, wk: Tensor, dt: torch.dtype) -> _Grams:
+        wq, wk = wq.to(dt), wk.to(dt)
+        gq, gk, x = wq.mT @ wq, wk.mT @ wk, wq.mT @ wk  # (..., hs, hs)
+        # A NaN or inf anywhere in a head's weights reaches its Gram: checking the small Grams is
+        # enough (a finite head whose Gram overflows is sent on to float64 like any other).
+        finite = torch.isfinite(gq.sum((-2, -1)) + gk.sum((-2, -1)) + x.sum((-2, -1)))
+        if not bool(finite.all()):
+            eye = torch.eye(gq.shape[-1], dtype=dt, device=gq.device)
+            keep = finite[..., None, None]
+            gq, gk, x = torch.where(keep, gq, eye), torch.where(keep, gk, eye), torch.where(keep, x, 0 * eye)
+        return cls(gq, gk, x, finite)
+
+    def column_cos(self) -> Tensor:
+        """Mean over the head's columns ``j`` of ``|X_jj| / sqrt(Gq_jj Gk_jj)``."""
+        dot = self.x.diagonal(dim1=-2, dim2=-1)
+        norms = (self.q.diagonal(dim1=-2, dim2=-1) * self.k.diagonal(dim1=-2, dim2=-1)).sqrt()
+        return (dot / norms).abs().mean(-1)
 
 
 def _householder(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
-    """Last resort for full rank, float64 Householder QR: ``[..., (sum c_i^2, stable rank)]``, defined.
+    """Last resort for full rank, float64 Householder QR: ``[..., (sum c_i^2, stable rank, qk_cos)]``, defined.
 
     A rank-deficient head (dead, zeroed) has no ``d_head``-dimensional column space, so its
     overlap is not defined; its stable rank is, unless ``M = 0``.
@@ -156,7 +183,8 @@ def _householder(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
     diag = torch.cat([rq.diagonal(dim1=-2, dim2=-1), rk.diagonal(dim1=-2, dim2=-1)], -1).abs()
     full_rank = _well_separated(diag.amin(-1), diag.amax(-1), wq)
     nonzero = srank.isfinite()  # the stable rank needs only M != 0
-    return torch.stack([overlap, srank], -1), torch.stack([full_rank, nonzero], -1)
+    cos = _Grams.of(wq, wk, torch.float64).column_cos()
+    return torch.stack([overlap, srank, cos], -1), torch.stack([full_rank, nonzero, cos.isfinite()], -1)
 
 
 def _svd_top_r(wq: Tensor, wk: Tensor, r: int) -> tuple[Tensor, Tensor]:
@@ -209,53 +237,63 @@ def _randomized_top_r(w: Tensor, r: int) -> Tensor:
 def _cascade(wq: Tensor, wk: Tensor, dt: torch.dtype, tier, last_resort) -> Tensor:
     """Run ``tier`` on every head in ``dt``, then recompute the untrustworthy heads more carefully.
 
-    ``tier(wq, wk, dtype) -> (values, ok)`` with values ``(*heads, ...)``. Heads with ``ok`` false
+    ``tier(grams, dtype) -> (values, ok)`` with values ``(*heads, ...)``. Heads with ``ok`` false
     are recomputed in float64 with the same tier, and those still not ok by
-    ``last_resort(wq, wk) -> (values, defined)``; undefined heads give NaN. Non-finite heads are
-    replaced by a harmless matrix for the arithmetic and come out NaN.
+    ``last_resort(wq, wk) -> (values, defined)``; undefined heads and heads whose weights hold a
+    NaN or inf give NaN.
     """
     qg, kg, shape = group_heads(wq, wk)
-    finite = _finite_heads(qg) & _finite_heads(kg)
-    values, ok = tier(_finite_or_eye(qg), _finite_or_eye(kg), dt)
-    pending = ~ok & finite
-    if bool(pending.any()):  # one host sync per call, never one per head
+    values, ok = tier(_Grams.of(qg, kg, dt), dt)
+    if not bool(ok.all()):  # one host sync per call, never one per head
         values = values.clone()
-        values[pending] = _refine(pending, qg, kg, tier, last_resort).to(values.dtype)
-    values = torch.where(_expand_like(finite, values), values, torch.full_like(values, math.nan))
-    return values.reshape(*shape, *values.shape[finite.ndim :])
+        values[~ok] = _refine(~ok, qg, kg, tier, last_resort).to(values.dtype)
+    return values.reshape(*shape, *values.shape[ok.ndim :])
 
 
 def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier, last_resort) -> Tensor:
     q = qg.expand(*pending.shape, *qg.shape[-2:])[pending]  # (n_pending, D, hs): copies these heads only
     k = kg.expand(*pending.shape, *kg.shape[-2:])[pending]
-    values, ok = tier(q, k, torch.float64)
+    finite = _finite_heads(q) & _finite_heads(k)
+    q, k = _finite_or_eye(q), _finite_or_eye(k)
+    values, ok = tier(_Grams.of(q, k, torch.float64), torch.float64)
     if not bool(ok.all()):
         last, defined = last_resort(q[~ok], k[~ok])
         last = torch.where(_expand_like(defined, last), last, torch.full_like(last, math.nan))
         values = values.index_put(((~ok).nonzero(as_tuple=True)), last)
-    return values
+    return torch.where(_expand_like(finite, values), values, torch.full_like(values, math.nan))
 
 
 # --- small pieces ---------------------------------------------------------------------------
 
 
 def _cholesky(gram: Tensor, dt: torch.dtype) -> tuple[Tensor, Tensor]:
-    """Cholesky factor and whether its rounding error keeps ``sum c_i^2`` within ACCURACY."""
+    """Cholesky factor and whether its rounding error keeps ``sum c_i^2 / r`` within ACCURACY.
+
+    Measured (random orthogonal bases, log-spaced spectra, d_model 2048, d_head 128, float32):
+    the error of the Gram route is about ``0.003 u kappa(W)^2``, and ``est = (max L_ii / min L_ii)^2``
+    grows at least as fast as ``kappa(W)^1.3``. Accepting ``u est^2 <= ACCURACY`` is therefore
+    conservative by well over an order of magnitude; in float32 it passes heads up to
+    ``kappa(W)`` of about 10, and the rest are recomputed in float64.
+    """
     chol, info = torch.linalg.cholesky_ex(gram)
     diag = chol.diagonal(dim1=-2, dim2=-1).abs()
-    # (max L_ii / min L_ii)^2 estimates kappa(G) = kappa(W)^2 from below; the factor 16 is margin.
-    kappa = (diag.amax(-1) / diag.amin(-1).clamp_min(torch.finfo(dt).tiny)).square()
-    ok = (info == 0) & (16 * _unit(dt) * kappa * gram.shape[-1] ** 0.5 <= ACCURACY)
-    return chol, ok & torch.isfinite(kappa)
+    est = (diag.amax(-1) / diag.amin(-1).clamp_min(torch.finfo(dt).tiny)).square()
+    ok = (info == 0) & (_unit(dt) * est.square() <= ACCURACY)
+    return chol, ok & torch.isfinite(est)
 
 
 def _top_r_basis(gram: Tensor, r: int, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Top-r eigenbasis ``V_r Lambda_r^{-1/2}`` and whether it keeps ACCURACY.
+
+    Here the condition number of the top-r part is known exactly, ``lambda_1 / lambda_r``; the
+    error is about ``0.003 u lambda_1 / lambda_r``, accepted with a factor 30 of margin. The
+    top-r subspace also needs a gap at the cut that rounding cannot close.
+    """
     evals, evecs = torch.linalg.eigh(gram)  # ascending
     lam = evals[..., -r:].clamp_min(torch.finfo(dt).tiny)  # (..., r)
-    basis = evecs[..., -r:] * lam.rsqrt().unsqueeze(-2)  # V_r Lambda_r^{-1/2}, (..., hs, r)
-    kappa = evals[..., -1] / lam[..., 0]
-    ok = 16 * _unit(dt) * kappa * gram.shape[-1] ** 0.5 <= ACCURACY
-    if r < gram.shape[-1]:  # the top-r subspace needs a gap to be computed from a rounded Gram
+    basis = evecs[..., -r:] * lam.rsqrt().unsqueeze(-2)  # (..., hs, r)
+    ok = 0.1 * _unit(dt) * evals[..., -1] / lam[..., 0] <= ACCURACY
+    if r < gram.shape[-1]:
         gap = (evals[..., -r] - evals[..., -r - 1]) / evals[..., -1]
         ok = ok & (gap > 1e3 * _unit(dt))
     return basis, ok

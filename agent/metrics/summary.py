@@ -6,12 +6,12 @@ import torch
 from torch import Tensor
 
 from agent.metrics.heads import effective_key_map
-from agent.metrics.spectra import column_alignment, projection_norms
+from agent.metrics.spectra import projection_norms
 from agent.metrics.subspace import geometry
 
 WEIGHT_METRICS = ("qkai", "qkai_max", "stable_rank", "qk_cos")
 SPECTRAL_METRICS = ("wq_fro", "wk_fro", "wq_spec", "wk_spec", "wk_erank")
-HEAD_METRICS = ("qkai", "stable_rank")
+HEAD_METRICS = ("qkai", "stable_rank", "qk_cos")
 
 
 def weight_metrics(
@@ -44,7 +44,7 @@ def weight_metrics(
         "qkai": geo["qkai"].mean(-1),
         "qkai_max": geo["qkai"].amax(-1),
         "stable_rank": geo["stable_rank"].mean(-1),
-        "qk_cos": column_alignment(_layer_matrix(wq), _layer_matrix(_repeat_kv(wk, wq.shape[-3]))),
+        "qk_cos": geo["qk_cos"].mean(-1),  # every head has d_head columns: the mean over all columns
     }
     if spectra:
         nq, nk = projection_norms(_layer_matrix(wq)), projection_norms(_layer_matrix(wk))
@@ -57,8 +57,3 @@ def weight_metrics(
 def _layer_matrix(w: Tensor) -> Tensor:
     """``(..., n_heads, d_model, d_head)`` -> the whole projection ``(..., d_model, n_heads * d_head)``."""
     return w.transpose(-3, -2).flatten(-2)  # (..., D, nh, hs) -> (..., D, nh*hs)
-
-
-def _repeat_kv(wk: Tensor, n_heads: int) -> Tensor:
-    n_kv = wk.shape[-3]
-    return wk if n_kv == n_heads else wk.repeat_interleave(n_heads // n_kv, dim=-3)

@@ -266,3 +266,18 @@ def test_rank_and_method_are_validated() -> None:
         qkai(w, w, method="fast")
     with pytest.raises(ValueError, match="compute dtype"):
         qkai(w, w, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("kappa", [1.0, 10.0, 1e3, 1e6])
+def test_top_r_float32_stays_within_accuracy(kappa: float) -> None:
+    r, d = 6, 24
+    gap_spectrum = np.concatenate([np.logspace(0, -math.log10(kappa), r), np.full(d - r, 0.5 / kappa)])
+    heads_q = [orthonormal(96, d) @ np.diag(gap_spectrum) @ orthonormal(d, d) for _ in range(3)]
+    heads_k = [orthonormal(96, d) @ np.diag(gap_spectrum) @ orthonormal(d, d) for _ in range(3)]
+    wq, wk = np.stack(heads_q), np.stack(heads_k)
+    got = qkai(t(wq, torch.float32), t(wk, torch.float32), rank=r, method="exact")
+    want = [
+        reference_qkai(wq[h].astype(np.float32).astype(np.float64), wk[h].astype(np.float32).astype(np.float64), r)
+        for h in range(3)
+    ]
+    np.testing.assert_allclose(got.numpy(), want, atol=ACCURACY)
