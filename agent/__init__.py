@@ -1,0 +1,40 @@
+"""The in-process agent: attach to a transformer, measure its attention geometry cheaply, ship it
+without ever blocking a step or losing a report, and read the per-layer lambdas back.
+
+    import agent
+    with agent.attach(model, project="p", run="r1") as a:
+        for step in range(steps):
+            a.step(step)
+            ...
+
+The heavy modules load on first use, so ``import agent`` (and the ``qkwatch`` command) stay light.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Agent", "AgentConfig", "Mapping", "attach"]
+
+
+def attach(model: Any, **kwargs: Any) -> Any:
+    """See :func:`agent.agent.attach`."""
+    from agent.agent import attach as _attach
+
+    return _attach(model, **kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Agent":
+        from agent.agent import Agent
+
+        return Agent
+    if name == "AgentConfig":
+        from agent.config import AgentConfig
+
+        return AgentConfig
+    if name == "Mapping":
+        from agent.adapters import Mapping
+
+        return Mapping
+    raise AttributeError(f"module 'agent' has no attribute {name!r}")

@@ -1,0 +1,302 @@
+"""The one place that knows model internals: where each layer's W_Q, W_K and live q, k are.
+
+A :class:`Site` is one attention layer: a module whose forward the weights are read in (under
+FSDP2 its parameters are unsharded there), a function returning the per-head factors in math
+layout, and a way to see the queries and keys the model really attends with (after RoPE and any
+key rotation) without changing how it attends.
+
+Known models:
+
+* qkwatch's own GPT (``trainer.model``): ``Attention.qk_weights()`` and the identity ``qk_tap``.
+* HuggingFace ``transformers`` models whose attention goes through ``AttentionInterface``
+  (Llama, Mistral, Qwen2/3 with GQA and RoPE; BERT; GPT-2 with its fused Conv1D): a wrapper
+  registered as ``qkwatch_<impl>`` sees (module, q, k) and calls the model's own implementation
+  (``sdpa``, flash, eager: unchanged); the model's config is pointed at it and restored on close.
+* nanoGPT's ``CausalSelfAttention`` (fused ``c_attn``, no rotary embedding): q and k are read
+  off ``c_attn``'s output.
+* anything else through an explicit :class:`Mapping`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from agent.metrics import split_heads, split_qkv
+
+TapFn = Callable[[Tensor, Tensor], None]
+"""Receives ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)``."""
+
+
+class AdapterError(Exception):
+    """No attention found (or a mapping that does not fit); the message lists what was seen."""
+
+
+@dataclass
+class Site:
+    layer: int
+    name: str
+    module: nn.Module
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    causal: bool
+    weights: Callable[[], tuple[Tensor, Tensor, Tensor | None]]
+    """Per-head ``wq (H, D, hs)``, ``wk (G, D, hs)`` and the key rotation ``(G, hs, hs)`` or None."""
+    install_tap: Callable[[TapFn], Callable[[], None]]
+    """Installs a tap; returns the function that removes it."""
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Explicit module paths (``{i}`` = layer index) for a model no adapter knows."""
+
+    q: str | None = None
+    """Query projection (an ``nn.Linear``)."""
+    k: str | None = None
+    """Key projection."""
+    qkv: str | None = None
+    """Fused QKV projection (an ``nn.Linear``, rows ``[q; k; v]``)."""
+    n_heads: int = 0
+    n_kv_heads: int | None = None
+    causal: bool = True
+    tap: str | None = None
+    """A module called as ``tap(q, k)`` with post-RoPE tensors; without it q and k are the
+    projection outputs (right for models without rotary embeddings)."""
+
+
+def find_sites(model: nn.Module, mapping: Mapping | None = None) -> list[Site]:
+    """Every attention layer of ``model``, in layer order.
+
+    Raises:
+        AdapterError: nothing found; the message lists the module types seen.
+    """
+    if mapping is not None:
+        return _mapped(model, mapping)
+    for finder in (_qkwatch_gpt, _huggingface, _nanogpt):
+        sites = finder(model)
+        if sites:
+            return sites
+    kinds = sorted({type(m).__name__ for m in model.modules()})
+    raise AdapterError(
+        "found no attention layers the agent knows (qkwatch GPT, HuggingFace Llama/Mistral/Qwen/BERT/GPT-2, "
+        f"nanoGPT). Module types in this model: {', '.join(kinds[:40])}"
+        f"{' ...' if len(kinds) > 40 else ''}. Pass mapping=agent.Mapping(q='layers.{{i}}.wq', "
+        "k='layers.{i}.wk', n_heads=..., tap=...) to name them."
+    )
+
+
+# --- qkwatch's GPT ----------------------------------------------------------------------------
+
+
+def _qkwatch_gpt(model: nn.Module) -> list[Site]:
+    sites = []
+    for name, module in _numbered(model):
+        if not (hasattr(module, "qk_tap") and hasattr(module, "qk_weights")):
+            continue
+        sites.append(Site(
+            layer=len(sites), name=name, module=module, n_heads=module.n_heads, n_kv_heads=module.n_kv_heads,
+            d_head=module.d_head, causal=True, weights=_gpt_weights(module),
+            install_tap=lambda fn, m=module: _forward_hook_tap(m.qk_tap, lambda args: fn(args[0], args[1])),
+        ))
+    return sites
+
+
+def _gpt_weights(module: nn.Module) -> Callable[[], tuple[Tensor, Tensor, Tensor | None]]:
+    def weights() -> tuple[Tensor, Tensor, Tensor | None]:
+        wq, wk, rotation = module.qk_weights()
+        return split_heads(wq, module.n_heads), split_heads(wk, module.n_kv_heads), rotation
+
+    return weights
+
+
+# --- HuggingFace transformers -----------------------------------------------------------------
+
+_HF_TAPS: dict[int, TapFn] = {}
+"""id(attention module) -> tap; read by the registered attention wrappers."""
+
+
+def _huggingface(model: nn.Module) -> list[Site]:
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        return []
+    n_heads = _cfg(config, "num_attention_heads", "n_head")
+    if not n_heads:
+        return []
+    n_kv = _cfg(config, "num_key_value_heads") or n_heads
+    width = _cfg(config, "hidden_size", "n_embd")
+    d_head = _cfg(config, "head_dim") or width // n_heads
+    sites = []
+    for name, module in _numbered(model):
+        weights = _hf_weights(module, n_heads, n_kv)
+        if weights is None:
+            continue
+        sites.append(Site(
+            layer=len(sites), name=name, module=module, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head,
+            causal=bool(getattr(module, "is_causal", True)), weights=weights,
+            install_tap=lambda fn, m=module: _hf_tap(model, m, fn),
+        ))
+    return sites
+
+
+def _hf_weights(module: nn.Module, n_heads: int, n_kv: int):
+    if isinstance(getattr(module, "q_proj", None), nn.Linear) and isinstance(getattr(module, "k_proj", None), nn.Linear):
+        return lambda: (split_heads(module.q_proj.weight, n_heads), split_heads(module.k_proj.weight, n_kv), None)
+    if isinstance(getattr(module, "query", None), nn.Linear) and isinstance(getattr(module, "key", None), nn.Linear):
+        return lambda: (split_heads(module.query.weight, n_heads), split_heads(module.key.weight, n_kv), None)
+    c_attn = getattr(module, "c_attn", None)
+    if c_attn is not None and type(c_attn).__name__ == "Conv1D" and not getattr(module, "is_cross_attention", False):
+        return lambda: split_qkv(c_attn.weight, n_heads, n_kv, conv1d=True)[:2] + (None,)
+    return None
+
+
+def _hf_tap(model: nn.Module, module: nn.Module, fn: TapFn) -> Callable[[], None]:
+    config = model.config
+    original = config._attn_implementation or "eager"
+    if not original.startswith("qkwatch_"):
+        name = f"qkwatch_{original}"
+        _register_hf_wrapper(name, original, type(module).__module__)
+        config._attn_implementation = name
+    _HF_TAPS[id(module)] = fn
+
+    def remove() -> None:
+        _HF_TAPS.pop(id(module), None)
+        current = config._attn_implementation or ""
+        if current.startswith("qkwatch_") and not any(_HF_TAPS.get(id(m)) for m in model.modules()):
+            config._attn_implementation = current.removeprefix("qkwatch_")
+
+    return remove
+
+
+def _register_hf_wrapper(name: str, original: str, modeling_module: str) -> None:
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    eager = getattr(sys.modules.get(modeling_module), "eager_attention_forward", None)
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        tap = _HF_TAPS.get(id(module))
+        if tap is not None:
+            tap(query, key)
+        impl = eager if original == "eager" else ALL_ATTENTION_FUNCTIONS.get_interface(original, eager)
+        return impl(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(name, attention)
+
+
+def _cfg(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+# --- nanoGPT ----------------------------------------------------------------------------------
+
+
+def _nanogpt(model: nn.Module) -> list[Site]:
+    sites = []
+    for name, module in _numbered(model):
+        c_attn = getattr(module, "c_attn", None)
+        n_head = getattr(module, "n_head", None)
+        if not isinstance(c_attn, nn.Linear) or not isinstance(n_head, int):
+            continue
+        d_head = c_attn.in_features // n_head
+        sites.append(Site(
+            layer=len(sites), name=name, module=module, n_heads=n_head, n_kv_heads=n_head, d_head=d_head,
+            causal=True, weights=lambda c=c_attn, h=n_head: split_qkv(c.weight, h)[:2] + (None,),
+            install_tap=lambda fn, c=c_attn, h=n_head: _forward_hook_tap(c, _split_output(fn, h, h), output=True),
+        ))
+    return sites
+
+
+# --- explicit mapping -------------------------------------------------------------------------
+
+
+def _mapped(model: nn.Module, mapping: Mapping) -> list[Site]:
+    if not mapping.n_heads:
+        raise AdapterError("a mapping needs n_heads")
+    if bool(mapping.qkv) == bool(mapping.q or mapping.k) or (not mapping.qkv and not (mapping.q and mapping.k)):
+        raise AdapterError("a mapping needs either qkv, or both q and k")
+    modules = dict(model.named_modules())
+    h, g = mapping.n_heads, mapping.n_kv_heads or mapping.n_heads
+    sites = []
+    i = 0
+    while True:
+        paths = [p.format(i=i) for p in (mapping.qkv,) if p] or [mapping.q.format(i=i), mapping.k.format(i=i)]
+        if not all(p in modules for p in paths):
+            break
+        owner = modules[paths[0].rsplit(".", 1)[0]] if "." in paths[0] else model
+        if mapping.qkv:
+            fused = modules[paths[0]]
+            weights = lambda f=fused: split_qkv(f.weight, h, g)[:2] + (None,)  # noqa: E731
+            proj_tap = lambda fn, f=fused: _forward_hook_tap(f, _split_output(fn, h, g), output=True)  # noqa: E731
+        else:
+            q_mod, k_mod = modules[paths[0]], modules[paths[1]]
+            weights = lambda a=q_mod, b=k_mod: (split_heads(a.weight, h), split_heads(b.weight, g), None)  # noqa: E731
+            proj_tap = lambda fn, a=q_mod, b=k_mod: _pair_tap(a, b, fn, h, g)  # noqa: E731
+        tap_path = mapping.tap.format(i=i) if mapping.tap else None
+        if tap_path is not None and tap_path not in modules:
+            raise AdapterError(f"mapping.tap: no module named {tap_path!r}")
+        install = (lambda fn, t=modules[tap_path]: _forward_hook_tap(t, lambda args: fn(args[0], args[1]))) \
+            if tap_path else proj_tap
+        d_head = weights()[0].shape[-1]
+        sites.append(Site(i, paths[0], owner, h, g, d_head, mapping.causal, weights, install))
+        i += 1
+    if not sites:
+        raise AdapterError(f"mapping matched no module for layer 0 ({mapping.q or mapping.qkv!r})")
+    return sites
+
+
+# --- taps -------------------------------------------------------------------------------------
+
+
+def _forward_hook_tap(module: nn.Module, fn: Callable[[Any], None], *, output: bool = False) -> Callable[[], None]:
+    if output:
+        handle = module.register_forward_hook(lambda mod, args, out: fn(out))
+    else:
+        handle = module.register_forward_hook(lambda mod, args, out: fn(args))
+    return handle.remove
+
+
+def _split_output(fn: TapFn, h: int, g: int) -> Callable[[Tensor], None]:
+    def tap(out: Tensor) -> None:
+        b, t, width = out.shape  # (B, T, (H + 2G) hs)
+        hs = width // (h + 2 * g)
+        q, k, _ = out.split([h * hs, g * hs, g * hs], dim=-1)
+        fn(q.view(b, t, h, hs).transpose(1, 2), k.view(b, t, g, hs).transpose(1, 2))
+
+    return tap
+
+
+def _pair_tap(q_mod: nn.Module, k_mod: nn.Module, fn: TapFn, h: int, g: int) -> Callable[[], None]:
+    held: dict[str, Tensor] = {}
+
+    def on_q(mod, args, out):
+        held["q"] = out
+
+    def on_k(mod, args, out):
+        q = held.pop("q", None)
+        if q is not None:
+            b, t, _ = out.shape
+            fn(q.view(b, t, h, -1).transpose(1, 2), out.view(b, t, g, -1).transpose(1, 2))
+
+    handles = [q_mod.register_forward_hook(on_q), k_mod.register_forward_hook(on_k)]
+    return lambda: [handle.remove() for handle in handles] and None
+
+
+def _numbered(model: nn.Module):
+    """Named modules in natural order of their layer numbers (``layers.10`` after ``layers.9``)."""
+    named = list(model.named_modules())
+    return sorted(named, key=lambda item: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", item[0])])
+
+
+def devices_of(sites: list[Site]) -> set[torch.device]:
+    return {p.device for s in sites for p in s.module.parameters(recurse=True)}

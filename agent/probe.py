@@ -1,0 +1,150 @@
+"""Hooks that measure each layer on report steps, reducing at capture time.
+
+Nothing is kept but per-layer (and optionally per-head) scalars, as device tensors: no
+activation outlives its hook, and nothing is copied to the host here (the agent stacks every
+scalar of a report and copies it once). Between report steps the hooks return at once: no
+device work, no synchronisation.
+
+Weights are read in a forward pre-hook of the attention module: under FSDP2 its parameters are
+unsharded there, so no extra all-gather is needed; each rank measures only the layers it owns
+(``layer % world == rank``), so a rank pays about 1/world of the cost. Activations come from the
+site's tap: one sequence of the batch, ``sample_rows`` query rows evenly spaced over its
+positions, against all keys of that sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from agent.adapters import Site
+from agent.metrics import attention_stats, participation_ratio
+from agent.metrics.summary import HEAD_METRICS, weight_metrics
+
+logger = logging.getLogger(__name__)
+
+ACTIVATION_HEAD_METRICS = ("attn_entropy", "attn_top1", "logit_std", "qk_erank")
+
+
+@dataclass
+class Plan:
+    """What this report step measures."""
+
+    step: int
+    weights: bool = False
+    spectra: bool = False
+    activations: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.weights or self.activations
+
+
+@dataclass
+class Capture:
+    """One report step's device-side results: layer -> metric -> 0-d tensor (and per-head)."""
+
+    layers: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    heads: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    weights_seen: set[int] = field(default_factory=set)
+    activations_seen: set[int] = field(default_factory=set)
+
+
+class Probe:
+    def __init__(self, sites: list[Site], owned: set[int], *, sample_rows: int, heads: bool):
+        self.sites = sites
+        self.owned = owned
+        self.sample_rows = sample_rows
+        self.heads = heads
+        self.plan: Plan | None = None
+        self.capture = Capture()
+        self._removers: list[Callable[[], None]] = []
+        self._warned: set[str] = set()
+        for site in sites:
+            if site.layer not in owned:
+                continue
+            handle = site.module.register_forward_pre_hook(self._weights_hook(site))
+            self._removers.append(handle.remove)
+            self._removers.append(site.install_tap(self._activation_hook(site)))
+
+    def arm(self, plan: Plan) -> None:
+        self.plan = plan if plan.any else None
+        self.capture = Capture()
+
+    def disarm(self) -> Capture:
+        capture, self.capture, self.plan = self.capture, Capture(), None
+        return capture
+
+    def close(self) -> None:
+        for remove in self._removers:
+            remove()
+        self._removers.clear()
+        self.plan = None
+
+    # --- hooks ------------------------------------------------------------------------------
+
+    def _weights_hook(self, site: Site):
+        def hook(module, args):
+            plan = self.plan
+            if plan is None or not plan.weights or site.layer in self.capture.weights_seen:
+                return  # not a report step (or a recomputation under activation checkpointing)
+            self._guarded(site, "weights", lambda: self._measure_weights(site, plan))
+
+        return hook
+
+    def _activation_hook(self, site: Site):
+        def tap(q: Tensor, k: Tensor) -> None:
+            plan = self.plan
+            if plan is None or not plan.activations or site.layer in self.capture.activations_seen:
+                return
+            self._guarded(site, "activations", lambda: self._measure_activations(site, q, k))
+
+        return tap
+
+    def _guarded(self, site: Site, what: str, fn: Callable[[], None]) -> None:
+        """A failing measurement is reported once and skipped; it never breaks the training step."""
+        try:
+            with torch.no_grad():
+                fn()
+        except Exception as exc:
+            key = f"{what}:{type(exc).__name__}"
+            if key not in self._warned:
+                self._warned.add(key)
+                logger.warning("qkwatch could not measure %s of layer %d (%s): %s", what, site.layer, site.name, exc)
+
+    # --- measurements -----------------------------------------------------------------------
+
+    def _measure_weights(self, site: Site, plan: Plan) -> None:
+        wq, wk, rotation = site.weights()
+        per_layer, per_head = weight_metrics(wq.detach(), wk.detach(),
+                                             None if rotation is None else rotation.detach(), spectra=plan.spectra)
+        self._store(site.layer, per_layer, per_head if self.heads else {})
+        self.capture.weights_seen.add(site.layer)
+
+    def _measure_activations(self, site: Site, q: Tensor, k: Tensor) -> None:
+        q, k = q[0].detach(), k[0].detach()  # one sequence: (H, T, hs), (G, T, hs)
+        t = k.shape[-2]
+        n = min(self.sample_rows, t)
+        pos = torch.linspace(0, t - 1, n, device=k.device).round().long().unique()  # evenly spaced rows
+        rows = q[:, pos]  # (H, n, hs)
+        stats = attention_stats(rows, k, causal=site.causal, q_pos=pos if site.causal else None)
+        per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
+        if len(pos) >= 2:
+            pr_q = participation_ratio(rows.transpose(0, 1).flatten(-2).float())  # (n, H*hs): heads concatenated
+            pr_k = participation_ratio(k[:, pos].transpose(0, 1).flatten(-2).float())  # keys at the same rows
+            per_layer.update(pr_q=pr_q, pr_k=pr_k, pr_gap=pr_q - pr_k)
+        heads = {name: stats[name].float() for name in ACTIVATION_HEAD_METRICS} if self.heads else {}
+        self._store(site.layer, per_layer, heads)
+        self.capture.activations_seen.add(site.layer)
+
+    def _store(self, layer: int, per_layer: dict[str, Tensor], per_head: dict[str, Tensor]) -> None:
+        self.capture.layers.setdefault(layer, {}).update(per_layer)
+        if per_head:
+            self.capture.heads.setdefault(layer, {}).update(per_head)
+
+
+WEIGHT_HEAD_METRICS = HEAD_METRICS

@@ -1,0 +1,259 @@
+"""Background delivery of the spool to the collector; the training step never waits for it.
+
+The sender thread creates (or resumes) the run once the collector answers, then posts the
+spool's records in batches, oldest first, and acknowledges them in the spool only after the
+collector has stored them. Delivery is at-least-once; the collector's idempotency (the batch id,
+derived from the records' place in the spool, and the natural key of every point) makes it
+exactly-once. Failures:
+
+* connection errors, timeouts, 408, 429, 5xx: retried with exponential backoff and full jitter
+  (``uniform(0, min(cap, base * 2^n))``), never sooner than a ``Retry-After`` asks;
+* 413 (batch too large): the batch is halved; a single report that is still too large, and any
+  other 4xx, goes to ``dead-letter.jsonl`` with the collector's answer, with one warning.
+
+Records carry the attempt key of the process that wrote them, so a spool holding reports of an
+earlier (crashed) attempt delivers them to that attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from agent.spool import Position, Record, Spool
+from agent.transport import Transport, TransportError
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = uuid.UUID("6f1c2f0e-9c3e-4d0a-8a57-2f3c1e7b9a10")
+
+
+@dataclass
+class Health:
+    """The agent's own counters; they travel with every report."""
+
+    sent: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    written: int = 0
+    acked: int = 0
+    last_error: str = ""
+
+    @property
+    def queue_depth(self) -> int:
+        return max(0, self.written - self.acked)
+
+
+class Sender:
+    def __init__(self, spool: Spool, transport_factory: Callable[[], Transport], *, batch_max: int,
+                 flush_seconds: float, backoff_base: float, backoff_cap: float, health: Health,
+                 on_run: Callable[[str, int], None] | None = None, name: str = "qkwatch-sender"):
+        self.spool = spool
+        self.transport_factory = transport_factory
+        self.batch_max = batch_max
+        self.flush_seconds = flush_seconds
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.health = health
+        self.on_run = on_run
+        self.run_id: str | None = spool.read_meta().get("run_id")
+        self._attempts: dict[str, int] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._drain_until: float | None = None
+        self._failures = 0
+        self._batch = batch_max
+        self._warned_dead = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._transport: Transport | None = None
+        self._retry_after: float | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    def close(self, timeout: float) -> bool:
+        """Try to deliver what is spooled until ``timeout``; True if the thread finished."""
+        self._drain_until = time.monotonic() + max(0.0, timeout)
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._stop.set()
+        self._wake.set()
+        return not self._thread.is_alive()
+
+    def deliver_all(self, deadline: float | None = None) -> bool:
+        """Synchronously deliver everything (``qkwatch sync``); True when nothing is left."""
+        while deadline is None or time.monotonic() < deadline:
+            sent = self._send_some()
+            if sent is None:
+                return True
+            if sent is False:
+                self._sleep_backoff(deadline)
+        return not self.spool.pending(1)
+
+    # --- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            result = self._send_some()
+            draining = self._drain_until is not None
+            if result is None:  # nothing pending
+                if draining:
+                    return
+                self._wake.wait(self.flush_seconds)
+                self._wake.clear()
+            elif result is False:
+                if draining and time.monotonic() >= self._drain_until:
+                    return
+                self._sleep_backoff(self._drain_until)
+            elif draining and time.monotonic() >= self._drain_until:
+                return
+
+    def _send_some(self) -> bool | None:
+        """Send one batch: True sent (or dead-lettered), False failed retryably, None nothing to do."""
+        self.spool.enforce_caps()
+        records = self.spool.pending(self._batch)
+        if not records:
+            return None
+        key = records[0].payload.get("attempt_key", "")
+        records = list(_same_key(records, key))
+        try:
+            attempt = self._attempt(key, records[0].payload)
+            body = {"batch_id": str(_batch_id(self.spool, records)), "attempt": attempt,
+                    "reports": [r.payload["report"] for r in records]}
+            self._client().post_reports(self.run_id, body)
+        except TransportError as exc:
+            return self._failed(exc, records)
+        self._delivered(records)
+        return True
+
+    def _attempt(self, key: str, payload: dict[str, Any]) -> int:
+        if key not in self._attempts:
+            meta = self.spool.read_meta()
+            answer = self._client().create_run({
+                "project": meta["project"], "name": meta["name"], "config": meta.get("config", {}),
+                "attempt_key": key or None,
+            })
+            self.run_id, self._attempts[key] = answer["id"], int(answer.get("attempt", 1))
+            if meta.get("run_id") != self.run_id:
+                self.spool.write_meta({**meta, "run_id": self.run_id})
+            if self.on_run is not None and key == meta.get("attempt_key"):
+                self.on_run(self.run_id, self._attempts[key])
+        return self._attempts[key]
+
+    def _delivered(self, records: list[Record]) -> None:
+        self.spool.ack(_after(records))
+        self.health.sent += len(records)
+        self.health.acked += len(records)
+        self._failures = 0
+        self._batch = self.batch_max
+
+    def _failed(self, exc: TransportError, records: list[Record]) -> bool:
+        self.health.last_error = str(exc)[:300]
+        if exc.status == 413 and len(records) > 1:
+            self._batch = max(1, len(records) // 2)
+            return True  # resend at once, smaller
+        if exc.retryable:
+            self.health.retried += 1
+            self._failures += 1
+            self._retry_after = exc.retry_after
+            logger.debug("delivery failed, will retry: %s", exc)
+            return False
+        self.spool.dead_letter({"status": exc.status, "response": exc.body[:10000],
+                                "reports": [r.payload for r in records], "time": time.time()})
+        self.health.dead_lettered += len(records)
+        self.spool.ack(_after(records))
+        self.health.acked += len(records)
+        if not self._warned_dead:
+            self._warned_dead = True
+            logger.warning("the collector refused %d report(s) for good (HTTP %s): %s; they are in %s "
+                           "(further refusals are counted, not logged)", len(records), exc.status, exc.body[:300],
+                           self.spool.path / "dead-letter.jsonl")
+        return True
+
+    def _sleep_backoff(self, deadline: float | None) -> None:
+        delay = random.uniform(0, min(self.backoff_cap, self.backoff_base * 2 ** min(self._failures, 30)))
+        if self._retry_after is not None:
+            delay = max(delay, min(self._retry_after, self.backoff_cap * 4))
+            self._retry_after = None
+        if deadline is not None:
+            delay = min(delay, max(0.0, deadline - time.monotonic()))
+        self._stop.wait(delay)
+
+    def _client(self) -> Transport:
+        if self._transport is None:
+            self._transport = self.transport_factory()
+        return self._transport
+
+
+class LambdaPoller:
+    """Rank 0 only: fetch the run's lambdas every ``period`` seconds once the run exists."""
+
+    def __init__(self, sender: Sender, transport_factory: Callable[[], Transport], offer: Callable[[dict], bool],
+                 period: float):
+        self.sender = sender
+        self.transport_factory = transport_factory
+        self.offer = offer
+        self.period = period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="qkwatch-lambdas", daemon=True)
+        self._warned = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll_once(self, transport: Transport) -> bool:
+        if self.sender.run_id is None:
+            return False
+        try:
+            answer = transport.get_lambdas(self.sender.run_id)
+        except TransportError as exc:
+            logger.debug("lambdas not fetched: %s", exc)
+            return False
+        taken = self.offer(answer)
+        if not taken and not self._warned:
+            self._warned = True
+            logger.warning("the collector's lambdas were refused (wrong length or out of range): %s", answer)
+        return taken
+
+    def close(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        transport = self.transport_factory()
+        try:
+            while not self._stop.is_set():
+                self.poll_once(transport)
+                self._stop.wait(self.period)
+        finally:
+            transport.close()
+
+
+def _same_key(records: list[Record], key: str):
+    for record in records:
+        if record.payload.get("attempt_key", "") != key:
+            return
+        yield record
+
+
+def _after(records: list[Record]) -> Position:
+    return records[-1].end
+
+
+def _batch_id(spool: Spool, records: list[Record]) -> uuid.UUID:
+    """The same records always form the same batch id, whichever process sends them."""
+    spool_id = spool.read_meta().get("spool_id", str(spool.path))
+    first, last = records[0], records[-1]
+    return uuid.uuid5(NAMESPACE, f"{spool_id}:{first.start.segment}:{first.start.offset}:"
+                                 f"{last.end.segment}:{last.end.offset}")

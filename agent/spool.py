@@ -1,0 +1,263 @@
+"""A write-ahead spool on local disk: every report is on disk before anything tries to send it.
+
+Layout of one spool directory (one run, one rank)::
+
+    meta.json          the run it belongs to: collector URL, project, name, config, attempt key
+    seg-00000001.log   records, appended; a new segment every ``segment_bytes``
+    cursor.json        the first record not yet acknowledged by the collector
+    dead-letter.jsonl  batches the collector refused for good, with its answer
+    lock               held (flock) by the one process that owns the spool
+
+A record is ``MAGIC | u32 length | u32 crc32(payload) | payload`` (little endian; the payload is
+one report as JSON). A process killed mid-write leaves a torn tail: the reader stops at it and
+the next writer truncates it, so only that record is lost; a corrupt record in the middle is
+skipped by scanning for the next ``MAGIC``. Records are written with one ``write`` call and no
+fsync: they survive the process being killed (``kill -9``), not a power cut.
+
+Acknowledged segments are deleted. Beyond ``max_bytes`` of undelivered data, or for segments
+older than ``max_age``, the oldest segments are dropped whole and their records counted in
+``cursor.json``'s ``dropped``; that count travels to the collector with the next reports.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"QKW1"
+HEADER = struct.Struct("<4sII")  # magic, length, crc32
+MAX_RECORD = 64 * 2**20
+
+
+class SpoolLocked(Exception):
+    """Another process owns this spool (an agent still running, or a sync in progress)."""
+
+
+@dataclass(frozen=True)
+class Position:
+    segment: int
+    offset: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {"segment": self.segment, "offset": self.offset}
+
+
+@dataclass(frozen=True)
+class Record:
+    start: Position
+    end: Position
+    payload: dict[str, Any]
+
+
+class Spool:
+    """One directory of records; safe for one writer thread and one reader thread of one process."""
+
+    def __init__(self, path: str | Path, *, segment_bytes: int = 4 * 2**20, max_bytes: int = 256 * 2**20,
+                 max_age: float = 7 * 24 * 3600.0):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes = segment_bytes
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self._lock_fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise SpoolLocked(f"{self.path} is in use by another process (a running agent or qkwatch sync)") from None
+        state = _read_json(self.path / "cursor.json") or {}
+        self._cursor = Position(int(state.get("segment", 0)), int(state.get("offset", 0)))
+        self.dropped = int(state.get("dropped", 0))
+        self._fd: int | None = None
+        self._segment = 0
+        self._size = 0
+        self._closed = False
+        self._recover_tail()
+
+    # --- metadata -------------------------------------------------------------------------
+
+    def read_meta(self) -> dict[str, Any]:
+        return _read_json(self.path / "meta.json") or {}
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        _write_json_atomic(self.path / "meta.json", meta)
+
+    # --- writing --------------------------------------------------------------------------
+
+    def append(self, payload: dict[str, Any]) -> None:
+        """Append one record (one ``write`` call). Raises OSError if the disk refuses."""
+        data = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+        if len(data) > MAX_RECORD:
+            raise ValueError(f"a report of {len(data)} bytes exceeds the spool's record limit of {MAX_RECORD}")
+        if self._fd is None or self._size >= self.segment_bytes:
+            self._open_segment(self._segment + 1 if self._fd is not None else max(self._segment, 1))
+        record = HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data
+        os.write(self._fd, record)
+        self._size += len(record)
+
+    def _open_segment(self, number: int) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._segment = number
+        file = self._segment_path(number)
+        self._fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
+
+    def _recover_tail(self) -> None:
+        """Truncate a torn record at the end of the newest segment (a writer killed mid-write)."""
+        segments = self.segments()
+        if not segments:
+            self._segment = max(self._cursor.segment, 0)
+            return
+        last = segments[-1]
+        self._segment = last
+        file = self._segment_path(last)
+        good = 0
+        for record in _scan(file, 0, number=last):
+            good = record.end.offset
+        size = file.stat().st_size
+        if size > good:
+            logger.warning("spool %s: dropping a torn record of %d bytes at the end of %s", self.path, size - good,
+                           file.name)
+            os.truncate(file, good)
+
+    # --- reading and acknowledging --------------------------------------------------------
+
+    def pending(self, limit: int) -> list[Record]:
+        """Up to ``limit`` unacknowledged records, oldest first."""
+        out: list[Record] = []
+        for number in self.segments():
+            if number < self._cursor.segment:
+                continue
+            start = self._cursor.offset if number == self._cursor.segment else 0
+            for record in _scan(self._segment_path(number), start, number=number):
+                out.append(record)
+                if len(out) >= limit:
+                    return out
+        return out
+
+    def ack(self, upto: Position) -> None:
+        """Everything before ``upto`` is delivered: move the cursor, delete finished segments."""
+        self._cursor = upto
+        self._save_cursor()
+        for number in self.segments():
+            if number < upto.segment and number != self._segment:
+                self._segment_path(number).unlink(missing_ok=True)
+
+    def enforce_caps(self, now: float | None = None) -> int:
+        """Drop the oldest undelivered segments beyond the size and age caps; returns records dropped."""
+        now = time.time() if now is None else now
+        dropped = 0
+        segments = [n for n in self.segments() if n >= self._cursor.segment]
+        sizes = {n: self._segment_path(n).stat().st_size for n in segments}
+        total = sum(sizes.values())
+        for number in segments:
+            if number == self._segment:  # never the segment being written
+                break
+            file = self._segment_path(number)
+            too_old = now - file.stat().st_mtime > self.max_age
+            if total <= self.max_bytes and not too_old:
+                break
+            start = self._cursor.offset if number == self._cursor.segment else 0
+            count = sum(1 for _ in _scan(file, start, number=number))
+            dropped += count
+            total -= sizes[number]
+            file.unlink(missing_ok=True)
+            self._cursor = Position(number + 1, 0)
+            logger.warning("spool %s: dropped %d undelivered reports (%s cap)", self.path, count,
+                           "age" if too_old else "size")
+        if dropped:
+            self.dropped += dropped
+            self._save_cursor()
+        return dropped
+
+    def bytes_pending(self) -> int:
+        total = 0
+        for number in self.segments():
+            if number >= self._cursor.segment:
+                size = self._segment_path(number).stat().st_size
+                total += size - (self._cursor.offset if number == self._cursor.segment else 0)
+        return total
+
+    def dead_letter(self, entry: dict[str, Any]) -> None:
+        with open(self.path / "dead-letter.jsonl", "a") as fh:
+            fh.write(json.dumps(entry, allow_nan=False) + "\n")
+
+    def segments(self) -> list[int]:
+        return sorted(int(p.stem.split("-")[1]) for p in self.path.glob("seg-*.log"))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    def _save_cursor(self) -> None:
+        _write_json_atomic(self.path / "cursor.json", {**self._cursor.as_dict(), "dropped": self.dropped})
+
+    def _segment_path(self, number: int) -> Path:
+        return self.path / f"seg-{number:08d}.log"
+
+
+def _scan(file: Path, offset: int, *, number: int = 0) -> Iterator[Record]:
+    """Records of one segment from ``offset``; stops at a torn tail, resynchronises after corruption."""
+    try:
+        with open(file, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except FileNotFoundError:
+        return
+    pos = 0
+    while pos + HEADER.size <= len(data):
+        magic, length, crc = HEADER.unpack_from(data, pos)
+        end = pos + HEADER.size + length
+        if magic == MAGIC and length <= MAX_RECORD and end > len(data):
+            return  # torn tail, or a record still being written
+        if magic == MAGIC and length <= MAX_RECORD:
+            payload = data[pos + HEADER.size : end]
+            if zlib.crc32(payload) == crc:
+                try:
+                    value = json.loads(payload)
+                except ValueError:
+                    value = None
+                if isinstance(value, dict):
+                    yield Record(Position(number, offset + pos), Position(number, offset + end), value)
+                    pos = end
+                    continue
+        nxt = data.find(MAGIC, pos + 1)
+        skipped = (nxt if nxt >= 0 else len(data)) - pos
+        logger.warning("spool %s: skipping %d corrupt bytes at offset %d", file, skipped, offset + pos)
+        if nxt < 0:
+            return
+        pos = nxt
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        logger.warning("%s is not valid JSON; ignoring it", path)
+        return None
+
+
+def _write_json_atomic(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(value, allow_nan=False))
+    os.replace(tmp, path)
