@@ -27,6 +27,7 @@ def alembic_config() -> Config:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrade the database to ``revision``; safe to run from several processes at once on PostgreSQL."""
     cfg = alembic_config()
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin otherwise
     with engine.connect().execution_options(write=True) as conn:
         if is_postgres(conn):
             conn.exec_driver_sql(f"SELECT pg_advisory_lock({_ADVISORY_LOCK})")
