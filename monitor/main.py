@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from monitor.alerting.notifier import Notifier
 from monitor.alerting.rules import RuleSet, with_webhooks
@@ -24,7 +25,7 @@ from monitor.api import alerts, lambdas, queries, reports, runs
 from monitor.api.deps import RateLimiter
 from monitor.api.limits import BodyLimitMiddleware
 from monitor.api.schemas import HealthPublic
-from monitor.exposition import REJECT_REASONS, build_registry
+from monitor.exposition import REJECT_REASONS, ServiceMetrics, build_registry
 from monitor.maintenance import Maintenance
 from monitor.settings import Settings
 from monitor.store.engine import make_engine
@@ -83,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     _add_service_routes(app)
     _add_error_handlers(app)
-    _add_timing(app)
+    app.add_middleware(TimingMiddleware, metrics=service_metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     return app
 
@@ -138,13 +139,20 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": str(exc)}, 422)
 
 
-def _add_timing(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def timing(request: Request, call_next):
+class TimingMiddleware:
+    """Observes each request's duration by route template (bounded), never the raw path (run ids)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        # The route template (bounded), never the raw path (which holds run ids).
-        label = getattr(route, "path", "unmatched")
-        app.state.service_metrics.duration.labels(request.method, label).observe(time.perf_counter() - start)
-        return response
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.duration.labels(scope["method"], route).observe(time.perf_counter() - start)
