@@ -15,10 +15,12 @@ import math
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, Strict, field_serializer, field_validator
 
 NonFinite = Literal["nan", "inf", "-inf"]
-WireValue = float | NonFinite | None
+Number = Annotated[float, Strict()]
+"""A JSON number (an int is fine); strict, so "0.1" or true is refused rather than converted."""
+WireValue = Number | NonFinite | None
 """What a value may look like on the wire (and in Python before decoding)."""
 
 _DECODE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -76,8 +78,8 @@ class Event(_Wire):
 class Report(_Wire):
     """One step of one run: per-layer values, optional per-head values, run-level scalars, events."""
 
-    step: int = Field(ge=0, le=2**62)
-    time: float = Field(description="Unix seconds when the step was measured.")
+    step: Annotated[int, Strict()] = Field(ge=0, le=2**62)
+    time: Number = Field(description="Unix seconds when the step was measured.")
     layers: dict[MetricName, list[WireValue]] = Field(default_factory=dict)
     heads: dict[MetricName, list[list[WireValue] | None]] = Field(default_factory=dict)
     scalars: dict[MetricName, WireValue] = Field(default_factory=dict)
@@ -130,7 +132,7 @@ class StatusPatch(_Wire):
     status: RunStatus
 
 
-class OverridesPut(RootModel[dict[str, float | None]]):
+class OverridesPut(RootModel[dict[str, Number | None]]):
     """``PUT /v1/runs/{id}/lambdas/overrides``: ``{"3": 0.0, "12": 0.5}``; null removes an override.
 
     Keys are layer indices as strings. The server checks each value against the run's

@@ -33,13 +33,9 @@ PG_ADMIN_URL = os.environ.get("QKWATCH_TEST_PG", "postgresql+psycopg://postgres@
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str | None]:
     """A fresh, migrated PostgreSQL database for the session, or None when the server is absent."""
-    try:
-        admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
-    except Exception as exc:  # noqa: BLE001 - any failure means "no server here"
+    admin = _pg_admin()
+    if admin is None:
         yield None
-        print(f"PostgreSQL unreachable at {PG_ADMIN_URL}: {exc}")
         return
     name = f"qkwatch_test_{secrets.token_hex(4)}"
     with admin.connect() as conn:
@@ -56,15 +52,54 @@ def pg_url() -> Iterator[str | None]:
         admin.dispose()
 
 
+def _pg_admin() -> sa.Engine | None:
+    try:
+        admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        return admin
+    except Exception:
+        return None
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def isolated_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Like ``db_url``, but a database of its own on PostgreSQL too (for tests that see every run)."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("sqlite_url")
+        return
+    admin = _pg_admin()
+    if admin is None:
+        missing_service(f"PostgreSQL at {PG_ADMIN_URL}")
+    name = f"qkwatch_test_{secrets.token_hex(4)}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'collector.db'}"
+    engine = make_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    return url
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated database URL: a fresh SQLite file, or the session's PostgreSQL database."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'collector.db'}"
-        engine = make_engine(url)
-        upgrade(engine)
-        engine.dispose()
-        return url
+        return request.getfixturevalue("sqlite_url")
     url = request.getfixturevalue("pg_url")
     if url is None:
         missing_service(f"PostgreSQL at {PG_ADMIN_URL}")
@@ -116,7 +151,10 @@ def make_settings(db_url: str, **overrides) -> Settings:
 
 @pytest.fixture
 def make_harness(db_url: str) -> Iterator:
-    """Factory: ``make_harness(**settings_overrides)`` -> Harness (closed at the end of the test)."""
+    """Factory: ``make_harness(**settings_overrides)`` -> Harness (closed at the end of the test).
+
+    A module whose tests must see only their own runs overrides ``db_url`` with ``isolated_db_url``.
+    """
     opened = []
 
     def make(**overrides) -> Harness:
