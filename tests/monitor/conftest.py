@@ -146,7 +146,7 @@ class Harness:
 
 
 def make_settings(db_url: str, **overrides) -> Settings:
-    return Settings(database_url=db_url, auto_migrate=False, background=False, **overrides)
+    return Settings(**{"database_url": db_url, "auto_migrate": False, "background": False, **overrides})
 
 
 @pytest.fixture
