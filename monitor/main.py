@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -132,6 +133,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def not_found(request: Request, exc: NotFound) -> JSONResponse:
         count(request, 404)
         return JSONResponse({"detail": str(exc)}, 404)
+
+    @app.exception_handler(DataError)
+    async def data_error(request: Request, exc: DataError) -> JSONResponse:
+        # A value the schema allows but the database cannot hold (e.g. out of its range).
+        count(request, 422)
+        return JSONResponse({"detail": f"a value cannot be stored: {exc.orig}"}, 422)
 
     @app.exception_handler(Invalid)
     async def invalid(request: Request, exc: Invalid) -> JSONResponse:

@@ -26,6 +26,8 @@ WireValue = Number | NonFinite | None
 _DECODE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,127}$"
 MetricName = Annotated[str, Field(pattern=METRIC_NAME_PATTERN)]
+NAME_PATTERN = r"^[^\s/\x00-\x1f\x7f]+$"
+"""Project and run names: no whitespace, slash or control characters."""
 
 
 def decode_value(value: float | str | None) -> float | None:
@@ -107,7 +109,7 @@ class ReportBatch(_Wire):
     """``POST /v1/runs/{id}/reports``: stored whole or not at all, once per ``batch_id``."""
 
     batch_id: uuid.UUID
-    attempt: int | None = Field(default=None, ge=1, description="Default: the run's latest attempt.")
+    attempt: int | None = Field(default=None, ge=1, le=2**31 - 1, description="Default: the run's latest attempt.")
     reports: list[Report] = Field(min_length=1)
 
     def point_count(self) -> int:
@@ -117,8 +119,8 @@ class ReportBatch(_Wire):
 class RunCreate(_Wire):
     """``POST /v1/runs``: create, or resume (same project and name), a run."""
 
-    project: str = Field(min_length=1, max_length=200, pattern=r"^[^\s/]+$")
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[^\s/]+$")
+    project: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
+    name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     config: dict[str, Any] = Field(default_factory=dict)
     attempt_key: str | None = Field(default=None, min_length=1, max_length=200)
 

@@ -30,6 +30,9 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if b"%00" in scope.get("query_string", b"") or "\x00" in scope.get("path", ""):
+            await _send_json(send, 400, "the URL may not contain the NUL character")
+            return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             await self._reject(send)
@@ -61,11 +64,15 @@ class BodyLimitMiddleware:
     async def _reject(self, send: Send) -> None:
         if self.on_reject:
             self.on_reject()
-        body = json.dumps({"detail": f"request body exceeds the limit of {self.max_bytes} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await _send_json(send, 413, f"request body exceeds the limit of {self.max_bytes} bytes")
+
+
+async def _send_json(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _content_length(scope: Scope) -> int | None:

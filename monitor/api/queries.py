@@ -21,8 +21,10 @@ from monitor.wire import encode_value
 router = APIRouter(prefix="/v1", tags=["queries"])
 
 Metric = Annotated[str, Query(min_length=1, max_length=128)]
-Step = Annotated[int | None, Query(ge=0)]
-Attempt = Annotated[int | None, Query(ge=1, description="Only this attempt; default: the merged view")]
+MAX_STEP = 2**62
+MAX_INDEX = 1_000_000
+Step = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
+Attempt = Annotated[int | None, Query(ge=1, le=MAX_INDEX, description="Only this attempt; default: the merged view")]
 
 
 def _enc(values: list) -> list:
@@ -35,8 +37,8 @@ def _series_body(s: Series) -> dict:
 
 @router.get("/runs/{run_id}/series", response_model=SeriesPublic)
 def series(run_id: str, metric: Metric, store: StoreDep, principal: Reader,
-           layer: Annotated[int, Query(ge=-1, description="-1 (default): a run-level scalar")] = RUN_SCALAR,
-           head: Annotated[int, Query(ge=-1, description="-1 (default): the layer value")] = LAYER_VALUE,
+           layer: Annotated[int, Query(ge=-1, le=MAX_INDEX, description="-1: a run-level scalar")] = RUN_SCALAR,
+           head: Annotated[int, Query(ge=-1, le=MAX_INDEX, description="-1: the layer value")] = LAYER_VALUE,
            start: Step = None, end: Step = None, max_points: Annotated[int, Query(ge=1, le=100_000)] = 1000,
            attempt: Attempt = None) -> JSONResponse:
     """One layer's values over steps; buckets (when over ``max_points``) keep min and max."""
@@ -50,7 +52,7 @@ def series(run_id: str, metric: Metric, store: StoreDep, principal: Reader,
 def heatmap(run_id: str, metric: Metric, store: StoreDep, principal: Reader, start: Step = None, end: Step = None,
             max_steps: Annotated[int, Query(ge=1, le=20_000)] = 500,
             agg: Literal["max", "min", "mean"] = "max",
-            head: Annotated[int, Query(ge=-1)] = LAYER_VALUE, attempt: Attempt = None) -> JSONResponse:
+            head: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = LAYER_VALUE, attempt: Attempt = None) -> JSONResponse:
     """All layers over steps; a bucket of steps takes the max by default, so a band is never averaged away."""
     run = load_run(store, run_id, principal)
     h = store.heatmap(run, metric, start=start, end=end, max_steps=max_steps, agg=agg, head=head, attempt=attempt)
@@ -61,7 +63,7 @@ def heatmap(run_id: str, metric: Metric, store: StoreDep, principal: Reader, sta
 @router.get("/compare", response_model=ComparePublic)
 def compare(run: Annotated[list[str], Query(min_length=1, max_length=50, description="run ids (repeat, or comma)")],
             metric: Metric, store: StoreDep, principal: Reader,
-            layer: Annotated[int, Query(ge=-1)] = RUN_SCALAR, start: Step = None, end: Step = None,
+            layer: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = RUN_SCALAR, start: Step = None, end: Step = None,
             max_points: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> JSONResponse:
     """The same series of several runs in one call (merged views)."""
     ids = [i for item in run for i in item.split(",") if i]

@@ -25,7 +25,7 @@ def create_run(body: RunCreate, store: StoreDep, principal: Ingester) -> RunPubl
 @router.get("", response_model=RunsPublic)
 def list_runs(store: StoreDep, principal: Reader, project: str | None = None, status: RunStatus | None = None,
               name: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              offset: Annotated[int, Query(ge=0)] = 0) -> RunsPublic:
+              offset: Annotated[int, Query(ge=0, le=2**31)] = 0) -> RunsPublic:
     if project is not None:
         principal.check_project(project)
     projects = [project] if project is not None else principal.projects()
@@ -55,7 +55,7 @@ def delete_run(run_id: str, store: StoreDep, principal: Controller) -> Response:
 
 @router.get("/{run_id}/events", response_model=EventsPublic)
 def list_events(run_id: str, store: StoreDep, principal: Reader, kind: str | None = None,
-                attempt: Annotated[int | None, Query(ge=1)] = None,
+                attempt: Annotated[int | None, Query(ge=1, le=2**31)] = None,
                 limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> EventsPublic:
     run = load_run(store, run_id, principal)
     rows = store.list_events(run, kind=kind, attempt=attempt, limit=limit)

@@ -23,8 +23,8 @@ class _Bare:
         self.token = token
 
 
-def _find_bare(value: Any, path: tuple) -> tuple | None:
-    if isinstance(value, _Bare):
+def _find(value: Any, path: tuple, hit) -> tuple | None:
+    if hit(value):
         return (*path, value)
     if isinstance(value, dict):
         items = value.items()
@@ -33,7 +33,7 @@ def _find_bare(value: Any, path: tuple) -> tuple | None:
     else:
         return None
     for key, item in items:
-        found = _find_bare(item, (*path, key))
+        found = _find(item, (*path, key), hit)
         if found:
             return found
     return None
@@ -48,8 +48,14 @@ def parse_strict(body: bytes) -> Any:
         return _Bare(token)
 
     data = json.loads(body, parse_constant=constant)
+    if b"\\u0000" in body:  # legal JSON, but no database stores NUL in text; refuse it up front
+        found = _find(data, ("body",), lambda v: isinstance(v, str) and "\x00" in v) or \
+            _find(data, ("body",), lambda v: isinstance(v, dict) and any("\x00" in k for k in v))
+        if found:
+            raise HTTPException(422, detail=[{"type": "nul_character", "loc": list(found[:-1]),
+                                              "msg": "strings may not contain the NUL character (\\u0000)"}])
     if seen:
-        *path, bare = _find_bare(data, ("body",))
+        *path, bare = _find(data, ("body",), lambda v: isinstance(v, _Bare))
         spelled = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}[bare.token]
         raise HTTPException(422, detail=[{
             "type": "bare_non_finite", "loc": path,
