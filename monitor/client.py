@@ -64,7 +64,8 @@ class Client:
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         params = kwargs.pop("params", None)
         if params:
-            kwargs["params"] = {k: v for k, v in params.items() if v is not None}
+            pairs = params.items() if isinstance(params, dict) else params
+            kwargs["params"] = [(k, v) for k, v in pairs if v is not None]
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -124,8 +125,7 @@ class Client:
         return self._json("GET", f"/v1/runs/{run_id}/heatmap", params={"metric": metric, **params})
 
     def compare(self, run_ids: Iterable[str], metric: str, layer: int = -1, **params: Any) -> dict:
-        query = [("run", r) for r in run_ids] + [("metric", metric), ("layer", layer)]
-        query += [(k, v) for k, v in params.items() if v is not None]
+        query = [("run", r) for r in run_ids] + [("metric", metric), ("layer", layer), *params.items()]
         return self._json("GET", "/v1/compare", params=query)
 
     def export(self, run_id: str, format: str = "csv", attempt: int | None = None) -> Iterator[str]:
