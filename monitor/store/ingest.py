@@ -10,7 +10,9 @@ import math
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
+from monitor.store import frames
 from monitor.store.engine import is_postgres
 from monitor.store.models import LAYER_VALUE, RUN_SCALAR
 from monitor.wire import ReportBatch, decode_value
@@ -24,6 +26,7 @@ class FlatBatch:
     """A validated batch as rows, ready to insert."""
 
     points: list[PointRow] = field(default_factory=list)
+    frames: list[frames.FrameRow] = field(default_factory=list)
     latest: dict[tuple[str, int], tuple[int, float | None]] = field(default_factory=dict)
     """(metric, layer) -> (step, value) of the newest layer-level value or scalar in the batch."""
     layer_values: list[tuple[int, dict[str, list[float | None]]]] = field(default_factory=list)
@@ -47,6 +50,9 @@ def flatten(batch: ReportBatch) -> FlatBatch:
         for metric, values in report.layers.items():
             row = [decode_value(v) for v in values]
             decoded[metric] = row
+            frame = frames.pack(metric, step, row)
+            if frame is not None:
+                flat.frames.append(frame)
             for layer, value in enumerate(row):
                 if value is not None:
                     pts.append((metric, LAYER_VALUE, layer, step, _stored(value)))
@@ -93,14 +99,31 @@ def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: 
 
 
 def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow]) -> int:
-    # One statement for the whole batch: columns travel as arrays and unnest() turns them back
-    # into rows; the rowcount of INSERT ... ON CONFLICT DO NOTHING is exactly the new rows.
-    metric, head, layer, step, value = (list(col) for col in zip(*rows, strict=True))
-    result = conn.exec_driver_sql(
-        "INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
-        "SELECT %(run_pk)s, m, h, l, s, %(attempt)s, v FROM unnest("
-        "%(metric)s::varchar[], %(head)s::int[], %(layer)s::int[], %(step)s::bigint[], %(value)s::float8[]"
-        ") AS t(m, h, l, s, v) ON CONFLICT DO NOTHING",
-        {"run_pk": run_pk, "attempt": attempt, "metric": metric, "head": head, "layer": layer,
-         "step": step, "value": value})
-    return result.rowcount
+    # Binary COPY into a per-session temporary table, then one INSERT ... SELECT ... ON CONFLICT
+    # DO NOTHING, whose rowcount is exactly the new rows. COPY is the fastest way in, and the
+    # temporary table empties itself at commit (or rollback).
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        cursor.execute("CREATE TEMP TABLE IF NOT EXISTS points_in (metric varchar(128) COLLATE \"C\", head int, "
+                       "layer int, step bigint, value float8) ON COMMIT DELETE ROWS")
+        with cursor.copy("COPY points_in (metric, head, layer, step, value) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["varchar", "int4", "int4", "int8", "float8"])
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute("INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
+                       "SELECT %s, metric, head, layer, step, %s, value FROM points_in ON CONFLICT DO NOTHING",
+                       (run_pk, attempt))
+        return cursor.rowcount
+    finally:
+        cursor.close()
+
+
+def insert_frames(conn: sa.Connection, run_pk: int, attempt: int, rows: list[frames.FrameRow]) -> None:
+    """Insert-or-ignore the batch's frames (their key mirrors the points' natural key)."""
+    if not rows:
+        return
+    from monitor.store.models import frames as table
+
+    insert = (postgresql.insert if is_postgres(conn) else sqlite.insert)(table).on_conflict_do_nothing()
+    conn.execute(insert, [{"run_pk": run_pk, "metric": m, "step": s, "attempt": attempt, "mask": k, "vals": v,
+                           "present": p, "has_nan": n} for (m, s, k, v, p, n) in rows])

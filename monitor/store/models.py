@@ -16,6 +16,10 @@ import sqlalchemy as sa
 
 metadata = sa.MetaData()
 
+# Names compared in the big indexes use the "C" collation on PostgreSQL: byte order, no locale
+# rules, much cheaper comparisons (SQLite's default BINARY collation is the same already).
+Name = sa.String(128).with_variant(sa.String(128, collation="C"), "postgresql")
+
 LAYER_VALUE = -1
 """``head`` of a layer-level point."""
 RUN_SCALAR = -1
@@ -62,12 +66,30 @@ batches = sa.Table(
 points = sa.Table(
     "points", metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
-    sa.Column("metric", sa.String(128), primary_key=True),
+    sa.Column("metric", Name, primary_key=True),
     sa.Column("head", sa.Integer, primary_key=True),
     sa.Column("layer", sa.Integer, primary_key=True),
     sa.Column("step", sa.BigInteger, primary_key=True),
     sa.Column("attempt", sa.Integer, primary_key=True),
     sa.Column("value", sa.Double),
+    sqlite_with_rowid=False,
+)
+
+frames = sa.Table(
+    # One row per (report, metric): the layer values as one float64 array, so that a heatmap
+    # reads one row per step instead of one per layer. ``mask`` tells apart reports of one step
+    # that carry different layers (layers shared out over ranks): "a<n>" when all n are present,
+    # else a digest of ``present`` (one byte per layer, 1 = measured). NaN and infinities are
+    # kept as such in ``vals``; a missing layer is NaN there and 0 in ``present``.
+    "frames", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("metric", Name, primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("mask", sa.String(24), primary_key=True),
+    sa.Column("vals", sa.LargeBinary, nullable=False),
+    sa.Column("present", sa.LargeBinary),
+    sa.Column("has_nan", sa.Boolean, nullable=False),
     sqlite_with_rowid=False,
 )
 

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 
 from monitor import scheduling
 from monitor.alerting.rules import LayerState, ReportValues, RuleSet, Transition, evaluate
-from monitor.store import ingest
+from monitor.store import frames, ingest
 from monitor.store import models as m
 from monitor.store.engine import is_postgres
 from monitor.wire import ReportBatch, RunCreate
@@ -183,7 +183,7 @@ class Store:
     def _delete_run_rows(self, conn: sa.Connection, pk: int) -> None:
         alert_ids = sa.select(m.alerts.c.id).where(m.alerts.c.run_pk == pk).scalar_subquery()
         conn.execute(sa.delete(m.notifications).where(m.notifications.c.alert_id.in_(alert_ids)))
-        for table in (m.points, m.latest, m.events, m.batches, m.attempts, m.lambda_state, m.lambda_overrides,
+        for table in (m.points, m.frames, m.latest, m.events, m.batches, m.attempts, m.lambda_state, m.lambda_overrides,
                       m.lambda_audit, m.alert_state, m.alerts):
             conn.execute(sa.delete(table).where(table.c.run_pk == pk))
         conn.execute(sa.delete(m.runs).where(m.runs.c.pk == pk))
@@ -234,6 +234,7 @@ class Store:
             if not new_batch:
                 return m.IngestResult(inserted=0, duplicates=total, replayed_batch=True)
             inserted = ingest.insert_points(conn, run.pk, attempt, flat.points)
+            ingest.insert_frames(conn, run.pk, attempt, flat.frames)
             self._insert_events(conn, run.pk, attempt, flat.events)
             self._upsert_latest(conn, run.pk, attempt, flat.latest)
             lambda_changed_step = self._feed_schedule(conn, run, attempt, flat)
@@ -466,6 +467,8 @@ class Store:
                 max_steps: int = 500, agg: str = "max", head: int = m.LAYER_VALUE,
                 attempt: int | None = None) -> m.Heatmap:
         """All layers of one metric over steps; steps bucketed to at most ``max_steps`` by ``agg`` (max by default)."""
+        if head == m.LAYER_VALUE:
+            return self._heatmap_from_frames(run, metric, start, end, max_steps, agg, attempt)
         p = m.points
         where = [*self._point_filter(run, metric, head, attempt), p.c.layer >= 0, *_step_range(start, end)]
         fn = {"max": sa.func.max, "min": sa.func.min, "mean": sa.func.avg}[agg]
@@ -479,6 +482,19 @@ class Store:
                                           sa.func.count(p.c.value))
                                 .where(*where).group_by(bucket, p.c.layer)).all()
         return _pivot(rows, width > 1)
+
+    def _heatmap_from_frames(self, run: m.RunRow, metric: str, start: int | None, end: int | None,
+                             max_steps: int, agg: str, attempt: int | None) -> m.Heatmap:
+        f = m.frames
+        where = [f.c.run_pk == run.pk, f.c.metric == metric]
+        where += [f.c.step >= start] if start is not None else []
+        where += [f.c.step <= end] if end is not None else []
+        where += [f.c.attempt == attempt] if attempt is not None else []
+        with self._read() as conn:
+            rows = conn.execute(sa.select(f.c.step, f.c.vals, f.c.present, f.c.has_nan).where(*where)
+                                .order_by(f.c.step, f.c.attempt, f.c.mask)).all()
+        steps, layers, values, downsampled = frames.heatmap(frames.merge_steps(rows), max_steps, agg)
+        return m.Heatmap(steps, layers, values, downsampled)
 
     def compare_runs(self, run_ids: Sequence[str]) -> list[m.RunRow]:
         with self._read() as conn:

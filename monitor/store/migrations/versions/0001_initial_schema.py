@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: (none)
-Create Date: 2026-11-30 04:36:25.748660
+Create Date: 2026-11-30 04:59:59.920467
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ revision = '0001'
 down_revision = None
 branch_labels = None
 depends_on = None
+
+# Names in the big indexes compare bytewise on PostgreSQL (see monitor.store.models.Name).
+NAME = sa.String(length=128).with_variant(sa.String(length=128, collation='C'), 'postgresql')
 
 
 def upgrade() -> None:
@@ -90,6 +93,18 @@ def upgrade() -> None:
     sa.Column('time', sa.Float(), nullable=False),
     sa.PrimaryKeyConstraint('run_pk', 'attempt', 'step', 'kind')
     )
+    op.create_table('frames',
+    sa.Column('run_pk', sa.Integer(), nullable=False),
+    sa.Column('metric', NAME, nullable=False),
+    sa.Column('step', sa.BigInteger(), nullable=False),
+    sa.Column('attempt', sa.Integer(), nullable=False),
+    sa.Column('mask', sa.String(length=24), nullable=False),
+    sa.Column('vals', sa.LargeBinary(), nullable=False),
+    sa.Column('present', sa.LargeBinary(), nullable=True),
+    sa.Column('has_nan', sa.Boolean(), nullable=False),
+    sa.PrimaryKeyConstraint('run_pk', 'metric', 'step', 'attempt', 'mask'),
+    sqlite_with_rowid=False
+    )
     op.create_table('lambda_audit',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
     sa.Column('run_pk', sa.Integer(), nullable=False),
@@ -130,7 +145,7 @@ def upgrade() -> None:
     )
     op.create_table('points',
     sa.Column('run_pk', sa.Integer(), nullable=False),
-    sa.Column('metric', sa.String(length=128), nullable=False),
+    sa.Column('metric', NAME, nullable=False),
     sa.Column('head', sa.Integer(), nullable=False),
     sa.Column('layer', sa.Integer(), nullable=False),
     sa.Column('step', sa.BigInteger(), nullable=False),
@@ -190,6 +205,7 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f('ix_lambda_audit_run_pk'))
 
     op.drop_table('lambda_audit')
+    op.drop_table('frames')
     op.drop_table('events')
     op.drop_table('batches')
     op.drop_table('attempts')
