@@ -1,0 +1,115 @@
+"""Delivery of alert notifications to webhooks, in Alertmanager's webhook JSON format, with retries.
+
+Notifications are an outbox in the database (queued in the same transaction as the alert), so
+none is lost when the process dies; a replica claims a due one with a lease before sending it,
+so several replicas do not send it twice. A failed delivery is retried with exponential backoff
+up to ``webhook_max_attempts`` times, then given up and logged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+
+import httpx
+
+from monitor.store.models import AlertRow, PendingNotification
+from monitor.store.store import Store
+
+logger = logging.getLogger(__name__)
+
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def _rfc3339(ts: float | None) -> str:
+    if ts is None:
+        return ZERO_TIME
+    return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def alert_labels(alert: AlertRow) -> dict[str, str]:
+    return {"alertname": alert.rule, "severity": alert.severity, "project": alert.project, "run": alert.run_name,
+            "run_id": alert.run_id, "metric": alert.metric}
+
+
+def alertmanager_payload(n: PendingNotification, external_url: str, receiver: str = "qkwatch") -> dict:
+    """The body Alertmanager posts to a webhook receiver (version 4), for one alert."""
+    a = n.alert
+    labels = alert_labels(a)
+    status = "resolved" if n.status == "resolved" else "firing"
+    item = {
+        "status": status,
+        "labels": labels,
+        "annotations": {"summary": a.summary, "layers": ",".join(map(str, a.layers)),
+                        "onset_step": str(a.onset_step),
+                        "resolved_step": "" if a.resolved_step is None else str(a.resolved_step)},
+        "startsAt": _rfc3339(a.starts_at),
+        "endsAt": _rfc3339(a.ends_at if status == "resolved" else None),
+        "generatorURL": f"{external_url.rstrip('/')}/?run={a.run_id}",
+        "fingerprint": hashlib.sha256(f"{a.id}".encode()).hexdigest()[:16],
+    }
+    return {
+        "version": "4",
+        "groupKey": f"{{}}:{{alertname=\"{a.rule}\", run=\"{a.run_name}\"}}",
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": receiver,
+        "groupLabels": {"alertname": a.rule, "run": a.run_name},
+        "commonLabels": labels,
+        "commonAnnotations": item["annotations"],
+        "externalURL": external_url,
+        "alerts": [item],
+    }
+
+
+class Notifier:
+    """Sends due notifications; ``deliver_pending`` is called by the maintenance thread (or a test)."""
+
+    def __init__(self, store: Store, urls: Sequence[str], *, max_attempts: int = 8, timeout_s: float = 5.0,
+                 external_url: str = "", backoff_s: float = 2.0, max_backoff_s: float = 300.0) -> None:
+        self.store = store
+        self.urls = list(urls)
+        self.max_attempts = max_attempts
+        self.external_url = external_url
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self._http = httpx.Client(timeout=timeout_s)
+        self._closed = False
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._http.close()
+
+    def deliver_pending(self, now: float | None = None) -> int:
+        """Send every due notification once; returns how many were delivered."""
+        if not self.urls:
+            return 0
+        now = time.time() if now is None else now
+        delivered = 0
+        for n in self.store.claim_notifications(now):
+            error = self._send(n)
+            attempts = n.attempts + 1
+            give_up = error is not None and attempts >= self.max_attempts
+            retry_at = now + min(self.max_backoff_s, self.backoff_s * 2 ** (attempts - 1))
+            self.store.finish_notification(n.id, delivered=error is None, error=error, next_try_at=retry_at,
+                                           give_up=give_up, now=time.time())
+            delivered += error is None
+            if give_up:
+                logger.error("gave up notifying %s alert %d after %d attempts: %s", n.status, n.alert.id, attempts,
+                             error)
+        return delivered
+
+    def _send(self, n: PendingNotification) -> str | None:
+        body = alertmanager_payload(n, self.external_url)
+        errors = []
+        for url in self.urls:
+            try:
+                response = self._http.post(url, json=body)
+                if response.status_code >= 300:
+                    errors.append(f"{url}: HTTP {response.status_code}")
+            except httpx.HTTPError as exc:
+                errors.append(f"{url}: {exc!r}")
+        return "; ".join(errors) or None

@@ -1,0 +1,23 @@
+"""Alerts raised by the step-based rules: ``GET /v1/alerts?run=&state=``."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from monitor.api.deps import Reader, StoreDep, load_run
+from monitor.api.schemas import AlertPublic, AlertsPublic
+
+router = APIRouter(prefix="/v1", tags=["alerts"])
+
+
+@router.get("/alerts", response_model=AlertsPublic)
+def list_alerts(store: StoreDep, principal: Reader, run: str | None = None,
+                state: Literal["firing", "resolved"] | None = None,
+                limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> AlertsPublic:
+    """Alerts visible to the caller, newest first; each has its rule, layers, onset and resolution step."""
+    if run is not None:
+        load_run(store, run, principal)
+    rows = store.list_alerts(projects=principal.projects(), run_id=run, state=state, limit=limit)
+    return AlertsPublic(data=[AlertPublic.of(r) for r in rows], count=len(rows))

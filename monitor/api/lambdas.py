@@ -1,0 +1,62 @@
+"""The closed loop: scheduled lambdas per layer, operator overrides, and their audit trail."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fastapi import APIRouter, HTTPException
+
+from monitor import scheduling
+from monitor.api.deps import Controller, Reader, StoreDep, load_run
+from monitor.api.schemas import AuditListPublic, AuditPublic, LambdasPublic
+from monitor.api.strict_json import StrictJSONRoute
+from monitor.store.models import LambdaState, RunRow
+from monitor.store.store import Invalid, NotFound
+from monitor.wire import OverridesPut
+
+router = APIRouter(prefix="/v1/runs", tags=["lambdas"], route_class=StrictJSONRoute)
+
+
+def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
+    """lambda_l = lambda_0 * sigmoid((H_l - H*) / beta) per layer (0 before any entropy), then overrides."""
+    cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
+    n = state.n_layers or 0
+    h = [state.h.get(layer) for layer in range(n)]
+    lambdas = scheduling.apply_overrides(scheduling.entropy_floor(h, cfg), state.overrides)
+    return LambdasPublic(version=state.version, step=state.step, lambdas=lambdas,
+                         overrides={str(k): v for k, v in sorted(state.overrides.items())}, h=h,
+                         schedule=dataclasses.asdict(cfg))
+
+
+@router.get("/{run_id}/lambdas", response_model=LambdasPublic)
+def get_lambdas(run_id: str, store: StoreDep, principal: Reader) -> LambdasPublic:
+    """The weights the trainer should apply now; ``version`` changes whenever they do."""
+    try:
+        run, state = store.lambda_state(run_id)
+    except NotFound:
+        raise HTTPException(404, f"run {run_id} not found") from None
+    principal.check_project(run.project)
+    return lambdas_public(run, state)
+
+
+@router.put("/{run_id}/lambdas/overrides", response_model=LambdasPublic)
+def put_overrides(run_id: str, body: OverridesPut, store: StoreDep, principal: Controller) -> LambdasPublic:
+    """Set (or with null remove) per-layer overrides; all are validated before any is applied."""
+    load_run(store, run_id, principal)
+    overrides: dict[int, float | None] = {}
+    for key, value in body.root.items():
+        try:
+            overrides[int(key)] = value
+        except ValueError:
+            raise HTTPException(422, f"overrides: key {key!r} is not a layer index") from None
+    try:
+        run, state = store.set_overrides(run_id, overrides, who=f"{principal.name} ({principal.id})")
+    except Invalid as exc:
+        raise HTTPException(422, f"overrides: {exc}") from None
+    return lambdas_public(run, state)
+
+
+@router.get("/{run_id}/lambdas/audit", response_model=AuditListPublic)
+def get_audit(run_id: str, store: StoreDep, principal: Reader) -> AuditListPublic:
+    rows = store.lambda_audit(load_run(store, run_id, principal))
+    return AuditListPublic(data=[AuditPublic.of(r) for r in rows], count=len(rows))

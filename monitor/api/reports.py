@@ -1,0 +1,32 @@
+"""Ingest: ``POST /v1/runs/{id}/reports``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+
+from monitor.api.deps import Ingester, SettingsDep, StoreDep, load_run
+from monitor.api.schemas import IngestPublic
+from monitor.api.strict_json import StrictJSONRoute
+from monitor.wire import ReportBatch
+
+router = APIRouter(prefix="/v1/runs", tags=["ingest"], route_class=StrictJSONRoute)
+
+
+@router.post("/{run_id}/reports", response_model=IngestPublic,
+             responses={404: {"description": "unknown run"}, 413: {"description": "body or batch too large"}})
+def add_reports(run_id: str, body: ReportBatch, request: Request, store: StoreDep, settings: SettingsDep,
+                principal: Ingester) -> IngestPublic:
+    """Store a batch of reports whole or not at all, once: a replayed ``batch_id`` or an already
+    stored (run, attempt, step, metric, layer, head) is counted in ``duplicates``, not stored again."""
+    load_run(store, run_id, principal)
+    if len(body.reports) > settings.max_reports_per_batch:
+        raise HTTPException(413, f"reports: {len(body.reports)} reports in one batch; the limit is "
+                                 f"{settings.max_reports_per_batch}")
+    n = body.point_count()
+    if n > settings.max_points_per_batch:
+        raise HTTPException(413, f"reports: {n} points in one batch; the limit is {settings.max_points_per_batch}")
+    result = store.add_reports(run_id, body, request.app.state.rules)
+    request.app.state.service_metrics.ingested(result.inserted, result.duplicates)
+    if result.notifications:
+        request.app.state.background.wake()
+    return IngestPublic(inserted=result.inserted, duplicates=result.duplicates)

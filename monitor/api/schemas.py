@@ -1,0 +1,172 @@
+"""Response classes (``*Public``): what the API returns, apart from the wire requests and the rows.
+
+Values are wire values: a number, or "nan"/"inf"/"-inf"; null = no point. Routes encode them
+with :func:`monitor.wire.encode_value` before they get here, so every response is strict JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from monitor.store.models import AlertRow, AuditRow, EventRow, RunRow
+from monitor.wire import RunStatus
+
+Value = float | str | None
+
+
+class RunPublic(BaseModel):
+    id: str
+    project: str
+    name: str
+    status: RunStatus
+    status_reason: str | None
+    attempt: int
+    """The attempt to report under (POST /v1/runs) or the latest attempt (reads)."""
+    latest_attempt: int
+    config: dict[str, Any]
+    created_at: float
+    updated_at: float
+    last_report_at: float | None
+    last_step: int | None
+
+    @classmethod
+    def of(cls, row: RunRow, attempt: int | None = None) -> RunPublic:
+        return cls(id=row.id, project=row.project, name=row.name, status=row.status, status_reason=row.status_reason,
+                   attempt=attempt or row.latest_attempt, latest_attempt=row.latest_attempt, config=row.config,
+                   created_at=row.created_at, updated_at=row.updated_at, last_report_at=row.last_report_at,
+                   last_step=row.last_step)
+
+
+class RunsPublic(BaseModel):
+    data: list[RunPublic]
+    count: int
+
+
+class IngestPublic(BaseModel):
+    inserted: int
+    duplicates: int
+
+
+class SeriesPublic(BaseModel):
+    metric: str
+    layer: int
+    head: int
+    attempt: int | None
+    downsampled: bool
+    steps: list[int]
+    values: list[Value]
+    min: list[Value]
+    max: list[Value]
+
+
+class CompareSeriesPublic(BaseModel):
+    run: str
+    name: str
+    project: str
+    steps: list[int]
+    values: list[Value]
+    min: list[Value]
+    max: list[Value]
+
+
+class ComparePublic(BaseModel):
+    metric: str
+    layer: int
+    series: list[CompareSeriesPublic]
+
+
+class HeatmapPublic(BaseModel):
+    metric: str
+    agg: str
+    attempt: int | None
+    downsampled: bool
+    steps: list[int]
+    layers: list[int]
+    values: list[list[Value]]
+
+
+class LambdasPublic(BaseModel):
+    version: int
+    step: int | None
+    lambdas: list[float]
+    overrides: dict[str, float]
+    source: str = "schedule"
+    h: list[float | None]
+    schedule: dict[str, float]
+
+
+class AuditPublic(BaseModel):
+    layer: int
+    old: float | None
+    new: float | None
+    who: str
+    at: float
+    step: int | None
+    version: int
+
+    @classmethod
+    def of(cls, row: AuditRow) -> AuditPublic:
+        return cls(**row.__dict__)
+
+
+class AuditListPublic(BaseModel):
+    data: list[AuditPublic]
+    count: int
+
+
+class EventPublic(BaseModel):
+    attempt: int
+    step: int
+    kind: str
+    message: str
+    data: dict[str, Any]
+    time: float
+
+    @classmethod
+    def of(cls, row: EventRow) -> EventPublic:
+        return cls(**row.__dict__)
+
+
+class EventsPublic(BaseModel):
+    data: list[EventPublic]
+    count: int
+
+
+class AlertPublic(BaseModel):
+    id: int
+    run: str
+    run_name: str
+    project: str
+    rule: str
+    severity: str
+    state: str
+    metric: str
+    layers: list[int]
+    summary: str
+    onset_step: int
+    resolved_step: int | None
+    starts_at: float
+    ends_at: float | None
+
+    @classmethod
+    def of(cls, row: AlertRow) -> AlertPublic:
+        d = dict(row.__dict__)
+        d["run"] = d.pop("run_id")
+        return cls(**d)
+
+
+class AlertsPublic(BaseModel):
+    data: list[AlertPublic]
+    count: int
+
+
+class MetricsListPublic(BaseModel):
+    metrics: dict[str, list[int]]
+
+
+class HealthPublic(BaseModel):
+    status: str
+    database: str
+    version: str

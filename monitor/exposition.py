@@ -1,0 +1,132 @@
+"""Prometheus exposition: run gauges read from the database on each scrape, plus service metrics.
+
+The run gauges come from a custom :class:`Collector` in an app-owned registry that reads the
+latest value per (run, layer) of *running* runs at scrape time, so several workers or replicas
+behind one database all expose the same values, and a finished run drops out at once.
+
+Labels: ``run`` is the run's **name** (readable in Grafana), with ``project`` beside it because a
+name is unique only within its project; ``layer`` is the layer index. Never a step label. The
+series count is bounded by ``metrics_max_runs`` x ``metrics_max_layers`` x the fixed gauge set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from monitor.settings import Settings
+from monitor.store.store import Store
+
+logger = logging.getLogger(__name__)
+
+# metric in the reports -> (exported name, help)
+LAYER_GAUGES = {
+    "qkai": ("qkwatch_qkai_ratio", "Query-key alignment index of the layer (mean over heads), latest report."),
+    "stable_rank": ("qkwatch_stable_rank", "Stable rank of Wq Wk^T of the layer (mean over heads), latest report."),
+    "attn_entropy": ("qkwatch_attn_entropy", "Normalised attention entropy of the layer, latest report."),
+    "lambda": ("qkwatch_lambda", "RAA penalty weight the trainer applied to the layer, latest report."),
+}
+# run-level scalars the agent reports about itself (and the loss) -> (exported name, help)
+SCALAR_GAUGES = {
+    "loss": ("qkwatch_train_loss", "Training loss, latest report."),
+    "agent_queue_depth": ("qkwatch_agent_queue_depth", "Reports waiting in the agent's queue."),
+    "agent_spool_bytes": ("qkwatch_agent_spool_bytes", "Bytes the agent spooled to disk, undelivered."),
+    "agent_step_overhead_seconds": ("qkwatch_agent_step_overhead_seconds",
+                                    "Seconds the agent added to the training step."),
+}
+SCALAR_COUNTERS = {
+    "agent_sent_total": ("qkwatch_agent_sent", "Reports the agent delivered."),
+    "agent_retried_total": ("qkwatch_agent_retried", "Deliveries the agent retried."),
+    "agent_dropped_total": ("qkwatch_agent_dropped", "Reports the agent could not keep."),
+}
+
+
+class RunCollector(Collector):
+    """Reads a snapshot of the running runs' latest values from the store on each scrape."""
+
+    def __init__(self, store: Store, settings: Settings) -> None:
+        self.store = store
+        self.settings = settings
+
+    def describe(self) -> list:
+        return []  # values are only known at scrape time; skip the registration-time collect()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            names = [*LAYER_GAUGES, *SCALAR_GAUGES, *SCALAR_COUNTERS]
+            runs, rows = self.store.latest_snapshot(names, self.settings.metrics_max_runs,
+                                                    self.settings.metrics_max_layers)
+        except Exception:  # a scrape must not fail because the database is briefly away
+            logger.exception("could not read the run snapshot for /metrics")
+            return
+        families = {metric: GaugeMetricFamily(name, doc, labels=["project", "run", "layer"])
+                    for metric, (name, doc) in LAYER_GAUGES.items()}
+        scalars = {metric: GaugeMetricFamily(name, doc, labels=["project", "run"])
+                   for metric, (name, doc) in SCALAR_GAUGES.items()}
+        scalars.update({metric: CounterMetricFamily(name, doc, labels=["project", "run"])
+                        for metric, (name, doc) in SCALAR_COUNTERS.items()})
+        collapsed: dict[tuple[str, str], int] = defaultdict(int)
+        for r in rows:
+            if r.layer < 0:
+                if r.metric in scalars:
+                    scalars[r.metric].add_metric([r.project, r.run_name], r.value)
+                continue
+            if r.metric not in families:
+                continue
+            families[r.metric].add_metric([r.project, r.run_name, str(r.layer)], r.value)
+            if r.metric == "qkai" and not math.isnan(r.value) and r.value > self.settings.collapse_threshold:
+                collapsed[(r.project, r.run_name)] += 1
+        yield from families.values()
+        yield from scalars.values()
+        yield from self._run_gauges(runs, collapsed)
+
+    def _run_gauges(self, runs: list, collapsed: dict) -> Iterator[GaugeMetricFamily]:
+        n = GaugeMetricFamily("qkwatch_collapsed_layers",
+                              f"Layers whose latest qkai exceeds {self.settings.collapse_threshold:g}.",
+                              labels=["project", "run"])
+        step = GaugeMetricFamily("qkwatch_last_step", "Highest step reported by the run.", labels=["project", "run"])
+        seen = GaugeMetricFamily("qkwatch_last_report_timestamp_seconds",
+                                 "Unix time the collector last stored a report of the run.", labels=["project", "run"])
+        for run in runs:
+            labels = [run.project, run.name]
+            n.add_metric(labels, collapsed.get((run.project, run.name), 0))
+            if run.last_step is not None:
+                step.add_metric(labels, run.last_step)
+            if run.last_report_at is not None:
+                seen.add_metric(labels, run.last_report_at)
+        yield from (n, step, seen)
+
+
+class ServiceMetrics:
+    """The collector's own counters and histograms (per process)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.points = Counter("qkwatch_points_ingested", "Points stored.", registry=registry)
+        self.duplicates = Counter("qkwatch_points_duplicate", "Points received again and not stored twice.",
+                                  registry=registry)
+        self.rejected = Counter("qkwatch_requests_rejected", "Requests refused, by reason.", ["reason"],
+                                registry=registry)
+        self.duration = Histogram("qkwatch_request_duration_seconds", "Time to answer a request, by route.",
+                                  ["method", "route"], registry=registry,
+                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+
+    def ingested(self, inserted: int, duplicates: int) -> None:
+        self.points.inc(inserted)
+        self.duplicates.inc(duplicates)
+
+
+REJECT_REASONS = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
+                  413: "too_large", 422: "invalid", 429: "rate_limited"}
+
+
+def build_registry(store: Store, settings: Settings) -> tuple[CollectorRegistry, ServiceMetrics]:
+    """A fresh registry owned by one app: the run collector and the service metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(store, settings))
+    return registry, ServiceMetrics(registry)

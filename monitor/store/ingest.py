@@ -1,0 +1,129 @@
+"""Flattening report batches into rows, and the bulk insert paths of each database.
+
+The cost of a batch is constant in the run's history: points go in with insert-or-ignore on
+their natural key (an index probe each), never a read of what is already stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from monitor.store import frames
+from monitor.store.engine import is_postgres
+from monitor.store.models import LAYER_VALUE, RUN_SCALAR
+from monitor.wire import ReportBatch, decode_value
+
+PointRow = tuple[str, int, int, int, float | None]
+"""(metric, head, layer, step, value); a NaN value is None (see models)."""
+
+
+@dataclass
+class FlatBatch:
+    """A validated batch as rows, ready to insert."""
+
+    points: list[PointRow] = field(default_factory=list)
+    frames: list[frames.FrameRow] = field(default_factory=list)
+    latest: dict[tuple[str, int], tuple[int, float | None]] = field(default_factory=dict)
+    """(metric, layer) -> (step, value) of the newest layer-level value or scalar in the batch."""
+    layer_values: list[tuple[int, dict[str, list[float | None]]]] = field(default_factory=list)
+    """(step, metric -> decoded value per layer) per report, for the schedule and the alert rules."""
+    events: list[tuple[int, str, str, dict, float]] = field(default_factory=list)
+    max_step: int = -1
+
+
+def _stored(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else value
+
+
+def flatten(batch: ReportBatch) -> FlatBatch:
+    """Decode every value and lay the batch out as point rows (nulls, "not measured", are dropped)."""
+    flat = FlatBatch()
+    pts = flat.points
+    for report in batch.reports:
+        step = report.step
+        flat.max_step = max(flat.max_step, step)
+        decoded: dict[str, list[float | None]] = {}
+        for metric, values in report.layers.items():
+            row = [decode_value(v) for v in values]
+            decoded[metric] = row
+            frame = frames.pack(metric, step, row)
+            if frame is not None:
+                flat.frames.append(frame)
+            for layer, value in enumerate(row):
+                if value is not None:
+                    pts.append((metric, LAYER_VALUE, layer, step, _stored(value)))
+                    _keep_latest(flat.latest, metric, layer, step, value)
+        for metric, per_layer in report.heads.items():
+            for layer, heads in enumerate(per_layer):
+                for head, raw in enumerate(heads or ()):
+                    value = decode_value(raw)
+                    if value is not None:
+                        pts.append((metric, head, layer, step, _stored(value)))
+        for name, raw in report.scalars.items():
+            value = decode_value(raw)
+            if value is not None:
+                pts.append((name, RUN_SCALAR, RUN_SCALAR, step, _stored(value)))
+                _keep_latest(flat.latest, name, RUN_SCALAR, step, value)
+        flat.layer_values.append((step, decoded))
+        flat.events += [(step, e.kind, e.message, e.data, report.time) for e in report.events]
+    return flat
+
+
+def _keep_latest(latest: dict, metric: str, layer: int, step: int, value: float) -> None:
+    key = (metric, layer)
+    if key not in latest or latest[key][0] <= step:
+        latest[key] = (step, _stored(value))
+
+
+def insert_points(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow]) -> int:
+    """Insert-or-ignore ``rows``; returns how many were new."""
+    if not rows:
+        return 0
+    if is_postgres(conn):
+        return _insert_points_postgres(conn, run_pk, attempt, rows)
+    return _insert_points_sqlite(conn, run_pk, attempt, rows)
+
+
+def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow]) -> int:
+    # One prepared statement run over all rows (sqlite3's executemany, in C); its rowcount sums
+    # the rows actually inserted, so ignored duplicates are not counted.
+    params = [(run_pk, m, h, la, s, attempt, v) for (m, h, la, s, v) in rows]
+    result = conn.exec_driver_sql(
+        "INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", params)
+    return result.rowcount
+
+
+def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow]) -> int:
+    # Binary COPY into a per-session temporary table, then one INSERT ... SELECT ... ON CONFLICT
+    # DO NOTHING, whose rowcount is exactly the new rows. COPY is the fastest way in, and the
+    # temporary table empties itself at commit (or rollback).
+    cursor = conn.connection.driver_connection.cursor()
+    try:
+        cursor.execute("CREATE TEMP TABLE IF NOT EXISTS points_in (metric varchar(128) COLLATE \"C\", head int, "
+                       "layer int, step bigint, value float8) ON COMMIT DELETE ROWS")
+        with cursor.copy("COPY points_in (metric, head, layer, step, value) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["varchar", "int4", "int4", "int8", "float8"])
+            for row in rows:
+                copy.write_row(row)
+        cursor.execute("INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
+                       "SELECT %s, metric, head, layer, step, %s, value FROM points_in ON CONFLICT DO NOTHING",
+                       (run_pk, attempt))
+        return cursor.rowcount
+    finally:
+        cursor.close()
+
+
+def insert_frames(conn: sa.Connection, run_pk: int, attempt: int, rows: list[frames.FrameRow]) -> None:
+    """Insert-or-ignore the batch's frames (their key mirrors the points' natural key)."""
+    if not rows:
+        return
+    from monitor.store.models import frames as table
+
+    insert = (postgresql.insert if is_postgres(conn) else sqlite.insert)(table).on_conflict_do_nothing()
+    conn.execute(insert, [{"run_pk": run_pk, "metric": m, "step": s, "attempt": attempt, "mask": k, "vals": v,
+                           "present": p, "has_nan": n} for (m, s, k, v, p, n) in rows])

@@ -1,0 +1,326 @@
+"""Database tables (SQLAlchemy Core) and the row classes the store hands upwards.
+
+Points carry no surrogate key: their natural key (run, metric, head, layer, step, attempt) is
+the primary key, ordered so that a series (one layer) and a heatmap (all layers of one metric)
+are index range scans. ``head`` is -1 for a layer value; ``layer`` is -1 for a run-level scalar.
+A NaN value is stored as SQL NULL on both databases (SQLite turns a bound NaN into NULL anyway;
+"not measured" is never stored, so NULL is unambiguous); infinities are stored as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+# Names compared in the big indexes use the "C" collation on PostgreSQL: byte order, no locale
+# rules, much cheaper comparisons (SQLite's default BINARY collation is the same already).
+Name = sa.String(128).with_variant(sa.String(128, collation="C"), "postgresql")
+
+LAYER_VALUE = -1
+"""``head`` of a layer-level point."""
+RUN_SCALAR = -1
+"""``layer`` (and ``head``) of a run-level scalar point."""
+
+runs = sa.Table(
+    "runs", metadata,
+    sa.Column("pk", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(32), nullable=False, unique=True),
+    sa.Column("project", sa.String(200), nullable=False),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("status_reason", sa.String(32)),
+    sa.Column("config", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+    sa.Column("last_report_at", sa.Float),
+    sa.Column("last_step", sa.BigInteger),
+    sa.Column("latest_attempt", sa.Integer, nullable=False),
+    sa.Column("lambda_version", sa.Integer, nullable=False),
+    sa.Column("lambda_step", sa.BigInteger),
+    sa.UniqueConstraint("project", "name", name="uq_runs_project_name"),
+    sa.Index("ix_runs_status_updated", "status", "updated_at"),
+)
+
+attempts = sa.Table(
+    "attempts", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("attempt_key", sa.String(200)),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.UniqueConstraint("run_pk", "attempt_key", name="uq_attempts_key"),
+)
+
+batches = sa.Table(
+    "batches", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("batch_id", sa.String(36), primary_key=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("points", sa.Integer, nullable=False),
+    sa.Column("received_at", sa.Float, nullable=False),
+)
+
+points = sa.Table(
+    "points", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("metric", Name, primary_key=True),
+    sa.Column("head", sa.Integer, primary_key=True),
+    sa.Column("layer", sa.Integer, primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("value", sa.Double),
+    sqlite_with_rowid=False,
+)
+
+frames = sa.Table(
+    # One row per (report, metric): the layer values as one float64 array, so that a heatmap
+    # reads one row per step instead of one per layer. ``mask`` tells apart reports of one step
+    # that carry different layers (layers shared out over ranks): "a<n>" when all n are present,
+    # else a digest of ``present`` (one byte per layer, 1 = measured). NaN and infinities are
+    # kept as such in ``vals``; a missing layer is NaN there and 0 in ``present``.
+    "frames", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("metric", Name, primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("mask", sa.String(24), primary_key=True),
+    sa.Column("vals", sa.LargeBinary, nullable=False),
+    sa.Column("present", sa.LargeBinary),
+    sa.Column("has_nan", sa.Boolean, nullable=False),
+    sqlite_with_rowid=False,
+)
+
+latest = sa.Table(
+    "latest", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("metric", sa.String(128), primary_key=True),
+    sa.Column("layer", sa.Integer, primary_key=True),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("step", sa.BigInteger, nullable=False),
+    sa.Column("value", sa.Double),
+)
+
+events = sa.Table(
+    "events", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("step", sa.BigInteger, primary_key=True),
+    sa.Column("kind", sa.String(128), primary_key=True),
+    sa.Column("message", sa.Text, nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("time", sa.Float, nullable=False),
+)
+
+lambda_state = sa.Table(
+    "lambda_state", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("layer", sa.Integer, primary_key=True),
+    sa.Column("h", sa.Double),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("step", sa.BigInteger, nullable=False),
+)
+
+lambda_overrides = sa.Table(
+    "lambda_overrides", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("layer", sa.Integer, primary_key=True),
+    sa.Column("value", sa.Double, nullable=False),
+)
+
+lambda_audit = sa.Table(
+    "lambda_audit", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_pk", sa.Integer, nullable=False, index=True),
+    sa.Column("layer", sa.Integer, nullable=False),
+    sa.Column("old", sa.Double),
+    sa.Column("new", sa.Double),
+    sa.Column("who", sa.String(200), nullable=False),
+    sa.Column("at", sa.Float, nullable=False),
+    sa.Column("step", sa.BigInteger),
+    sa.Column("version", sa.Integer, nullable=False),
+)
+
+alert_state = sa.Table(
+    "alert_state", metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("rule", sa.String(128), primary_key=True),
+    sa.Column("layer", sa.Integer, primary_key=True),
+    sa.Column("streak", sa.Integer, nullable=False),
+    sa.Column("since_step", sa.BigInteger),
+    sa.Column("band_layers", sa.Text),
+    sa.Column("alert_id", sa.Integer),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("step", sa.BigInteger, nullable=False),
+)
+
+alerts = sa.Table(
+    "alerts", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("run_pk", sa.Integer, nullable=False),
+    sa.Column("rule", sa.String(128), nullable=False),
+    sa.Column("severity", sa.String(32), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("layers", sa.Text, nullable=False),
+    sa.Column("metric", sa.String(128), nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("onset_step", sa.BigInteger, nullable=False),
+    sa.Column("resolved_step", sa.BigInteger),
+    sa.Column("starts_at", sa.Float, nullable=False),
+    sa.Column("ends_at", sa.Float),
+    sa.Index("ix_alerts_run_state", "run_pk", "state"),
+)
+
+notifications = sa.Table(
+    "alert_notifications", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alert_id", sa.Integer, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("next_try_at", sa.Float, nullable=False),
+    sa.Column("claimed_until", sa.Float),
+    sa.Column("delivered_at", sa.Float),
+    sa.Column("gave_up", sa.Boolean, nullable=False),
+    sa.Column("last_error", sa.Text),
+    sa.Index("ix_notifications_pending", "delivered_at", "gave_up", "next_try_at"),
+)
+
+tokens = sa.Table(
+    "tokens", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("project", sa.String(200), nullable=False),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("scopes", sa.String(200), nullable=False),
+    sa.Column("hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("created_at", sa.Float, nullable=False),
+    sa.Column("revoked_at", sa.Float),
+)
+
+
+# --- rows handed upwards (plain data, no session attached) ---------------------------------
+
+
+@dataclass(frozen=True)
+class RunRow:
+    pk: int
+    id: str
+    project: str
+    name: str
+    status: str
+    status_reason: str | None
+    config: dict[str, Any]
+    created_at: float
+    updated_at: float
+    last_report_at: float | None
+    last_step: int | None
+    latest_attempt: int
+    lambda_version: int
+    lambda_step: int | None
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    id: str
+    project: str
+    name: str
+    scopes: frozenset[str]
+    hash: str
+    revoked_at: float | None
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    inserted: int
+    duplicates: int
+    replayed_batch: bool = False
+    notifications: int = 0
+    """Alert notifications queued by this batch (the notifier is woken when > 0)."""
+
+
+@dataclass(frozen=True)
+class Series:
+    steps: list[int]
+    values: list[float | None]
+    mins: list[float | None]
+    maxs: list[float | None]
+    downsampled: bool
+
+
+@dataclass(frozen=True)
+class Heatmap:
+    steps: list[int]
+    layers: list[int]
+    values: list[list[float | None]]
+    downsampled: bool
+
+
+@dataclass(frozen=True)
+class LambdaState:
+    version: int
+    step: int | None
+    n_layers: int | None
+    h: dict[int, float | None]
+    overrides: dict[int, float]
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    layer: int
+    old: float | None
+    new: float | None
+    who: str
+    at: float
+    step: int | None
+    version: int
+
+
+@dataclass(frozen=True)
+class EventRow:
+    attempt: int
+    step: int
+    kind: str
+    message: str
+    data: dict[str, Any]
+    time: float
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    id: int
+    run_id: str
+    run_name: str
+    project: str
+    rule: str
+    severity: str
+    state: str
+    metric: str
+    layers: list[int]
+    summary: str
+    onset_step: int
+    resolved_step: int | None
+    starts_at: float
+    ends_at: float | None
+
+
+@dataclass(frozen=True)
+class LatestRow:
+    run_id: str
+    run_name: str
+    project: str
+    metric: str
+    layer: int
+    step: int
+    value: float | None
+    last_report_at: float | None = None
+
+
+@dataclass
+class PendingNotification:
+    id: int
+    attempts: int
+    status: str
+    alert: AlertRow
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,681 @@
+"""The store: the only code that knows SQL. Batch-first; every method is one transaction.
+
+Errors the API turns into 4xx are raised as :class:`NotFound` and :class:`Invalid`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import secrets
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+from monitor import scheduling
+from monitor.alerting.rules import LayerState, ReportValues, RuleSet, Transition, evaluate
+from monitor.store import frames, ingest
+from monitor.store import models as m
+from monitor.store.engine import is_postgres
+from monitor.wire import ReportBatch, RunCreate
+
+logger = logging.getLogger(__name__)
+
+TERMINAL = ("finished", "crashed")
+
+
+class NotFound(LookupError):
+    """The run (or other object) does not exist."""
+
+
+class Invalid(ValueError):
+    """The request is well-formed but not acceptable; the message names the problem."""
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _insert(conn: sa.Connection, table: sa.Table):
+    return (postgresql.insert if is_postgres(conn) else sqlite.insert)(table)
+
+
+def _run_row(r: sa.Row) -> m.RunRow:
+    return m.RunRow(pk=r.pk, id=r.id, project=r.project, name=r.name, status=r.status,
+                    status_reason=r.status_reason, config=json.loads(r.config), created_at=r.created_at,
+                    updated_at=r.updated_at, last_report_at=r.last_report_at, last_step=r.last_step,
+                    latest_attempt=r.latest_attempt, lambda_version=r.lambda_version, lambda_step=r.lambda_step)
+
+
+def _nan(value: float | None) -> float:
+    """Stored NULL (a NaN point) back to NaN."""
+    return math.nan if value is None else value
+
+
+class Store:
+    """All database access of the collector."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._closed = False
+
+    def close(self) -> None:
+        """Dispose of the connection pool; idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.engine.dispose()
+
+    @contextmanager
+    def _write(self) -> Iterator[sa.Connection]:
+        with self.engine.connect().execution_options(write=True) as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sa.Connection]:
+        with self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    def ping(self) -> None:
+        with self._read() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    # --- runs -------------------------------------------------------------------------------
+
+    def create_or_resume_run(self, body: RunCreate, now: float | None = None) -> tuple[m.RunRow, int]:
+        """Create the run (attempt 1) or resume it; returns the run and the attempt to report under.
+
+        An unseen ``attempt_key`` starts attempt latest+1; a known one returns its attempt; no key
+        returns the latest attempt. A finished or crashed run is set back to running.
+        """
+        now = time.time() if now is None else now
+        try:
+            scheduling.ScheduleConfig.from_mapping(body.config.get("schedule"))
+        except (ValueError, TypeError) as exc:
+            raise Invalid(f"config.{exc}" if str(exc).startswith("schedule") else f"config.schedule: {exc}") from None
+        with self._write() as conn:
+            row = self._lock_run_by_name(conn, body.project, body.name)
+            if row is None:
+                row = self._insert_run(conn, body, now)
+            attempt = self._resolve_attempt(conn, row, body.attempt_key, now)
+            values: dict[str, Any] = {"status": "running", "status_reason": None, "updated_at": now,
+                                      "latest_attempt": max(attempt, row.latest_attempt)}
+            if body.config:
+                values["config"] = json.dumps(body.config)
+            conn.execute(sa.update(m.runs).where(m.runs.c.pk == row.pk).values(**values))
+            return self._get(conn, m.runs.c.pk == row.pk), attempt
+
+    def _lock_run_by_name(self, conn: sa.Connection, project: str, name: str) -> m.RunRow | None:
+        q = sa.select(m.runs).where(m.runs.c.project == project, m.runs.c.name == name)
+        r = conn.execute(q.with_for_update()).first()
+        return _run_row(r) if r else None
+
+    def _insert_run(self, conn: sa.Connection, body: RunCreate, now: float) -> m.RunRow:
+        ins = _insert(conn, m.runs).values(
+            id=uuid.uuid4().hex, project=body.project, name=body.name, status="running", config=json.dumps(body.config),
+            created_at=now, updated_at=now, latest_attempt=1, lambda_version=0)
+        # Two replicas creating the same run at once: the loser's insert does nothing and it
+        # reads (and locks) the winner's row.
+        conn.execute(ins.on_conflict_do_nothing(index_elements=["project", "name"]))
+        row = self._lock_run_by_name(conn, body.project, body.name)
+        assert row is not None
+        conn.execute(_insert(conn, m.attempts).values(run_pk=row.pk, attempt=1, attempt_key=body.attempt_key,
+                                                      created_at=now).on_conflict_do_nothing())
+        return row
+
+    def _resolve_attempt(self, conn: sa.Connection, run: m.RunRow, key: str | None, now: float) -> int:
+        if key is None:
+            return run.latest_attempt
+        known = conn.execute(sa.select(m.attempts.c.attempt).where(
+            m.attempts.c.run_pk == run.pk, m.attempts.c.attempt_key == key)).scalar()
+        if known is not None:
+            return known
+        attempt = run.latest_attempt + 1
+        conn.execute(sa.insert(m.attempts).values(run_pk=run.pk, attempt=attempt, attempt_key=key, created_at=now))
+        return attempt
+
+    def _get(self, conn: sa.Connection, where: sa.ColumnElement[bool]) -> m.RunRow:
+        r = conn.execute(sa.select(m.runs).where(where)).first()
+        if r is None:
+            raise NotFound("run not found")
+        return _run_row(r)
+
+    def get_run(self, run_id: str) -> m.RunRow:
+        with self._read() as conn:
+            return self._get(conn, m.runs.c.id == run_id)
+
+    def list_runs(self, *, projects: Sequence[str] | None, status: str | None = None, name: str | None = None,
+                  limit: int = 100, offset: int = 0) -> tuple[list[m.RunRow], int]:
+        """Runs matching the filters (``projects`` None = all), newest activity first, and their count."""
+        where = []
+        if projects is not None:
+            where.append(m.runs.c.project.in_(list(projects)))
+        if status:
+            where.append(m.runs.c.status == status)
+        if name:
+            where.append(m.runs.c.name == name)
+        with self._read() as conn:
+            count = conn.execute(sa.select(sa.func.count()).select_from(m.runs).where(*where)).scalar()
+            rows = conn.execute(sa.select(m.runs).where(*where).order_by(m.runs.c.updated_at.desc(), m.runs.c.pk.desc())
+                                .limit(limit).offset(offset)).all()
+        return [_run_row(r) for r in rows], int(count or 0)
+
+    def set_status(self, run_id: str, status: str, now: float | None = None) -> m.RunRow:
+        now = time.time() if now is None else now
+        with self._write() as conn:
+            run = self._get(conn, m.runs.c.id == run_id)
+            conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk)
+                         .values(status=status, status_reason="patch", updated_at=now))
+            return self._get(conn, m.runs.c.pk == run.pk)
+
+    def delete_run(self, run_id: str) -> None:
+        with self._write() as conn:
+            run = self._get(conn, m.runs.c.id == run_id)
+            self._delete_run_rows(conn, run.pk)
+
+    def _delete_run_rows(self, conn: sa.Connection, pk: int) -> None:
+        alert_ids = sa.select(m.alerts.c.id).where(m.alerts.c.run_pk == pk).scalar_subquery()
+        conn.execute(sa.delete(m.notifications).where(m.notifications.c.alert_id.in_(alert_ids)))
+        for table in (m.points, m.frames, m.latest, m.events, m.batches, m.attempts, m.lambda_state, m.lambda_overrides,
+                      m.lambda_audit, m.alert_state, m.alerts):
+            conn.execute(sa.delete(table).where(table.c.run_pk == pk))
+        conn.execute(sa.delete(m.runs).where(m.runs.c.pk == pk))
+
+    def mark_stale(self, timeout_s: float, now: float | None = None) -> list[str]:
+        """Mark running runs without reports (or updates) for ``timeout_s`` as crashed; returns their ids."""
+        now = time.time() if now is None else now
+        last = sa.func.coalesce(m.runs.c.last_report_at, m.runs.c.updated_at)
+        with self._write() as conn:
+            ids = conn.execute(sa.select(m.runs.c.id).where(m.runs.c.status == "running", last < now - timeout_s)
+                               ).scalars().all()
+            if ids:
+                conn.execute(sa.update(m.runs).where(m.runs.c.id.in_(ids))
+                             .values(status="crashed", status_reason="stale", updated_at=now))
+        return list(ids)
+
+    def apply_retention(self, days: float, now: float | None = None) -> list[str]:
+        """Delete finished and crashed runs not updated for ``days``; returns their ids."""
+        now = time.time() if now is None else now
+        with self._write() as conn:
+            rows = conn.execute(sa.select(m.runs.c.pk, m.runs.c.id).where(
+                m.runs.c.status.in_(TERMINAL), m.runs.c.updated_at < now - days * 86400)).all()
+            for r in rows:
+                self._delete_run_rows(conn, r.pk)
+        return [r.id for r in rows]
+
+    # --- ingest -----------------------------------------------------------------------------
+
+    def add_reports(self, run_id: str, batch: ReportBatch, rules: RuleSet, now: float | None = None) -> m.IngestResult:
+        """Store a batch whole or not at all, exactly once (batch id + natural key of each point).
+
+        Raises:
+            NotFound: unknown run.
+            Invalid: the batch names an attempt the run does not have.
+        """
+        now = time.time() if now is None else now
+        flat = ingest.flatten(batch)
+        total = len(flat.points)
+        with self._write() as conn:
+            run = _run_row(self._locked(conn, run_id))
+            attempt = batch.attempt or run.latest_attempt
+            if attempt > run.latest_attempt:
+                raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt}); "
+                              "start one with POST /v1/runs and an attempt_key")
+            new_batch = conn.execute(_insert(conn, m.batches).values(
+                run_pk=run.pk, batch_id=str(batch.batch_id), attempt=attempt, points=total, received_at=now,
+            ).on_conflict_do_nothing()).rowcount
+            if not new_batch:
+                return m.IngestResult(inserted=0, duplicates=total, replayed_batch=True)
+            inserted = ingest.insert_points(conn, run.pk, attempt, flat.points)
+            ingest.insert_frames(conn, run.pk, attempt, flat.frames)
+            self._insert_events(conn, run.pk, attempt, flat.events)
+            self._upsert_latest(conn, run.pk, attempt, flat.latest)
+            lambda_changed_step = self._feed_schedule(conn, run, attempt, flat)
+            queued = self._evaluate_alerts(conn, run, attempt, flat, rules, now)
+            self._touch_after_ingest(conn, run, flat.max_step, inserted, lambda_changed_step, now)
+        return m.IngestResult(inserted=inserted, duplicates=total - inserted, notifications=queued)
+
+    def _locked(self, conn: sa.Connection, run_id: str) -> sa.Row:
+        # FOR UPDATE serialises batches of one run across replicas on PostgreSQL (the schedule
+        # and the alert streaks are read-modify-write); SQLite's BEGIN IMMEDIATE already does.
+        r = conn.execute(sa.select(m.runs).where(m.runs.c.id == run_id).with_for_update()).first()
+        if r is None:
+            raise NotFound(f"run {run_id} not found")
+        return r
+
+    def _insert_events(self, conn: sa.Connection, pk: int, attempt: int, evs: list) -> None:
+        if evs:
+            conn.execute(_insert(conn, m.events).on_conflict_do_nothing(), [
+                {"run_pk": pk, "attempt": attempt, "step": s, "kind": k, "message": msg, "data": json.dumps(d),
+                 "time": t} for (s, k, msg, d, t) in evs])
+
+    def _upsert_latest(self, conn: sa.Connection, pk: int, attempt: int, latest: dict) -> None:
+        if not latest:
+            return
+        ins = _insert(conn, m.latest)
+        t = m.latest
+        newer = sa.or_(ins.excluded.attempt > t.c.attempt,
+                       sa.and_(ins.excluded.attempt == t.c.attempt, ins.excluded.step >= t.c.step))
+        stmt = ins.on_conflict_do_update(
+            index_elements=["run_pk", "metric", "layer"],
+            set_={"attempt": ins.excluded.attempt, "step": ins.excluded.step, "value": ins.excluded.value},
+            where=newer)
+        conn.execute(stmt, [{"run_pk": pk, "metric": metric, "layer": layer, "attempt": attempt, "step": step,
+                             "value": value} for (metric, layer), (step, value) in latest.items()])
+
+    def _feed_schedule(self, conn: sa.Connection, run: m.RunRow, attempt: int, flat: ingest.FlatBatch) -> int | None:
+        """EMA-update the running entropies with the batch's newer ``attn_entropy`` values.
+
+        Returns the step of the newest entropy that changed them, or None when nothing changed.
+        Values older than what already fed a layer (late or replayed) are stored but do not move
+        the running value: it follows the run forward in (attempt, step) order.
+        """
+        reports = sorted((s, v["attn_entropy"]) for s, v in flat.layer_values if "attn_entropy" in v)
+        if not reports:
+            return None
+        cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
+        state = {r.layer: r for r in conn.execute(sa.select(m.lambda_state).where(m.lambda_state.c.run_pk == run.pk))}
+        changed: dict[int, dict] = {}
+        fed_step = None
+        for step, values in reports:
+            for layer, value in enumerate(values):
+                if value is None:
+                    continue
+                cur = changed.get(layer) or (state[layer]._asdict() if layer in state else None)
+                if cur is not None and (attempt, step) <= (cur["attempt"], cur["step"]):
+                    continue
+                prev = _nan(cur["h"]) if cur is not None else None
+                h = scheduling.ema_update(prev, value, cfg)
+                changed[layer] = {"run_pk": run.pk, "layer": layer, "h": None if math.isnan(h) else h,
+                                  "attempt": attempt, "step": step}
+                fed_step = step
+        if changed:
+            self._upsert(conn, m.lambda_state, ["run_pk", "layer"], list(changed.values()))
+        return fed_step
+
+    def _upsert(self, conn: sa.Connection, table: sa.Table, keys: list[str], rows: list[dict]) -> None:
+        ins = _insert(conn, table)
+        cols = [c for c in rows[0] if c not in keys]
+        conn.execute(ins.on_conflict_do_update(index_elements=keys, set_={c: ins.excluded[c] for c in cols}), rows)
+
+    def _touch_after_ingest(self, conn: sa.Connection, run: m.RunRow, max_step: int, inserted: int,
+                            lambda_step: int | None, now: float) -> None:
+        values: dict[str, Any] = {"last_report_at": now, "updated_at": now,
+                                  "last_step": max(max_step, run.last_step if run.last_step is not None else -1)}
+        if lambda_step is not None:
+            values["lambda_version"] = run.lambda_version + 1
+            values["lambda_step"] = lambda_step
+        if run.status == "crashed" and run.status_reason == "stale" and inserted:
+            # The heartbeat guessed wrong: the run was only quiet.
+            values.update(status="running", status_reason=None)
+        conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk).values(**values))
+
+    # --- alerts -----------------------------------------------------------------------------
+
+    def _evaluate_alerts(self, conn: sa.Connection, run: m.RunRow, attempt: int, flat: ingest.FlatBatch,
+                         rules: RuleSet, now: float) -> int:
+        metrics = {r.metric for r in rules.thresholds}
+        reports = [ReportValues(attempt, s, v) for s, v in flat.layer_values if metrics & v.keys()]
+        if not reports:
+            return 0
+        rows = {(r.rule, r.layer): r for r in conn.execute(sa.select(m.alert_state).where(
+            m.alert_state.c.run_pk == run.pk))}
+        state = {k: LayerState(streak=r.streak, since_step=r.since_step, firing=r.alert_id is not None,
+                               attempt=r.attempt, step=r.step, band_layers=tuple(json.loads(r.band_layers or "[]")))
+                 for k, r in rows.items()}
+        before = {k: (s.streak, s.since_step, s.firing, s.attempt, s.step, s.band_layers) for k, s in state.items()}
+        transitions = evaluate(rules, state, reports)
+        alert_ids = {k: r.alert_id for k, r in rows.items()}
+        queued = sum(self._apply_transition(conn, run, t, alert_ids, now) for t in transitions)
+        changed = [{"run_pk": run.pk, "rule": rule, "layer": layer, "streak": s.streak, "since_step": s.since_step,
+                    "band_layers": json.dumps(list(s.band_layers)), "alert_id": alert_ids.get((rule, layer)),
+                    "attempt": s.attempt, "step": s.step}
+                   for (rule, layer), s in state.items()
+                   if before.get((rule, layer)) != (s.streak, s.since_step, s.firing, s.attempt, s.step, s.band_layers)]
+        if changed:
+            self._upsert(conn, m.alert_state, ["run_pk", "rule", "layer"], changed)
+        return queued
+
+    def _apply_transition(self, conn: sa.Connection, run: m.RunRow, t: Transition, alert_ids: dict, now: float) -> int:
+        """Record a transition; returns the number of notifications queued (0 or 1)."""
+        if t.kind == "firing":
+            alert_id = conn.execute(sa.insert(m.alerts).values(
+                run_pk=run.pk, rule=t.rule, severity=t.severity, state="firing", layers=json.dumps(list(t.layers)),
+                metric=t.metric, summary=t.summary, onset_step=t.onset_step, starts_at=now,
+            ).returning(m.alerts.c.id)).scalar_one()
+            alert_ids[t.state_key] = alert_id
+        else:
+            alert_id = alert_ids.get(t.state_key)
+            if alert_id is None:
+                return 0
+            values: dict[str, Any] = {"layers": json.dumps(list(t.layers)), "summary": t.summary}
+            if t.kind == "resolved":
+                values.update(state="resolved", resolved_step=t.step, ends_at=now)
+                alert_ids[t.state_key] = None
+            conn.execute(sa.update(m.alerts).where(m.alerts.c.id == alert_id).values(**values))
+            if t.kind == "update":
+                return 0
+        conn.execute(sa.insert(m.notifications).values(
+            alert_id=alert_id, status=t.kind, created_at=now, attempts=0, next_try_at=now, gave_up=False))
+        return 1
+
+    def list_alerts(self, *, projects: Sequence[str] | None, run_id: str | None = None, state: str | None = None,
+                    limit: int = 500) -> list[m.AlertRow]:
+        q = sa.select(m.alerts, m.runs.c.id.label("run_id"), m.runs.c.name.label("run_name"), m.runs.c.project) \
+            .join(m.runs, m.runs.c.pk == m.alerts.c.run_pk)
+        if projects is not None:
+            q = q.where(m.runs.c.project.in_(list(projects)))
+        if run_id:
+            q = q.where(m.runs.c.id == run_id)
+        if state:
+            q = q.where(m.alerts.c.state == state)
+        with self._read() as conn:
+            rows = conn.execute(q.order_by(m.alerts.c.id.desc()).limit(limit)).all()
+        return [self._alert_row(r) for r in rows]
+
+    @staticmethod
+    def _alert_row(r: sa.Row) -> m.AlertRow:
+        return m.AlertRow(id=r.id, run_id=r.run_id, run_name=r.run_name, project=r.project, rule=r.rule,
+                          severity=r.severity, state=r.state, metric=r.metric, layers=json.loads(r.layers),
+                          summary=r.summary, onset_step=r.onset_step, resolved_step=r.resolved_step,
+                          starts_at=r.starts_at, ends_at=r.ends_at)
+
+    def claim_notifications(self, now: float, lease_s: float = 60.0, limit: int = 50) -> list[m.PendingNotification]:
+        """Claim due notifications for delivery (a lease, so replicas do not send one twice)."""
+        n = m.notifications
+        due = sa.and_(n.c.delivered_at.is_(None), n.c.gave_up.is_(False), n.c.next_try_at <= now,
+                      sa.or_(n.c.claimed_until.is_(None), n.c.claimed_until < now))
+        out = []
+        with self._write() as conn:
+            ids = conn.execute(sa.select(n.c.id).where(due).order_by(n.c.id).limit(limit)).scalars().all()
+            for nid in ids:
+                if conn.execute(sa.update(n).where(n.c.id == nid, due).values(claimed_until=now + lease_s)).rowcount:
+                    out.append(nid)
+            if not out:
+                return []
+            rows = conn.execute(
+                sa.select(n.c.id.label("nid"), n.c.attempts, n.c.status.label("nstatus"), m.alerts,
+                          m.runs.c.id.label("run_id"), m.runs.c.name.label("run_name"), m.runs.c.project)
+                .join(m.alerts, m.alerts.c.id == n.c.alert_id).join(m.runs, m.runs.c.pk == m.alerts.c.run_pk)
+                .where(n.c.id.in_(out)).order_by(n.c.id)).all()
+        return [m.PendingNotification(id=r.nid, attempts=r.attempts, status=r.nstatus, alert=self._alert_row(r))
+                for r in rows]
+
+    def finish_notification(self, nid: int, *, delivered: bool, error: str | None, next_try_at: float | None,
+                            give_up: bool, now: float) -> None:
+        n = m.notifications
+        with self._write() as conn:
+            conn.execute(sa.update(n).where(n.c.id == nid).values(
+                attempts=n.c.attempts + 1, claimed_until=None, delivered_at=now if delivered else None,
+                last_error=error, gave_up=give_up, next_try_at=next_try_at if next_try_at is not None else now))
+
+    def notification_stats(self) -> dict[str, int]:
+        n = m.notifications
+        with self._read() as conn:
+            rows = conn.execute(sa.select(
+                sa.func.count().filter(n.c.delivered_at.is_not(None)),
+                sa.func.count().filter(n.c.gave_up.is_(True)),
+                sa.func.count().filter(n.c.delivered_at.is_(None), n.c.gave_up.is_(False)))).one()
+        return {"delivered": rows[0], "gave_up": rows[1], "pending": rows[2]}
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _point_filter(self, run: m.RunRow, metric: str, head: int, attempt: int | None) -> list:
+        p = m.points
+        where = [p.c.run_pk == run.pk, p.c.metric == metric, p.c.head == head]
+        if attempt is not None:
+            where.append(p.c.attempt == attempt)
+        elif run.latest_attempt > 1:
+            # Merged view: per (step, metric, layer, head) the latest attempt that logged it wins.
+            q = m.points.alias("newer")
+            where.append(~sa.exists().where(
+                q.c.run_pk == p.c.run_pk, q.c.metric == p.c.metric, q.c.head == p.c.head, q.c.layer == p.c.layer,
+                q.c.step == p.c.step, q.c.attempt > p.c.attempt))
+        return where
+
+    def series(self, run: m.RunRow, metric: str, layer: int, *, head: int = m.LAYER_VALUE,
+               start: int | None = None, end: int | None = None, max_points: int = 1000,
+               attempt: int | None = None) -> m.Series:
+        """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max."""
+        p = m.points
+        where = [*self._point_filter(run, metric, head, attempt), p.c.layer == layer, *_step_range(start, end)]
+        with self._read() as conn:
+            n, lo, hi = conn.execute(sa.select(sa.func.count(), sa.func.min(p.c.step), sa.func.max(p.c.step))
+                                     .where(*where)).one()
+            if not n:
+                return m.Series([], [], [], [], False)
+            if n <= max_points:
+                rows = conn.execute(sa.select(p.c.step, p.c.value).where(*where).order_by(p.c.step)).all()
+                vals = [_nan(r.value) for r in rows]
+                return m.Series([r.step for r in rows], vals, vals, vals, False)
+            width = -(-(hi - lo + 1) // max_points)
+            bucket = ((p.c.step - lo) // width).label("b")
+            rows = conn.execute(sa.select(bucket, sa.func.min(p.c.step), sa.func.avg(p.c.value),
+                                          sa.func.min(p.c.value), sa.func.max(p.c.value), sa.func.count(p.c.value))
+                                .where(*where).group_by(bucket).order_by(bucket)).all()
+        return m.Series([r[1] for r in rows], [_agg(r[2], r[5]) for r in rows], [_agg(r[3], r[5]) for r in rows],
+                        [_agg(r[4], r[5]) for r in rows], True)
+
+    def heatmap(self, run: m.RunRow, metric: str, *, start: int | None = None, end: int | None = None,
+                max_steps: int = 500, agg: str = "max", head: int = m.LAYER_VALUE,
+                attempt: int | None = None) -> m.Heatmap:
+        """All layers of one metric over steps; steps bucketed to at most ``max_steps`` by ``agg`` (max by default)."""
+        if head == m.LAYER_VALUE:
+            return self._heatmap_from_frames(run, metric, start, end, max_steps, agg, attempt)
+        p = m.points
+        where = [*self._point_filter(run, metric, head, attempt), p.c.layer >= 0, *_step_range(start, end)]
+        fn = {"max": sa.func.max, "min": sa.func.min, "mean": sa.func.avg}[agg]
+        with self._read() as conn:
+            lo, hi = conn.execute(sa.select(sa.func.min(p.c.step), sa.func.max(p.c.step)).where(*where)).one()
+            if lo is None:
+                return m.Heatmap([], [], [], False)
+            width = max(1, -(-(hi - lo + 1) // max_steps))
+            bucket = ((p.c.step - lo) // width).label("b") if width > 1 else p.c.step.label("b")
+            rows = conn.execute(sa.select(bucket, p.c.layer, sa.func.min(p.c.step), fn(p.c.value),
+                                          sa.func.count(p.c.value))
+                                .where(*where).group_by(bucket, p.c.layer)).all()
+        return _pivot(rows, width > 1)
+
+    def _heatmap_from_frames(self, run: m.RunRow, metric: str, start: int | None, end: int | None,
+                             max_steps: int, agg: str, attempt: int | None) -> m.Heatmap:
+        f = m.frames
+        where = [f.c.run_pk == run.pk, f.c.metric == metric]
+        where += [f.c.step >= start] if start is not None else []
+        where += [f.c.step <= end] if end is not None else []
+        where += [f.c.attempt == attempt] if attempt is not None else []
+        with self._read() as conn:
+            rows = conn.execute(sa.select(f.c.step, f.c.vals, f.c.present, f.c.has_nan).where(*where)
+                                .order_by(f.c.step, f.c.attempt, f.c.mask)).all()
+        steps, layers, values, downsampled = frames.heatmap(frames.merge_steps(rows), max_steps, agg)
+        return m.Heatmap(steps, layers, values, downsampled)
+
+    def compare_runs(self, run_ids: Sequence[str]) -> list[m.RunRow]:
+        with self._read() as conn:
+            rows = {r.id: _run_row(r) for r in conn.execute(sa.select(m.runs).where(m.runs.c.id.in_(list(run_ids))))}
+        missing = [i for i in run_ids if i not in rows]
+        if missing:
+            raise NotFound(f"run {missing[0]} not found")
+        return [rows[i] for i in run_ids]
+
+    def export_rows(self, run: m.RunRow, attempt: int | None = None, chunk: int = 5000) -> Iterator[tuple]:
+        """Every point of the run (merged view unless ``attempt``) as (attempt, step, metric, layer, head, value)."""
+        p = m.points
+        where = [p.c.run_pk == run.pk]
+        if attempt is not None:
+            where.append(p.c.attempt == attempt)
+        elif run.latest_attempt > 1:
+            q = m.points.alias("newer")
+            where.append(~sa.exists().where(
+                q.c.run_pk == p.c.run_pk, q.c.metric == p.c.metric, q.c.head == p.c.head, q.c.layer == p.c.layer,
+                q.c.step == p.c.step, q.c.attempt > p.c.attempt))
+        stmt = sa.select(p.c.attempt, p.c.step, p.c.metric, p.c.layer, p.c.head, p.c.value).where(*where) \
+            .order_by(p.c.metric, p.c.head, p.c.layer, p.c.step, p.c.attempt)
+        with self.engine.connect() as conn:
+            result = conn.execution_options(yield_per=chunk).execute(stmt)
+            for r in result:
+                yield (r.attempt, r.step, r.metric, r.layer, r.head, _nan(r.value))
+
+    def list_events(self, run: m.RunRow, *, kind: str | None = None, attempt: int | None = None,
+                    limit: int = 1000) -> list[m.EventRow]:
+        e = m.events
+        q = sa.select(e).where(e.c.run_pk == run.pk)
+        if kind:
+            q = q.where(e.c.kind == kind)
+        if attempt is not None:
+            q = q.where(e.c.attempt == attempt)
+        with self._read() as conn:
+            rows = conn.execute(q.order_by(e.c.step, e.c.attempt, e.c.kind).limit(limit)).all()
+        return [m.EventRow(r.attempt, r.step, r.kind, r.message, json.loads(r.data), r.time) for r in rows]
+
+    def run_metrics(self, run: m.RunRow) -> dict[str, list[int]]:
+        """Metric name -> layers that reported it (``[-1]`` for a run-level scalar)."""
+        with self._read() as conn:
+            rows = conn.execute(sa.select(m.latest.c.metric, m.latest.c.layer).where(m.latest.c.run_pk == run.pk)
+                                .order_by(m.latest.c.metric, m.latest.c.layer)).all()
+        out: dict[str, list[int]] = {}
+        for r in rows:
+            out.setdefault(r.metric, []).append(r.layer)
+        return out
+
+    def latest_snapshot(self, metrics: Sequence[str], max_runs: int, max_layers: int) -> tuple[list[m.RunRow],
+                                                                                            list[m.LatestRow]]:
+        """Running runs (most recently updated first, at most ``max_runs``) and their latest values."""
+        with self._read() as conn:
+            runs = [_run_row(r) for r in conn.execute(sa.select(m.runs).where(m.runs.c.status == "running")
+                                                      .order_by(m.runs.c.updated_at.desc()).limit(max_runs))]
+            if not runs:
+                return [], []
+            by_pk = {r.pk: r for r in runs}
+            rows = conn.execute(sa.select(m.latest).where(
+                m.latest.c.run_pk.in_(list(by_pk)), m.latest.c.metric.in_(list(metrics)),
+                m.latest.c.layer < max_layers)).all()
+        return runs, [m.LatestRow(by_pk[r.run_pk].id, by_pk[r.run_pk].name, by_pk[r.run_pk].project, r.metric,
+                                  r.layer, r.step, _nan(r.value)) for r in rows]
+
+    # --- lambdas ----------------------------------------------------------------------------
+
+    def lambda_state(self, run_id: str) -> tuple[m.RunRow, m.LambdaState]:
+        with self._read() as conn:
+            run = self._get(conn, m.runs.c.id == run_id)
+            return run, self._lambda_state(conn, run)
+
+    def _lambda_state(self, conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
+        h = {r.layer: r.h for r in conn.execute(sa.select(m.lambda_state.c.layer, m.lambda_state.c.h)
+                                                 .where(m.lambda_state.c.run_pk == run.pk))}
+        ov = {r.layer: r.value for r in conn.execute(sa.select(m.lambda_overrides.c.layer, m.lambda_overrides.c.value)
+                                                      .where(m.lambda_overrides.c.run_pk == run.pk))}
+        n = run.config.get("n_layers")
+        n_layers = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else (max(h) + 1 if h else None)
+        return m.LambdaState(version=run.lambda_version, step=run.lambda_step, n_layers=n_layers, h=h, overrides=ov)
+
+    def set_overrides(self, run_id: str, overrides: dict[int, float | None], who: str,
+                      now: float | None = None) -> tuple[m.RunRow, m.LambdaState]:
+        """Apply operator overrides (None removes one) after validating all of them; audited.
+
+        Raises:
+            Invalid: naming the layer and the bound, for any bad value; nothing is applied then.
+        """
+        now = time.time() if now is None else now
+        with self._write() as conn:
+            run = _run_row(self._locked(conn, run_id))
+            state = self._lambda_state(conn, run)
+            cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
+            for layer, value in overrides.items():
+                try:
+                    scheduling.check_override(layer, 0.0 if value is None else value, cfg, state.n_layers)
+                except ValueError as exc:
+                    raise Invalid(str(exc)) from None
+            changes = [(la, state.overrides.get(la), v) for la, v in sorted(overrides.items())
+                       if state.overrides.get(la) != v]
+            if changes:
+                self._write_overrides(conn, run, changes, state.step, run.lambda_version + 1, who, now)
+            run = self._get(conn, m.runs.c.pk == run.pk)
+            return run, self._lambda_state(conn, run)
+
+    def _write_overrides(self, conn: sa.Connection, run: m.RunRow, changes: list, step: int | None, version: int,
+                         who: str, now: float) -> None:
+        o = m.lambda_overrides
+        for layer, _old, new in changes:
+            conn.execute(sa.delete(o).where(o.c.run_pk == run.pk, o.c.layer == layer))
+            if new is not None:
+                conn.execute(sa.insert(o).values(run_pk=run.pk, layer=layer, value=new))
+        conn.execute(sa.insert(m.lambda_audit), [
+            {"run_pk": run.pk, "layer": layer, "old": old, "new": new, "who": who, "at": now, "step": step,
+             "version": version} for layer, old, new in changes])
+        conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk).values(lambda_version=version, updated_at=now))
+
+    def lambda_audit(self, run: m.RunRow) -> list[m.AuditRow]:
+        a = m.lambda_audit
+        with self._read() as conn:
+            rows = conn.execute(sa.select(a).where(a.c.run_pk == run.pk).order_by(a.c.id)).all()
+        return [m.AuditRow(r.layer, r.old, r.new, r.who, r.at, r.step, r.version) for r in rows]
+
+    # --- tokens -----------------------------------------------------------------------------
+
+    def create_token(self, project: str, scopes: Sequence[str], name: str | None = None,
+                     now: float | None = None) -> tuple[m.TokenRow, str]:
+        """Mint a token; returns its row and the secret, which is not stored (only its sha256)."""
+        token_id = secrets.token_hex(6)
+        secret = f"qkw_{token_id}_{secrets.token_urlsafe(32)}"
+        row = m.TokenRow(id=token_id, project=project, name=name or token_id, scopes=frozenset(scopes),
+                         hash=hash_token(secret), revoked_at=None)
+        with self._write() as conn:
+            conn.execute(sa.insert(m.tokens).values(
+                id=row.id, project=project, name=row.name, scopes=",".join(sorted(row.scopes)), hash=row.hash,
+                created_at=time.time() if now is None else now))
+        return row, secret
+
+    def token_by_hash(self, digest: str) -> m.TokenRow | None:
+        with self._read() as conn:
+            r = conn.execute(sa.select(m.tokens).where(m.tokens.c.hash == digest)).first()
+        if r is None:
+            return None
+        return m.TokenRow(id=r.id, project=r.project, name=r.name, scopes=frozenset(filter(None, r.scopes.split(","))),
+                          hash=r.hash, revoked_at=r.revoked_at)
+
+    def list_tokens(self) -> list[m.TokenRow]:
+        with self._read() as conn:
+            rows = conn.execute(sa.select(m.tokens).order_by(m.tokens.c.created_at)).all()
+        return [m.TokenRow(r.id, r.project, r.name, frozenset(r.scopes.split(",")), r.hash, r.revoked_at) for r in rows]
+
+    def revoke_token(self, token_id: str, now: float | None = None) -> bool:
+        with self._write() as conn:
+            return bool(conn.execute(sa.update(m.tokens).where(m.tokens.c.id == token_id).values(
+                revoked_at=time.time() if now is None else now)).rowcount)
+
+
+def _step_range(start: int | None, end: int | None) -> list:
+    out = []
+    if start is not None:
+        out.append(m.points.c.step >= start)
+    if end is not None:
+        out.append(m.points.c.step <= end)
+    return out
+
+
+def _agg(value: float | None, non_null: int) -> float:
+    """An aggregate over a bucket: NULL with no non-NaN member means every member was NaN."""
+    return math.nan if value is None or not non_null else float(value)
+
+
+def _pivot(rows: Sequence[sa.Row], downsampled: bool) -> m.Heatmap:
+    buckets = sorted({r[0] for r in rows})
+    layers = sorted({r[1] for r in rows})
+    bi = {b: i for i, b in enumerate(buckets)}
+    li = {la: i for i, la in enumerate(layers)}
+    steps: list[int] = [0] * len(buckets)
+    first = [True] * len(buckets)
+    values: list[list[float | None]] = [[None] * len(layers) for _ in buckets]
+    for b, layer, step, value, non_null in rows:
+        i = bi[b]
+        if first[i] or step < steps[i]:
+            steps[i], first[i] = step, False
+        values[i][li[layer]] = _agg(value, non_null)
+    return m.Heatmap(steps, layers, values, downsampled)

@@ -1,0 +1,57 @@
+"""Alerts through the API, and webhook delivery to a real HTTP server on loopback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.monitor.conftest import report
+
+
+def qkai_reports(start: int, rows: list[list[float]]) -> list[dict]:
+    return [report(start + 10 * i, {"qkai": row}) for i, row in enumerate(rows)]
+
+
+def test_default_rule_fires_after_three_reports_and_resolves(h):
+    run = h.create_run()
+    h.send(run["id"], qkai_reports(0, [[0.8, 0.2], [0.8, 0.2]]))
+    assert h.get("/v1/alerts", run=run["id"])["count"] == 0
+    h.send(run["id"], qkai_reports(20, [[0.8, 0.2]]))
+    firing = h.get("/v1/alerts", run=run["id"], state="firing")["data"]
+    assert [(a["rule"], a["layers"], a["onset_step"]) for a in firing] == [("qkai_high", [0], 0)]
+    h.send(run["id"], qkai_reports(20, [[0.8, 0.2]]))  # a replay changes nothing
+    h.send(run["id"], qkai_reports(30, [[0.5, 0.2]]))
+    assert h.get("/v1/alerts", run=run["id"], state="firing")["count"] == 0
+    resolved = h.get("/v1/alerts", run=run["id"], state="resolved")["data"]
+    assert [(a["layers"], a["onset_step"], a["resolved_step"]) for a in resolved] == [([0], 0, 30)]
+
+
+def test_a_nan_or_interrupted_streak_does_not_fire(h):
+    run = h.create_run()
+    h.send(run["id"], qkai_reports(0, [[0.8], ["nan"], [0.8], [0.8], [0.5], [0.9]]))
+    assert h.get("/v1/alerts", run=run["id"])["count"] == 0
+
+
+def test_band_of_three_adjacent_layers(h):
+    run = h.create_run()
+    two = [0.2, 0.9, 0.9, 0.2, 0.9, 0.2]
+    h.send(run["id"], qkai_reports(0, [two] * 3))
+    assert [a["rule"] for a in h.get("/v1/alerts", run=run["id"], state="firing")["data"]] == ["qkai_high"] * 3
+    band = [0.2, 0.9, 0.9, 0.9, 0.9, 0.2]
+    h.send(run["id"], qkai_reports(30, [band] * 3))
+    bands = [a for a in h.get("/v1/alerts", run=run["id"], state="firing")["data"] if a["rule"] == "collapse_band"]
+    assert [(a["layers"], a["onset_step"], a["severity"]) for a in bands] == [([1, 2, 3, 4], 50, "critical")]
+    h.send(run["id"], qkai_reports(60, [[0.2] * 6]))
+    assert h.get("/v1/alerts", run=run["id"], state="firing")["count"] == 0
+    done = [a for a in h.get("/v1/alerts", run=run["id"], state="resolved")["data"] if a["rule"] == "collapse_band"]
+    assert done[0]["resolved_step"] == 60
+
+
+def test_rules_file(make_harness, tmp_path: Path):
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: low_entropy\n    metric: attn_entropy\n    op: '<'\n    threshold: 0.1\n"
+                     "    for_reports: 1\n    severity: page\n")
+    h = make_harness(alert_rules_file=rules)
+    run = h.create_run()
+    h.send(run["id"], [report(1, {"attn_entropy": [0.5, 0.05], "qkai": [0.99, 0.99]})] * 1)
+    alerts = h.get("/v1/alerts", run=run["id"])["data"]
+    assert [(a["rule"], a["layers"], a["severity"]) for a in alerts] == [("low_entropy", [1], "page")]
