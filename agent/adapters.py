@@ -100,11 +100,19 @@ def _qkwatch_gpt(model: nn.Module) -> list[Site]:
     for name, module in _numbered(model):
         if not (hasattr(module, "qk_tap") and hasattr(module, "qk_weights")):
             continue
-        sites.append(Site(
-            layer=len(sites), name=name, module=module, n_heads=module.n_heads, n_kv_heads=module.n_kv_heads,
-            d_head=module.d_head, causal=True, weights=_gpt_weights(module),
-            install_tap=lambda fn, m=module: _forward_hook_tap(m.qk_tap, lambda args: fn(args[0], args[1])),
-        ))
+        sites.append(
+            Site(
+                layer=len(sites),
+                name=name,
+                module=module,
+                n_heads=module.n_heads,
+                n_kv_heads=module.n_kv_heads,
+                d_head=module.d_head,
+                causal=True,
+                weights=_gpt_weights(module),
+                install_tap=lambda fn, m=module: _forward_hook_tap(m.qk_tap, lambda args: fn(args[0], args[1])),
+            )
+        )
     return sites
 
 
@@ -137,16 +145,26 @@ def _huggingface(model: nn.Module) -> list[Site]:
         weights = _hf_weights(module, n_heads, n_kv)
         if weights is None:
             continue
-        sites.append(Site(
-            layer=len(sites), name=name, module=module, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head,
-            causal=bool(getattr(module, "is_causal", True)), weights=weights,
-            install_tap=lambda fn, m=module: _hf_tap(model, m, fn),
-        ))
+        sites.append(
+            Site(
+                layer=len(sites),
+                name=name,
+                module=module,
+                n_heads=n_heads,
+                n_kv_heads=n_kv,
+                d_head=d_head,
+                causal=bool(getattr(module, "is_causal", True)),
+                weights=weights,
+                install_tap=lambda fn, m=module: _hf_tap(model, m, fn),
+            )
+        )
     return sites
 
 
 def _hf_weights(module: nn.Module, n_heads: int, n_kv: int):
-    if isinstance(getattr(module, "q_proj", None), nn.Linear) and isinstance(getattr(module, "k_proj", None), nn.Linear):
+    if isinstance(getattr(module, "q_proj", None), nn.Linear) and isinstance(
+        getattr(module, "k_proj", None), nn.Linear
+    ):
         return lambda: (split_heads(module.q_proj.weight, n_heads), split_heads(module.k_proj.weight, n_kv), None)
     if isinstance(getattr(module, "query", None), nn.Linear) and isinstance(getattr(module, "key", None), nn.Linear):
         return lambda: (split_heads(module.query.weight, n_heads), split_heads(module.key.weight, n_kv), None)
@@ -209,11 +227,19 @@ def _nanogpt(model: nn.Module) -> list[Site]:
         if not isinstance(c_attn, nn.Linear) or not isinstance(n_head, int):
             continue
         d_head = c_attn.in_features // n_head
-        sites.append(Site(
-            layer=len(sites), name=name, module=module, n_heads=n_head, n_kv_heads=n_head, d_head=d_head,
-            causal=True, weights=lambda c=c_attn, h=n_head: split_qkv(c.weight, h)[:2] + (None,),
-            install_tap=lambda fn, c=c_attn, h=n_head: _forward_hook_tap(c, _split_output(fn, h, h), output=True),
-        ))
+        sites.append(
+            Site(
+                layer=len(sites),
+                name=name,
+                module=module,
+                n_heads=n_head,
+                n_kv_heads=n_head,
+                d_head=d_head,
+                causal=True,
+                weights=lambda c=c_attn, h=n_head: split_qkv(c.weight, h)[:2] + (None,),
+                install_tap=lambda fn, c=c_attn, h=n_head: _forward_hook_tap(c, _split_output(fn, h, h), output=True),
+            )
+        )
     return sites
 
 
@@ -245,8 +271,11 @@ def _mapped(model: nn.Module, mapping: Mapping) -> list[Site]:
         tap_path = mapping.tap.format(i=i) if mapping.tap else None
         if tap_path is not None and tap_path not in modules:
             raise AdapterError(f"mapping.tap: no module named {tap_path!r}")
-        install = (lambda fn, t=modules[tap_path]: _forward_hook_tap(t, lambda args: fn(args[0], args[1]))) \
-            if tap_path else proj_tap
+        install = (
+            (lambda fn, t=modules[tap_path]: _forward_hook_tap(t, lambda args: fn(args[0], args[1])))
+            if tap_path
+            else proj_tap
+        )
         d_head = weights()[0].shape[-1]
         sites.append(Site(i, paths[0], owner, h, g, d_head, mapping.causal, weights, install))
         i += 1

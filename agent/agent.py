@@ -91,22 +91,49 @@ class Agent:
         self.config = {**cfg.config, "n_layers": self.n_layers}
         self.schedule = ScheduleConfig.from_mapping(self.config.get("schedule"))
         self.health = Health()
-        self.spool = Spool(Path(cfg.spool) / cfg.project / self.run / f"rank-{self.rank}",
-                           segment_bytes=cfg.segment_bytes, max_bytes=cfg.spool_max_bytes,
-                           max_age=cfg.spool_max_age_seconds)
+        self.spool = Spool(
+            Path(cfg.spool) / cfg.project / self.run / f"rank-{self.rank}",
+            segment_bytes=cfg.segment_bytes,
+            max_bytes=cfg.spool_max_bytes,
+            max_age=cfg.spool_max_age_seconds,
+        )
         meta = self.spool.read_meta()
-        self.spool.write_meta({**meta, "spool_id": meta.get("spool_id", str(uuid.uuid4())), "url": cfg.url,
-                               "project": cfg.project, "name": self.run, "config": self.config,
-                               "attempt_key": attempt_key, "rank": self.rank})
-        self.lambdas_state = Lambdas(self.n_layers, self.schedule, sync_every=cfg.lambda_sync_every,
-                                     stale_seconds=cfg.lambda_stale_seconds, group=self._group)
+        self.spool.write_meta(
+            {
+                **meta,
+                "spool_id": meta.get("spool_id", str(uuid.uuid4())),
+                "url": cfg.url,
+                "project": cfg.project,
+                "name": self.run,
+                "config": self.config,
+                "attempt_key": attempt_key,
+                "rank": self.rank,
+            }
+        )
+        self.lambdas_state = Lambdas(
+            self.n_layers,
+            self.schedule,
+            sync_every=cfg.lambda_sync_every,
+            stale_seconds=cfg.lambda_stale_seconds,
+            group=self._group,
+        )
         self.probe = Probe(sites, self.owned, sample_rows=cfg.sample_rows, heads=cfg.heads)
         factory = self._transport_factory()
-        self.sender = Sender(self.spool, factory, batch_max=cfg.batch_max_reports, flush_seconds=cfg.flush_seconds,
-                             backoff_base=cfg.backoff_base, backoff_cap=cfg.backoff_cap, health=self.health,
-                             name=f"qkwatch-sender-{self.rank}")
-        self.poller = LambdaPoller(self.sender, factory, self.lambdas_state.offer, cfg.lambda_poll_seconds) \
-            if self.rank == 0 and cfg.url else None
+        self.sender = Sender(
+            self.spool,
+            factory,
+            batch_max=cfg.batch_max_reports,
+            flush_seconds=cfg.flush_seconds,
+            backoff_base=cfg.backoff_base,
+            backoff_cap=cfg.backoff_cap,
+            health=self.health,
+            name=f"qkwatch-sender-{self.rank}",
+        )
+        self.poller = (
+            LambdaPoller(self.sender, factory, self.lambdas_state.offer, cfg.lambda_poll_seconds)
+            if self.rank == 0 and cfg.url
+            else None
+        )
         self._pid = os.getpid()
         self._closed = False
         self._step = 0
@@ -137,8 +164,12 @@ class Agent:
         start = time.perf_counter()
         if self._plan is not None:
             self._finish_report()
-        plan = Plan(step, weights=_due(step, self.cfg.weight_every), spectra=_due(step, self.cfg.spectra_every),
-                    activations=_due(step, self.cfg.every))
+        plan = Plan(
+            step,
+            weights=_due(step, self.cfg.weight_every),
+            spectra=_due(step, self.cfg.spectra_every),
+            activations=_due(step, self.cfg.every),
+        )
         self._step = step
         if plan.any:
             self._plan, self._plan_time = plan, time.time()
@@ -200,9 +231,13 @@ class Agent:
                 self.spool.close()
             left = self.spool.bytes_pending() if finished else None
             if left:
-                logger.warning("qkwatch: %d bytes of reports not delivered yet; they stay in %s "
-                               "(delivered on the next run, or by `qkwatch sync %s`)", left, self.spool.path,
-                               self.spool.path)
+                logger.warning(
+                    "qkwatch: %d bytes of reports not delivered yet; they stay in %s "
+                    "(delivered on the next run, or by `qkwatch sync %s`)",
+                    left,
+                    self.spool.path,
+                    self.spool.path,
+                )
 
     def __enter__(self) -> Agent:
         return self
@@ -247,8 +282,16 @@ class Agent:
             ready = torch.cuda.Event()
             ready.record()
         floats.update(self._health_scalars())
-        pending = _Pending(plan.step, self._plan_time or time.time(), keys, values, floats,
-                           self._events(plan, capture), ready, layer_values)
+        pending = _Pending(
+            plan.step,
+            self._plan_time or time.time(),
+            keys,
+            values,
+            floats,
+            self._events(plan, capture),
+            ready,
+            layer_values,
+        )
         if ready is None:
             self._write(pending)
         else:
@@ -267,8 +310,12 @@ class Agent:
                 tensors.append(value.reshape(-1))
             else:
                 out[name] = [float(v) for v in value]
-        if "lambda" not in out and not any(k[:2] == ("layers", "lambda") for k in keys) and step in self._applied \
-                and self.rank == 0:
+        if (
+            "lambda" not in out
+            and not any(k[:2] == ("layers", "lambda") for k in keys)
+            and step in self._applied
+            and self.rank == 0
+        ):
             out["lambda"] = list(self._applied[step])
         return out
 
@@ -280,8 +327,9 @@ class Agent:
         self.sender.notify()
         entropy = report["layers"].get("attn_entropy")
         if entropy:
-            self.lambdas_state.observe({i: float(v) for i, v in enumerate(entropy)
-                                        if isinstance(v, float) and i in self.owned})
+            self.lambdas_state.observe(
+                {i: float(v) for i, v in enumerate(entropy) if isinstance(v, float) and i in self.owned}
+            )
 
     def _encode(self, pending: _Pending) -> dict[str, Any]:
         host = pending.values.tolist()  # values are on the host here: no synchronisation
@@ -295,10 +343,10 @@ class Agent:
                 layers.setdefault(key[1], [None] * n)[key[2]] = encode_value(host[pos])
                 pos += 1
             elif key[0] == "heads":
-                heads.setdefault(key[1], [None] * n)[key[2]] = [encode_value(v) for v in host[pos: pos + key[3]]]
+                heads.setdefault(key[1], [None] * n)[key[2]] = [encode_value(v) for v in host[pos : pos + key[3]]]
                 pos += key[3]
             elif key[0] == "layers":
-                layers[key[1]] = [encode_value(v) for v in host[pos: pos + key[2]]]
+                layers[key[1]] = [encode_value(v) for v in host[pos : pos + key[2]]]
                 pos += key[2]
             else:
                 scalars[key[1]] = encode_value(host[pos])
@@ -339,19 +387,32 @@ class Agent:
             self._first_report = False
             missing = sorted(
                 (set(self.owned) - capture.weights_seen if plan.weights else set())
-                | (set(self.owned) - capture.activations_seen if plan.activations else set()))
+                | (set(self.owned) - capture.activations_seen if plan.activations else set())
+            )
             if missing:
                 names = [self.sites[i].name for i in missing]
-                message = (f"layers {missing} produced no values on rank {self.rank} at step {plan.step}: their "
-                           "forward did not run through the hooked modules (a fused fast path?)")
+                message = (
+                    f"layers {missing} produced no values on rank {self.rank} at step {plan.step}: their "
+                    "forward did not run through the hooked modules (a fused fast path?)"
+                )
                 logger.warning("qkwatch: %s", message)
-                events.append({"kind": "missing_layers" if self.world == 1 else f"missing_layers_rank{self.rank}",
-                               "message": message, "data": {"layers": missing, "modules": names}})
+                events.append(
+                    {
+                        "kind": "missing_layers" if self.world == 1 else f"missing_layers_rank{self.rank}",
+                        "message": message,
+                        "data": {"layers": missing, "modules": names},
+                    }
+                )
         if self.spool.dropped > self._dropped_reported:
             count = self.spool.dropped - self._dropped_reported
             self._dropped_reported = self.spool.dropped
-            events.append({"kind": "dropped" if self.world == 1 else f"dropped_rank{self.rank}",
-                           "message": f"{count} report(s) dropped by the spool's caps", "data": {"count": count}})
+            events.append(
+                {
+                    "kind": "dropped" if self.world == 1 else f"dropped_rank{self.rank}",
+                    "message": f"{count} report(s) dropped by the spool's caps",
+                    "data": {"count": count},
+                }
+            )
         return events
 
     def _unsent_scalars(self) -> bool:
@@ -376,8 +437,9 @@ class Agent:
         """Before the first step: create the run and read its lambdas if the collector answers fast."""
         transport = HttpTransport(self.cfg.url, self.cfg.token, INITIAL_FETCH_SECONDS)
         try:
-            answer = transport.create_run({"project": self.cfg.project, "name": self.run, "config": self.config,
-                                           "attempt_key": self.attempt_key})
+            answer = transport.create_run(
+                {"project": self.cfg.project, "name": self.run, "config": self.config, "attempt_key": self.attempt_key}
+            )
             self.sender.run_id = answer["id"]
             self.lambdas_state.offer(transport.get_lambdas(answer["id"]))
         except (TransportError, KeyError) as exc:
@@ -419,9 +481,19 @@ class _Spooler:
                 logger.exception("qkwatch: could not spool the report of step %d", pending.step)
 
 
-def attach(model: nn.Module, *, url: str | None = None, token: str | None = None, project: str | None = None,
-           run: str | None = None, spool: str | None = None, every: int | None = None,
-           config: dict[str, Any] | None = None, mapping: Mapping | None = None, **settings: Any) -> Agent:
+def attach(
+    model: nn.Module,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    project: str | None = None,
+    run: str | None = None,
+    spool: str | None = None,
+    every: int | None = None,
+    config: dict[str, Any] | None = None,
+    mapping: Mapping | None = None,
+    **settings: Any,
+) -> Agent:
     """Attach the agent to ``model`` (any supported transformer, FSDP2-sharded or not).
 
     Settings resolve as: the argument, then the environment (``QKWATCH_URL``, ``QKWATCH_TOKEN``,
@@ -432,8 +504,9 @@ def attach(model: nn.Module, *, url: str | None = None, token: str | None = None
     Raises:
         ValueError: a bad setting (named). agent.adapters.AdapterError: no attention found.
     """
-    cfg = AgentConfig.resolve(url=url, token=token, project=project, run=run, spool=spool, every=every,
-                              config=config, **settings)
+    cfg = AgentConfig.resolve(
+        url=url, token=token, project=project, run=run, spool=spool, every=every, config=config, **settings
+    )
     sites = find_sites(model, mapping)
     return Agent(model, cfg, sites)
 

@@ -1,4 +1,4 @@
-"""The agent's subcommands: ``qkwatch analyze``. Imports only argparse at the top."""
+"""The agent's subcommands: ``qkwatch analyze`` and ``qkwatch sync``. Imports only argparse at the top."""
 
 from __future__ import annotations
 
@@ -29,6 +29,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--n-heads", type=int, help="number of query heads")
     m.add_argument("--n-kv-heads", type=int, help="number of key/value heads (GQA)")
     p.set_defaults(handler=run_analyze)
+
+    s = sub.add_parser(
+        "sync",
+        help="deliver what an agent spooled while the collector was away (exactly once, however often it runs)",
+    )
+    s.add_argument("spool_dir", help="a spool directory, or any directory above spools (e.g. .qkwatch/spool)")
+    s.add_argument("--collector", default=None, help="collector URL (default: the URL each spool recorded)")
+    s.add_argument("--token", default=None, help="bearer token with the ingest scope (default: $QKWATCH_TOKEN)")
+    s.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds per spool")
+    s.set_defaults(handler=run_sync)
+
+
+def run_sync(args: argparse.Namespace) -> int:
+    import os
+
+    from agent.sync import SyncError, sync
+
+    try:
+        results = sync(
+            args.spool_dir, args.collector, args.token or os.environ.get("QKWATCH_TOKEN"), timeout=args.timeout
+        )
+    except SyncError as exc:
+        print(f"qkwatch sync: {exc}", file=sys.stderr)
+        return 2
+    for r in results:
+        extra = f", {r.dead_lettered} refused (see {r.spool / 'dead-letter.jsonl'})" if r.dead_lettered else ""
+        print(f"{r.spool}: delivered {r.delivered} report(s), {r.left} left{extra}")
+    return 0 if all(r.left == 0 for r in results) else 1
 
 
 def run_analyze(args: argparse.Namespace) -> int:

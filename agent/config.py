@@ -73,16 +73,29 @@ class AgentConfig:
             value = getattr(self, key)
             if value is not None and not NAME.match(value):
                 raise ValueError(f"{key} must be 1-200 characters without whitespace or '/', got {value!r}")
-        for key in ("every", "sample_rows", "lambda_sync_every", "batch_max_reports", "segment_bytes",
-                    "spool_max_bytes"):
+        for key in (
+            "every",
+            "sample_rows",
+            "lambda_sync_every",
+            "batch_max_reports",
+            "segment_bytes",
+            "spool_max_bytes",
+        ):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
         for key in ("weight_every", "spectra_every"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{key} must be an integer >= 0 (0 = never), got {value!r}")
-        for key in ("lambda_poll_seconds", "lambda_stale_seconds", "flush_seconds", "request_timeout",
-                    "backoff_base", "backoff_cap", "spool_max_age_seconds"):
+        for key in (
+            "lambda_poll_seconds",
+            "lambda_stale_seconds",
+            "flush_seconds",
+            "request_timeout",
+            "backoff_base",
+            "backoff_cap",
+            "spool_max_age_seconds",
+        ):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")

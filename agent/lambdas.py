@@ -25,8 +25,15 @@ SOURCES = ("collector", "local")
 
 
 class Lambdas:
-    def __init__(self, n_layers: int, schedule: ScheduleConfig, *, sync_every: int, stale_seconds: float,
-                 group: dist.ProcessGroup | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        schedule: ScheduleConfig,
+        *,
+        sync_every: int,
+        stale_seconds: float,
+        group: dist.ProcessGroup | None = None,
+    ):
         self.n_layers = n_layers
         self.schedule = schedule
         self.sync_every = sync_every
@@ -55,8 +62,11 @@ class Lambdas:
             return False
         version = answer.get("version")
         with self._lock:
-            self._collector = (values, int(version) if isinstance(version, int) else 0,
-                               time.monotonic() if now is None else now)
+            self._collector = (
+                values,
+                int(version) if isinstance(version, int) else 0,
+                time.monotonic() if now is None else now,
+            )
         return True
 
     def observe(self, layer_entropy: dict[int, float]) -> None:
@@ -90,9 +100,9 @@ class Lambdas:
             dist.all_reduce(vec, group=self.group)  # layers are owned by one rank each: the sum assembles them
         values = vec.tolist()
         if values[0] > 0:
-            self.applied, self.source, self.version = values[2: 2 + n], "collector", int(values[1])
+            self.applied, self.source, self.version = values[2 : 2 + n], "collector", int(values[1])
         else:
-            self.applied, self.source, self.version = values[2 + n:], "local", -1
+            self.applied, self.source, self.version = values[2 + n :], "local", -1
 
     def local_values(self) -> Sequence[float]:
         with self._lock:

@@ -120,8 +120,9 @@ class Probe:
 
     def _measure_weights(self, site: Site, plan: Plan) -> None:
         wq, wk, rotation = site.weights()
-        per_layer, per_head = weight_metrics(wq.detach(), wk.detach(),
-                                             None if rotation is None else rotation.detach(), spectra=plan.spectra)
+        per_layer, per_head = weight_metrics(
+            wq.detach(), wk.detach(), None if rotation is None else rotation.detach(), spectra=plan.spectra
+        )
         self._store(site.layer, per_layer, per_head if self.heads else {})
         self.capture.weights_seen.add(site.layer)
 

@@ -31,6 +31,8 @@ from agent.transport import Transport, TransportError
 
 logger = logging.getLogger(__name__)
 
+MAX_RETRY_AFTER = 600.0
+"""A Retry-After longer than this is read as this (a misconfigured server must not stall delivery for days)."""
 NAMESPACE = uuid.UUID("6f1c2f0e-9c3e-4d0a-8a57-2f3c1e7b9a10")
 
 
@@ -51,9 +53,19 @@ class Health:
 
 
 class Sender:
-    def __init__(self, spool: Spool, transport_factory: Callable[[], Transport], *, batch_max: int,
-                 flush_seconds: float, backoff_base: float, backoff_cap: float, health: Health,
-                 on_run: Callable[[str, int], None] | None = None, name: str = "qkwatch-sender"):
+    def __init__(
+        self,
+        spool: Spool,
+        transport_factory: Callable[[], Transport],
+        *,
+        batch_max: int,
+        flush_seconds: float,
+        backoff_base: float,
+        backoff_cap: float,
+        health: Health,
+        on_run: Callable[[str, int], None] | None = None,
+        name: str = "qkwatch-sender",
+    ):
         self.spool = spool
         self.transport_factory = transport_factory
         self.batch_max = batch_max
@@ -85,9 +97,11 @@ class Sender:
         self._drain_until = time.monotonic() + max(0.0, timeout)
         self._wake.set()
         if self._thread.is_alive():
-            self._thread.join(timeout)
-        self._stop.set()
+            self._thread.join(max(0.0, timeout - 0.05))
+        self._stop.set()  # interrupts a backoff sleep; an HTTP call in flight ends by its own timeout
         self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(0.05)
         return not self._thread.is_alive()
 
     def deliver_all(self, deadline: float | None = None) -> bool:
@@ -128,8 +142,11 @@ class Sender:
         records = list(_same_key(records, key))
         try:
             attempt = self._attempt(key, records[0].payload)
-            body = {"batch_id": str(_batch_id(self.spool, records)), "attempt": attempt,
-                    "reports": [r.payload["report"] for r in records]}
+            body = {
+                "batch_id": str(_batch_id(self.spool, records)),
+                "attempt": attempt,
+                "reports": [r.payload["report"] for r in records],
+            }
             self._client().post_reports(self.run_id, body)
         except TransportError as exc:
             return self._failed(exc, records)
@@ -139,10 +156,14 @@ class Sender:
     def _attempt(self, key: str, payload: dict[str, Any]) -> int:
         if key not in self._attempts:
             meta = self.spool.read_meta()
-            answer = self._client().create_run({
-                "project": meta["project"], "name": meta["name"], "config": meta.get("config", {}),
-                "attempt_key": key or None,
-            })
+            answer = self._client().create_run(
+                {
+                    "project": meta["project"],
+                    "name": meta["name"],
+                    "config": meta.get("config", {}),
+                    "attempt_key": key or None,
+                }
+            )
             self.run_id, self._attempts[key] = answer["id"], int(answer.get("attempt", 1))
             if meta.get("run_id") != self.run_id:
                 self.spool.write_meta({**meta, "run_id": self.run_id})
@@ -168,22 +189,33 @@ class Sender:
             self._retry_after = exc.retry_after
             logger.debug("delivery failed, will retry: %s", exc)
             return False
-        self.spool.dead_letter({"status": exc.status, "response": exc.body[:10000],
-                                "reports": [r.payload for r in records], "time": time.time()})
+        self.spool.dead_letter(
+            {
+                "status": exc.status,
+                "response": exc.body[:10000],
+                "reports": [r.payload for r in records],
+                "time": time.time(),
+            }
+        )
         self.health.dead_lettered += len(records)
         self.spool.ack(_after(records))
         self.health.acked += len(records)
         if not self._warned_dead:
             self._warned_dead = True
-            logger.warning("the collector refused %d report(s) for good (HTTP %s): %s; they are in %s "
-                           "(further refusals are counted, not logged)", len(records), exc.status, exc.body[:300],
-                           self.spool.path / "dead-letter.jsonl")
+            logger.warning(
+                "the collector refused %d report(s) for good (HTTP %s): %s; they are in %s "
+                "(further refusals are counted, not logged)",
+                len(records),
+                exc.status,
+                exc.body[:300],
+                self.spool.path / "dead-letter.jsonl",
+            )
         return True
 
     def _sleep_backoff(self, deadline: float | None) -> None:
         delay = random.uniform(0, min(self.backoff_cap, self.backoff_base * 2 ** min(self._failures, 30)))
         if self._retry_after is not None:
-            delay = max(delay, min(self._retry_after, self.backoff_cap * 4))
+            delay = max(delay, min(self._retry_after, MAX_RETRY_AFTER))
             self._retry_after = None
         if deadline is not None:
             delay = min(delay, max(0.0, deadline - time.monotonic()))
@@ -198,8 +230,9 @@ class Sender:
 class LambdaPoller:
     """Rank 0 only: fetch the run's lambdas every ``period`` seconds once the run exists."""
 
-    def __init__(self, sender: Sender, transport_factory: Callable[[], Transport], offer: Callable[[dict], bool],
-                 period: float):
+    def __init__(
+        self, sender: Sender, transport_factory: Callable[[], Transport], offer: Callable[[dict], bool], period: float
+    ):
         self.sender = sender
         self.transport_factory = transport_factory
         self.offer = offer
@@ -255,5 +288,6 @@ def _batch_id(spool: Spool, records: list[Record]) -> uuid.UUID:
     """The same records always form the same batch id, whichever process sends them."""
     spool_id = spool.read_meta().get("spool_id", str(spool.path))
     first, last = records[0], records[-1]
-    return uuid.uuid5(NAMESPACE, f"{spool_id}:{first.start.segment}:{first.start.offset}:"
-                                 f"{last.end.segment}:{last.end.offset}")
+    return uuid.uuid5(
+        NAMESPACE, f"{spool_id}:{first.start.segment}:{first.start.offset}:{last.end.segment}:{last.end.offset}"
+    )

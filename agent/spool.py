@@ -63,8 +63,14 @@ class Record:
 class Spool:
     """One directory of records; safe for one writer thread and one reader thread of one process."""
 
-    def __init__(self, path: str | Path, *, segment_bytes: int = 4 * 2**20, max_bytes: int = 256 * 2**20,
-                 max_age: float = 7 * 24 * 3600.0):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        segment_bytes: int = 4 * 2**20,
+        max_bytes: int = 256 * 2**20,
+        max_age: float = 7 * 24 * 3600.0,
+    ):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
@@ -128,8 +134,9 @@ class Spool:
             good = record.end.offset
         size = file.stat().st_size
         if size > good:
-            logger.warning("spool %s: dropping a torn record of %d bytes at the end of %s", self.path, size - good,
-                           file.name)
+            logger.warning(
+                "spool %s: dropping a torn record of %d bytes at the end of %s", self.path, size - good, file.name
+            )
             os.truncate(file, good)
 
     # --- reading and acknowledging --------------------------------------------------------
@@ -175,8 +182,9 @@ class Spool:
             total -= sizes[number]
             file.unlink(missing_ok=True)
             self._cursor = Position(number + 1, 0)
-            logger.warning("spool %s: dropped %d undelivered reports (%s cap)", self.path, count,
-                           "age" if too_old else "size")
+            logger.warning(
+                "spool %s: dropped %d undelivered reports (%s cap)", self.path, count, "age" if too_old else "size"
+            )
         if dropped:
             self.dropped += dropped
             self._save_cursor()

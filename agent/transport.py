@@ -16,8 +16,15 @@ RETRYABLE_STATUS = {408, 429}
 
 
 class TransportError(Exception):
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None,
-                 retry_after: float | None = None, body: str = ""):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        retry_after: float | None = None,
+        body: str = "",
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.status = status
@@ -40,8 +47,9 @@ class HttpTransport:
 
     def __init__(self, url: str, token: str | None, timeout: float):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(base_url=url.rstrip("/"), headers=headers,
-                                    timeout=httpx.Timeout(timeout, connect=min(3.0, timeout)))
+        self._client = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, timeout=httpx.Timeout(timeout, connect=min(3.0, timeout))
+        )
 
     def create_run(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/runs", json=body)

@@ -1,0 +1,208 @@
+"""The agent against a real collector (``qkwatch serve`` on a loopback port, SQLite): outages,
+restarts, a training process killed with SIGKILL mid-outage and resumed, replays, the close bound.
+
+"Every report exactly once" is checked on what the collector exports: each step's layer metrics
+for every layer and its loss, once per (attempt, step, metric, layer).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+import agent
+from agent.sync import sync
+from tests.agent.tiny import TinyGPT, train
+from tests.live import ROOT, BlackHole, LiveCollector, free_port
+
+pytestmark = pytest.mark.slow
+
+N_LAYERS = 4
+FAST = {"spectra_every": 0, "flush_seconds": 0.05, "backoff_base": 0.05, "backoff_cap": 0.3}
+
+
+def points(collector: LiveCollector, run_name: str, attempt: int | None = None) -> list[dict]:
+    with collector.client() as c:
+        (run,) = c.runs(project="tests", name=run_name)["data"]
+        return [json.loads(line) for line in c.export(run["id"], "jsonl", attempt=attempt) if line.strip()]
+
+
+def steps_of(rows: list[dict], metric: str, layer: int) -> list[int]:
+    return sorted(r["step"] for r in rows if r["metric"] == metric and r["layer"] == layer and r["head"] == -1)
+
+
+def assert_exactly_once(rows: list[dict], steps: range | list[int], attempt: int | None = None) -> None:
+    keys = Counter((r["attempt"], r["step"], r["metric"], r["layer"], r["head"]) for r in rows)
+    assert max(keys.values()) == 1
+    for layer in range(N_LAYERS):
+        for metric in ("qkai", "attn_entropy", "stable_rank"):
+            assert steps_of(rows, metric, layer) == list(steps), (metric, layer)
+    assert steps_of(rows, "loss", -1) == list(steps)
+    if attempt is not None:
+        assert {r["attempt"] for r in rows} == {attempt}
+
+
+def test_outage_and_restart_store_every_report_once(tmp_path: Path) -> None:
+    collector = LiveCollector(tmp_path).start()
+    torch.manual_seed(0)
+    model = TinyGPT()
+    a = agent.attach(
+        model, url=collector.url, project="tests", run="outage", spool=str(tmp_path / "spool"), every=1, **FAST
+    )
+    train(a, model, 8)
+    collector.stop()  # the collector goes away for a stretch of the stream
+    train(a, model, 16, start=8)
+    collector.start()
+    train(a, model, 24, start=16)
+    a.close(timeout=60)
+    assert_exactly_once(points(collector, "outage"), range(24))
+    collector.stop()
+
+
+def test_offline_from_the_first_step_creates_the_run_when_the_collector_appears(tmp_path: Path) -> None:
+    collector = LiveCollector(tmp_path)  # not started yet: its port refuses connections
+    model = TinyGPT()
+    a = agent.attach(
+        model, url=collector.url, project="tests", run="late", spool=str(tmp_path / "spool"), every=1, **FAST
+    )
+    train(a, model, 5)
+    collector.start()
+    train(a, model, 10, start=5)
+    a.close(timeout=60)
+    assert_exactly_once(points(collector, "late"), range(10))
+    collector.stop()
+
+
+def test_sigkill_in_an_outage_then_resume_loses_nothing(tmp_path: Path) -> None:
+    collector = LiveCollector(tmp_path).start()
+    spool = tmp_path / "spool"
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.agent.tiny",
+        "--run",
+        "killed",
+        "--spool",
+        str(spool),
+        "--url",
+        collector.url,
+        "--every",
+        "1",
+        "--sleep",
+        "0.02",
+    ]
+    proc = subprocess.Popen([*cmd, "--steps", "100000"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    printed = []
+    for line in proc.stdout:
+        printed.append(int(line.split()[1]))
+        if len(printed) == 6:
+            collector.stop()  # outage
+        if len(printed) == 14:
+            proc.kill()  # SIGKILL while the collector is down
+            break
+    proc.wait(timeout=30)
+    last = printed[-1]
+    collector.start()
+    resumed = subprocess.run(
+        [*cmd, "--start", str(last + 1), "--steps", str(last + 6)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    first = points(collector, "killed", attempt=1)
+    # report s reaches the spool when step s + 1 begins: every printed step but the last is on disk
+    stored = steps_of(first, "qkai", 0)
+    assert stored[:last] == list(range(last))
+    assert_exactly_once(first, stored, attempt=1)
+    assert_exactly_once(points(collector, "killed", attempt=2), range(last + 1, last + 6), attempt=2)
+    collector.stop()
+
+
+def test_sync_delivers_a_spool_exactly_once_however_often_it_runs(tmp_path: Path) -> None:
+    model = TinyGPT()
+    spool = tmp_path / "spool"
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens during the run
+    a = agent.attach(model, url=url, project="tests", run="synced", spool=str(spool), every=1, **FAST)
+    train(a, model, 6)
+    a.close(timeout=0.5)
+    replay = tmp_path / "replay"
+    shutil.copytree(spool, replay)  # a stale copy: replays everything again later
+    collector = LiveCollector(tmp_path).start()
+    for source in (spool, spool, replay):
+        done = subprocess.run(
+            [sys.executable, "-m", "qkwatch.cli", "sync", str(source), "--collector", collector.url],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "0 left" in done.stdout
+    assert_exactly_once(points(collector, "synced"), range(6))
+    collector.stop()
+
+
+def test_close_returns_within_its_timeout_when_the_collector_hangs(tmp_path: Path) -> None:
+    hole = BlackHole()  # accepts connections, never answers
+    model = TinyGPT()
+    a = agent.attach(model, url=hole.url, project="tests", run="hung", spool=str(tmp_path / "spool"), every=1, **FAST)
+    train(a, model, 3)
+    start = time.monotonic()
+    a.close(timeout=1.0)
+    elapsed = time.monotonic() - start
+    a.close(timeout=1.0)  # idempotent
+    hole.close()
+    assert elapsed < 1.0 + 0.5, elapsed
+    assert a.spool_path.exists() and list(a.spool_path.glob("seg-*.log"))  # the reports stay spooled
+
+
+def test_operator_overrides_set_before_the_run_are_applied_from_step_zero(tmp_path: Path) -> None:
+    collector = LiveCollector(tmp_path).start()
+    with collector.client() as c:
+        run = c.create_run("tests", "steered", config={"n_layers": N_LAYERS})
+        c.set_overrides(run["id"], {"1": 0.5, "3": 0.25})
+    model = TinyGPT()
+    a = agent.attach(
+        model,
+        url=collector.url,
+        project="tests",
+        run="steered",
+        spool=str(tmp_path / "spool"),
+        every=2,
+        lambda_sync_every=2,
+        lambda_stale_seconds=0.5,
+        lambda_poll_seconds=0.1,
+        **FAST,
+    )
+    applied = {}
+    for step in range(4):
+        a.step(step)
+        applied[step] = a.lambdas()
+        model(torch.randint(0, 64, (2, 32)))
+    assert applied[0] == applied[3] == [0.0, 0.5, 0.0, 0.25]
+    assert a.lambdas_state.source == "collector"
+    collector.stop()
+    time.sleep(0.7)  # past lambda_stale_seconds without an answer
+    a.step(4)
+    local = a.lambdas()
+    assert a.lambdas_state.source == "local"
+    assert local == list(a.lambdas_state.local_values()) and min(local) > 0.05  # near-uniform attention: penalised
+    a.close(timeout=0.5)
+    collector.start()
+    sync(a.spool_path)  # what the outage kept in the spool
+    rows = points(collector, "steered")
+    lam = {(r["step"], r["layer"]): r["value"] for r in rows if r["metric"] == "lambda"}
+    assert [lam[(2, layer)] for layer in range(N_LAYERS)] == [0.0, 0.5, 0.0, 0.25]
+    source = {r["step"]: r["value"] for r in rows if r["metric"] == "lambda_source"}
+    assert source[0] == 0.0 and source[4] == 1.0  # 0 = collector, 1 = local
+    collector.stop()

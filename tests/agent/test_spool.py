@@ -1,0 +1,98 @@
+"""The write-ahead spool: records survive, torn tails cost only themselves, caps drop and count."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.spool import Spool, SpoolLocked
+
+
+def reports(spool: Spool) -> list[int]:
+    return [r.payload["step"] for r in spool.pending(10_000)]
+
+
+def test_append_pending_ack_and_segment_rotation(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=200)
+    for step in range(20):
+        spool.append({"step": step, "pad": "x" * 40})
+    assert len(spool.segments()) > 3
+    first = spool.pending(7)
+    assert [r.payload["step"] for r in first] == list(range(7))
+    spool.ack(first[-1].end)
+    assert reports(spool)[0] == 7
+    rest = spool.pending(100)
+    spool.ack(rest[-1].end)
+    assert reports(spool) == [] and spool.bytes_pending() == 0
+    assert len(spool.segments()) <= 2  # delivered segments are deleted
+    spool.close()
+    reopened = Spool(tmp_path, segment_bytes=200)  # the cursor persists
+    assert reports(reopened) == []
+    reopened.append({"step": 20})
+    assert reports(reopened) == [20]
+
+
+def test_one_owner_at_a_time(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    with pytest.raises(SpoolLocked, match="in use by another process"):
+        Spool(tmp_path)
+    spool.close()
+    spool.close()  # idempotent
+    Spool(tmp_path).close()
+
+
+def test_a_torn_tail_loses_only_itself(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for step in range(5):
+        spool.append({"step": step})
+    spool.close()
+    (segment,) = tmp_path.glob("seg-*.log")
+    size = segment.stat().st_size
+    os.truncate(segment, size - 3)  # the writer died inside the last record
+    reopened = Spool(tmp_path)
+    assert reports(reopened) == [0, 1, 2, 3]
+    reopened.append({"step": 5})  # appended after the truncated tail, not after garbage
+    assert reports(reopened) == [0, 1, 2, 3, 5]
+
+
+def test_corruption_in_the_middle_is_skipped(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for step in range(4):
+        spool.append({"step": step, "payload": "abcdefgh"})
+    spool.close()
+    (segment,) = tmp_path.glob("seg-*.log")
+    data = bytearray(segment.read_bytes())
+    middle = data.find(b'"step":1')
+    data[middle + 2] ^= 0xFF  # a flipped bit: the checksum fails
+    segment.write_bytes(bytes(data))
+    assert reports(Spool(tmp_path)) == [0, 2, 3]
+
+
+def test_size_cap_drops_oldest_segments_and_counts(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=300, max_bytes=700)
+    for step in range(40):
+        spool.append({"step": step, "pad": "y" * 30})
+    before = len(reports(spool))
+    dropped = spool.enforce_caps()
+    after = reports(spool)
+    assert dropped > 0 and len(after) == before - dropped
+    assert after == list(range(40 - len(after), 40))  # the newest survive, in order
+    assert spool.bytes_pending() <= 700 + 300
+    spool.close()
+    assert Spool(tmp_path).dropped == dropped  # the count persists
+
+
+def test_age_cap(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=100, max_age=3600)
+    for step in range(10):
+        spool.append({"step": step, "pad": "z" * 40})
+    old = time.time() - 7200
+    for number in spool.segments()[:-1]:
+        os.utime(tmp_path / f"seg-{number:08d}.log", (old, old))
+    dropped = spool.enforce_caps()
+    survivors = reports(spool)
+    assert dropped == 10 - len(survivors) and dropped > 0
+    assert survivors == list(range(10 - len(survivors), 10))  # only the segment still being written

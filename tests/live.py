@@ -1,0 +1,118 @@
+"""A real ``qkwatch serve`` in a subprocess, on a fixed loopback port, that tests can stop and restart.
+
+Used by the agent, trainer and end-to-end tests: the collector keeps its SQLite file across
+restarts (an outage, not a wipe), and the database is read back through ``monitor.client.Client``
+or directly with SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from monitor.client import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveCollector:
+    """``qkwatch serve --open`` on 127.0.0.1:<port> over a SQLite file; ``stop()`` and ``start()`` at will."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *extra: str):
+        self.db_url = f"sqlite:///{workdir / 'collector.db'}"
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra = extra
+        self.log = workdir / "collector.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> LiveCollector:
+        assert self.proc is None, "already running"
+        out = open(self.log, "a")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "qkwatch.cli",
+                "serve",
+                "--open",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--database-url",
+                self.db_url,
+                *self.extra,
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        out.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"qkwatch serve exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError(f"qkwatch serve did not become healthy:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self, hard: bool = False) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def client(self) -> Client:
+        return Client(self.url)
+
+    def __enter__(self) -> LiveCollector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class BlackHole:
+    """A TCP server that accepts connections and never answers (a hung collector)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
