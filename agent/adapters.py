@@ -170,7 +170,7 @@ def _hf_weights(module: nn.Module, n_heads: int, n_kv: int):
         return lambda: (split_heads(module.query.weight, n_heads), split_heads(module.key.weight, n_kv), None)
     c_attn = getattr(module, "c_attn", None)
     if c_attn is not None and type(c_attn).__name__ == "Conv1D" and not getattr(module, "is_cross_attention", False):
-        return lambda: split_qkv(c_attn.weight, n_heads, n_kv, conv1d=True)[:2] + (None,)
+        return lambda: _fused(c_attn.weight, n_heads, n_kv, conv1d=True)
     return None
 
 
@@ -262,7 +262,7 @@ def _mapped(model: nn.Module, mapping: Mapping) -> list[Site]:
         owner = modules[paths[0].rsplit(".", 1)[0]] if "." in paths[0] else model
         if mapping.qkv:
             fused = modules[paths[0]]
-            weights = lambda f=fused: split_qkv(f.weight, h, g)[:2] + (None,)  # noqa: E731
+            weights = lambda f=fused: _fused(f.weight, h, g)  # noqa: E731
             proj_tap = lambda fn, f=fused: _forward_hook_tap(f, _split_output(fn, h, g), output=True)  # noqa: E731
         else:
             q_mod, k_mod = modules[paths[0]], modules[paths[1]]
@@ -282,6 +282,11 @@ def _mapped(model: nn.Module, mapping: Mapping) -> list[Site]:
     if not sites:
         raise AdapterError(f"mapping matched no module for layer 0 ({mapping.q or mapping.qkv!r})")
     return sites
+
+
+def _fused(weight: Tensor, h: int, g: int, *, conv1d: bool = False) -> tuple[Tensor, Tensor, None]:
+    wq, wk, _ = split_qkv(weight, h, g, conv1d=conv1d)
+    return wq, wk, None
 
 
 # --- taps -------------------------------------------------------------------------------------

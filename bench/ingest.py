@@ -104,8 +104,14 @@ def value(step: int, layer: int, m: int) -> float:
 
 
 def reports(steps: range, layers: int) -> list[dict]:
-    return [{"step": s, "time": 1.7e9 + s, "layers": {name: [value(s, la, m) for la in range(layers)]
-                                                       for m, name in enumerate(METRICS)}} for s in steps]
+    return [
+        {
+            "step": s,
+            "time": 1.7e9 + s,
+            "layers": {name: [value(s, la, m) for la in range(layers)] for m, name in enumerate(METRICS)},
+        }
+        for s in steps
+    ]
 
 
 # --- qkwatch -------------------------------------------------------------------------------------
@@ -113,8 +119,10 @@ def reports(steps: range, layers: int) -> list[dict]:
 
 def qkwatch_ingest(url: str, steps: int, layers: int, batch_reports: int) -> dict:
     with httpx.Client(base_url=url, timeout=120) as c:
-        run = c.post("/v1/runs", json={"project": "bench", "name": f"ingest-{uuid.uuid4().hex[:6]}",
-                                       "config": {"n_layers": layers}}).json()
+        run = c.post(
+            "/v1/runs",
+            json={"project": "bench", "name": f"ingest-{uuid.uuid4().hex[:6]}", "config": {"n_layers": layers}},
+        ).json()
         batches = [reports(range(s, min(s + batch_reports, steps)), layers) for s in range(0, steps, batch_reports)]
         bodies = [json.dumps({"batch_id": str(uuid.uuid4()), "reports": b}) for b in batches]
         t0 = time.perf_counter()
@@ -132,23 +140,36 @@ def qkwatch_ingest(url: str, steps: int, layers: int, batch_reports: int) -> dic
         read_s = time.perf_counter() - t0
     expected = steps * layers * len(METRICS)
     assert inserted == expected and n == expected, (inserted, n, expected)
-    return {"points": expected, "ingest_s": ingest_s, "points_per_s": expected / ingest_s, "readback_s": read_s,
-            "requests": len(bodies)}
+    return {
+        "points": expected,
+        "ingest_s": ingest_s,
+        "points_per_s": expected / ingest_s,
+        "readback_s": read_s,
+        "requests": len(bodies),
+    }
 
 
 def qkwatch_heatmap(url: str, steps: int, layers: int, n_reports: int, repeats: int) -> dict:
     stride = steps // n_reports
     with httpx.Client(base_url=url, timeout=120) as c:
-        run = c.post("/v1/runs", json={"project": "bench", "name": f"heatmap-{uuid.uuid4().hex[:6]}",
-                                       "config": {"n_layers": layers}}).json()
+        run = c.post(
+            "/v1/runs",
+            json={"project": "bench", "name": f"heatmap-{uuid.uuid4().hex[:6]}", "config": {"n_layers": layers}},
+        ).json()
         all_steps = list(range(0, steps, stride))
         for i in range(0, len(all_steps), 20):
-            chunk = all_steps[i:i + 20]
-            batch = [{"step": s, "time": 1.7e9 + s,
-                      "layers": {name: [value(s, la, m) for la in range(layers)] for m, name in enumerate(METRICS)}}
-                     for s in chunk]
-            c.post(f"/v1/runs/{run['id']}/reports", json={"batch_id": str(uuid.uuid4()), "reports": batch}
-                   ).raise_for_status()
+            chunk = all_steps[i : i + 20]
+            batch = [
+                {
+                    "step": s,
+                    "time": 1.7e9 + s,
+                    "layers": {name: [value(s, la, m) for la in range(layers)] for m, name in enumerate(METRICS)},
+                }
+                for s in chunk
+            ]
+            c.post(
+                f"/v1/runs/{run['id']}/reports", json={"batch_id": str(uuid.uuid4()), "reports": batch}
+            ).raise_for_status()
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
@@ -162,9 +183,15 @@ def qkwatch_heatmap(url: str, steps: int, layers: int, n_reports: int, repeats: 
             t0 = time.perf_counter()
             c.get(f"/v1/runs/{run['id']}/lambdas").raise_for_status()
             lam.append(time.perf_counter() - t0)
-    return {"reports": len(all_steps), "layers": layers, "buckets": len(body["steps"]),
-            "heatmap_p50_ms": 1000 * statistics.median(times), "heatmap_p95_ms": 1000 * _pct(times, 0.95),
-            "lambdas_p50_ms": 1000 * statistics.median(lam), "lambdas_p99_ms": 1000 * _pct(lam, 0.99)}
+    return {
+        "reports": len(all_steps),
+        "layers": layers,
+        "buckets": len(body["steps"]),
+        "heatmap_p50_ms": 1000 * statistics.median(times),
+        "heatmap_p95_ms": 1000 * _pct(times, 0.95),
+        "lambdas_p50_ms": 1000 * statistics.median(lam),
+        "lambdas_p99_ms": 1000 * _pct(lam, 0.99),
+    }
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -176,12 +203,24 @@ def run_qkwatch(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> 
     with database(kind, tmp, pg_url, "qkwatch", "postgresql+psycopg") as db:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        cmd = [sys.executable, "-m", "qkwatch.cli", "serve", "--open", "--host", "127.0.0.1", "--port", str(port),
-               "--database-url", db]
+        cmd = [
+            sys.executable,
+            "-m",
+            "qkwatch.cli",
+            "serve",
+            "--open",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database-url",
+            db,
+        ]
         with server(cmd, f"{url}/healthz", tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"}):
             out = qkwatch_ingest(url, args.steps, args.layers, args.batch_reports)
-            out["heatmap"] = qkwatch_heatmap(url, args.heatmap_steps, args.heatmap_layers, args.heatmap_reports,
-                                             args.repeats)
+            out["heatmap"] = qkwatch_heatmap(
+                url, args.heatmap_steps, args.heatmap_layers, args.heatmap_reports, args.repeats
+            )
     return out
 
 
@@ -194,9 +233,13 @@ def mlflow_ingest(url: str, steps: int, layers: int) -> dict:
         exp = c.post(f"{api}/experiments/create", json={"name": f"bench-{uuid.uuid4().hex[:6]}"}).json()
         run = c.post(f"{api}/runs/create", json={"experiment_id": exp["experiment_id"], "start_time": 0}).json()
         run_id = run["run"]["info"]["run_id"]
-        points = [{"key": f"{name}/layer_{la:02d}", "value": value(s, la, m), "timestamp": 1_700_000_000_000 + s,
-                   "step": s} for s in range(steps) for m, name in enumerate(METRICS) for la in range(layers)]
-        calls = [points[i:i + 1000] for i in range(0, len(points), 1000)]  # log-batch's limit
+        points = [
+            {"key": f"{name}/layer_{la:02d}", "value": value(s, la, m), "timestamp": 1_700_000_000_000 + s, "step": s}
+            for s in range(steps)
+            for m, name in enumerate(METRICS)
+            for la in range(layers)
+        ]
+        calls = [points[i : i + 1000] for i in range(0, len(points), 1000)]  # log-batch's limit
         t0 = time.perf_counter()
         for metrics in calls:
             c.post(f"{api}/runs/log-batch", json={"run_id": run_id, "metrics": metrics}).raise_for_status()
@@ -208,8 +251,13 @@ def mlflow_ingest(url: str, steps: int, layers: int) -> dict:
                 n += len(_mlflow_history(c, api, run_id, f"{name}/layer_{la:02d}"))
         read_s = time.perf_counter() - t0
     assert n == len(points), (n, len(points))
-    return {"points": len(points), "ingest_s": ingest_s, "points_per_s": len(points) / ingest_s, "readback_s": read_s,
-            "requests": len(calls)}
+    return {
+        "points": len(points),
+        "ingest_s": ingest_s,
+        "points_per_s": len(points) / ingest_s,
+        "readback_s": read_s,
+        "requests": len(calls),
+    }
 
 
 def _mlflow_history(c: httpx.Client, api: str, run_id: str, key: str) -> list:
@@ -231,8 +279,20 @@ def run_mlflow(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> d
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         artifacts = tmp / f"mlartifacts-{kind}"
-        cmd = [str(mlflow), "server", "--backend-store-uri", db, "--default-artifact-root", str(artifacts),
-               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+        cmd = [
+            str(mlflow),
+            "server",
+            "--backend-store-uri",
+            db,
+            "--default-artifact-root",
+            str(artifacts),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ]
         with server(cmd, f"{url}/health", tmp / f"mlflow-{kind}.log"):
             return mlflow_ingest(url, args.steps, args.layers)
 
@@ -249,7 +309,9 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--batch-reports", type=int, default=10, help="reports per qkwatch batch")
     p.add_argument("--db", default="sqlite,postgres")
-    p.add_argument("--pg-url", default=os.environ.get("QKWATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    p.add_argument(
+        "--pg-url", default=os.environ.get("QKWATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     p.add_argument("--no-mlflow", action="store_true")
     p.add_argument("--setup-mlflow", action="store_true", help="create bench/.venvs/mlflow first")
     p.add_argument("--heatmap-steps", type=int, default=100_000)
@@ -264,8 +326,14 @@ def main() -> int:
     if not args.no_mlflow and not with_mlflow:
         print(f"no MLflow in {MLFLOW_VENV}: pass --setup-mlflow (or --no-mlflow)", file=sys.stderr)
         return 2
-    results: dict = {"steps": args.steps, "layers": args.layers, "metrics": len(METRICS),
-                     "batch_reports": args.batch_reports, "python": sys.version.split()[0], "cpus": os.cpu_count()}
+    results: dict = {
+        "steps": args.steps,
+        "layers": args.layers,
+        "metrics": len(METRICS),
+        "batch_reports": args.batch_reports,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
     tmp = Path(tempfile.mkdtemp(prefix="qkwatch-bench-"))
     try:
         for kind in args.db.split(","):
@@ -284,23 +352,32 @@ def main() -> int:
 
 
 def table(results: dict, with_mlflow: bool) -> str:
-    lines = ["| database | server | points | ingest s | points/s | read-back s | ratio |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| database | server | points | ingest s | points/s | read-back s | ratio |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for kind in ("sqlite", "postgres"):
         if kind not in results:
             continue
         for name in ("qkwatch", "mlflow") if with_mlflow else ("qkwatch",):
             r = results[kind][name]
             ratio = f"{results[kind]['ratio']:.1f}x" if name == "qkwatch" and with_mlflow else ""
-            lines.append(f"| {kind} | {name} | {r['points']:,} | {r['ingest_s']:.2f} | {r['points_per_s']:,.0f} | "
-                         f"{r['readback_s']:.2f} | {ratio} |")
-    lines += ["", "| database | heatmap p50 ms | heatmap p95 ms | lambdas p50 ms | lambdas p99 ms |",
-              "|---|---:|---:|---:|---:|"]
+            lines.append(
+                f"| {kind} | {name} | {r['points']:,} | {r['ingest_s']:.2f} | {r['points_per_s']:,.0f} | "
+                f"{r['readback_s']:.2f} | {ratio} |"
+            )
+    lines += [
+        "",
+        "| database | heatmap p50 ms | heatmap p95 ms | lambdas p50 ms | lambdas p99 ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for kind in ("sqlite", "postgres"):
         if kind in results:
             hm = results[kind]["qkwatch"]["heatmap"]
-            lines.append(f"| {kind} | {hm['heatmap_p50_ms']:.1f} | {hm['heatmap_p95_ms']:.1f} | "
-                         f"{hm['lambdas_p50_ms']:.2f} | {hm['lambdas_p99_ms']:.2f} |")
+            lines.append(
+                f"| {kind} | {hm['heatmap_p50_ms']:.1f} | {hm['heatmap_p95_ms']:.1f} | "
+                f"{hm['lambdas_p50_ms']:.2f} | {hm['lambdas_p99_ms']:.2f} |"
+            )
     return "\n".join(lines)
 
 

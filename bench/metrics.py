@@ -143,7 +143,9 @@ def main() -> None:
         participation_ratio(k[:, :, rows_at].transpose(1, 2).flatten(-2))  # keys at the same 64 positions
 
     act = timed(activations, args.repeats, sync)
-    rows.append(("activation stats: 64 queries x 2048 keys x 16 heads x 24 layers, + PR_q/PR_k", statistics.median(act)))
+    rows.append(
+        ("activation stats: 64 queries x 2048 keys x 16 heads x 24 layers, + PR_q/PR_k", statistics.median(act))
+    )
 
     print(f"\ndevice: {dev}, torch {torch.__version__}, threads {torch.get_num_threads()}\n")
     print("| what | seconds | qkwatch core is faster by |")
