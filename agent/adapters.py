@@ -236,7 +236,7 @@ def _nanogpt(model: nn.Module) -> list[Site]:
                 n_kv_heads=n_head,
                 d_head=d_head,
                 causal=True,
-                weights=lambda c=c_attn, h=n_head: split_qkv(c.weight, h)[:2] + (None,),
+                weights=lambda c=c_attn, h=n_head: _fused(c.weight, h, h),
                 install_tap=lambda fn, c=c_attn, h=n_head: _forward_hook_tap(c, _split_output(fn, h, h), output=True),
             )
         )

@@ -15,7 +15,8 @@ depend on the values). Compared in one run, on the same weights:
 * WeightWatcher ``analyze()`` on a model holding the same query/key projections.
 
 Activation statistics: 64 sampled queries x 2048 keys x 16 heads x 24 layers, plus the Q/K
-participation ratios of the 64 sampled positions (as the agent measures them). Prints a Markdown table for bench/RESULTS.md.
+participation ratios of the 64 sampled positions (as the agent measures them). Prints a Markdown
+table for bench/RESULTS.md.
 """
 
 from __future__ import annotations

@@ -42,28 +42,11 @@ class LiveCollector:
 
     def start(self, timeout: float = 60.0) -> LiveCollector:
         assert self.proc is None, "already running"
-        out = open(self.log, "a")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "qkwatch.cli",
-                "serve",
-                "--open",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--database-url",
-                self.db_url,
-                *self.extra,
-            ],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        out.close()
+        command = [sys.executable, "-m", "qkwatch.cli", "serve", "--open", "--host", "127.0.0.1", "--port",
+                   str(self.port), "--database-url", self.db_url, *self.extra]
+        with open(self.log, "a") as out:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
