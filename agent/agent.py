@@ -253,6 +253,7 @@ class Agent:
 
     def _finish_report(self) -> None:
         plan = self._plan or Plan(self._step)
+        self.probe.measure_weights_now(plan)
         capture = self.probe.disarm()
         self._plan = None
         keys, tensors = [], []

@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from agent.adapters import Site
 from agent.metrics import attention_stats, participation_ratio
-from agent.metrics.summary import HEAD_METRICS, weight_metrics
+from agent.metrics.summary import weight_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class Capture:
 
     layers: dict[int, dict[str, Tensor]] = field(default_factory=dict)
     heads: dict[int, dict[str, Tensor]] = field(default_factory=dict)
+    forward_seen: set[int] = field(default_factory=set)
     weights_seen: set[int] = field(default_factory=set)
     activations_seen: set[int] = field(default_factory=set)
 
@@ -65,11 +67,12 @@ class Probe:
         self._removers: list[Callable[[], None]] = []
         self._warned: set[str] = set()
         for site in sites:
-            if site.layer not in owned:
-                continue
+            # every layer gets the pre-hook (it only notes that the forward ran there, unless owned):
+            # whether a layer's forward was seen is then the same on every rank
             handle = site.module.register_forward_pre_hook(self._weights_hook(site))
             self._removers.append(handle.remove)
-            self._removers.append(site.install_tap(self._activation_hook(site)))
+            if site.layer in owned:
+                self._removers.append(site.install_tap(self._activation_hook(site)))
 
     def arm(self, plan: Plan) -> None:
         self.plan = plan if plan.any else None
@@ -89,15 +92,21 @@ class Probe:
 
     def _weights_hook(self, site: Site):
         def hook(module, args):
+            if torch.compiler.is_compiling():
+                return  # traced as a no-op: no graph break, no guard, no recompile (see measure_weights_now)
             plan = self.plan
-            if plan is None or not plan.weights or site.layer in self.capture.weights_seen:
+            if plan is None or not plan.weights or site.layer in self.capture.forward_seen:
                 return  # not a report step (or a recomputation under activation checkpointing)
-            self._guarded(site, "weights", lambda: self._measure_weights(site, plan))
+            self.capture.forward_seen.add(site.layer)
+            if site.layer in self.owned:
+                self._guarded(site, "weights", lambda: self._measure_weights(site, plan))
 
         return hook
 
     def _activation_hook(self, site: Site):
         def tap(q: Tensor, k: Tensor) -> None:
+            if torch.compiler.is_compiling():
+                return  # a compiled forward is not observed: the missing-layer event says so
             plan = self.plan
             if plan is None or not plan.activations or site.layer in self.capture.activations_seen:
                 return
@@ -116,13 +125,30 @@ class Probe:
                 self._warned.add(key)
                 logger.warning("qkwatch could not measure %s of layer %d (%s): %s", what, site.layer, site.name, exc)
 
+    def measure_weights_now(self, plan: Plan) -> None:
+        """Weights of the layers whose pre-hook did not run (a compiled forward), read directly.
+
+        Called at a step chosen by the step number alone, on every rank: a parameter sharded by
+        FSDP2 (a DTensor) is gathered with ``full_tensor()``, a collective every rank joins for
+        every such layer in the same order, though each measures only its own.
+        """
+        if not plan.weights:
+            return
+        for site in self.sites:
+            if site.layer in self.capture.forward_seen:
+                continue
+            wq, wk, rotation = (_full(t) for t in site.weights())
+            if site.layer in self.owned:
+                self._guarded(site, "weights", partial(self._weights_of, site, wq, wk, rotation, plan))
+
     # --- measurements -----------------------------------------------------------------------
 
     def _measure_weights(self, site: Site, plan: Plan) -> None:
-        wq, wk, rotation = site.weights()
-        per_layer, per_head = weight_metrics(
-            wq.detach(), wk.detach(), None if rotation is None else rotation.detach(), spectra=plan.spectra
-        )
+        self._weights_of(site, *site.weights(), plan)
+
+    def _weights_of(self, site: Site, wq: Tensor, wk: Tensor, rotation: Tensor | None, plan: Plan) -> None:
+        rotation = None if rotation is None else rotation.detach()
+        per_layer, per_head = weight_metrics(wq.detach(), wk.detach(), rotation, spectra=plan.spectra)
         self._store(site.layer, per_layer, per_head if self.heads else {})
         self.capture.weights_seen.add(site.layer)
 
@@ -148,4 +174,6 @@ class Probe:
             self.capture.heads.setdefault(layer, {}).update(per_head)
 
 
-WEIGHT_HEAD_METRICS = HEAD_METRICS
+def _full(t: Tensor | None) -> Tensor | None:
+    """A plain tensor from a possibly sharded (DTensor) parameter."""
+    return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t

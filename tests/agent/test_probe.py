@@ -1,0 +1,242 @@
+"""What the agent measures in-process: sampled attention against full eager attention, adapters,
+the missing-layer check, torch.compile, forked workers. Offline agents: reports are read back
+from their spool."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import agent
+from agent.adapters import AdapterError, find_sites
+from agent.spool import Spool
+from tests.agent.tiny import TinyGPT, batch, train
+
+OFFLINE = {"spectra_every": 0, "flush_seconds": 0.05}
+
+
+def spooled(a) -> list[dict]:
+    a.close(timeout=0.2)
+    spool = Spool(a.spool_path)
+    try:
+        return [r.payload["report"] for r in spool.pending(10_000)]
+    finally:
+        spool.close()
+
+
+def llama(n_layers: int = 3, attn: str = "sdpa"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        num_hidden_layers=n_layers,
+        intermediate_size=96,
+        vocab_size=97,
+        attn_implementation=attn,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def test_sampled_entropy_against_full_eager_attention(tmp_path: Path) -> None:
+    """Rows sampled from the RoPE'd, GQA queries the model really uses.
+
+    Exact at the sampled rows (1e-4); against the mean over every row of the sequence within 0.02
+    (32 of 128 rows, evenly spaced: the stated tolerance of the sample).
+    """
+    model = llama()
+    x = torch.randint(0, 97, (2, 128), generator=torch.Generator().manual_seed(1))
+    a = agent.attach(model, spool=str(tmp_path), run="eager", every=1, sample_rows=32, **OFFLINE)
+    a.step(0)
+    with torch.no_grad():
+        model(x)
+    assert model.config._attn_implementation == "qkwatch_sdpa"  # sdpa kept, wrapped
+    (report,) = spooled(a)
+    assert model.config._attn_implementation == "sdpa"  # restored on close
+    with torch.no_grad():
+        probs = model(x, output_attentions=True, attn_implementation="eager").attentions
+    pos = torch.linspace(0, 127, 32).round().long().unique()
+    n = torch.arange(1, 129, dtype=torch.float64)
+    for layer, p in enumerate(probs):
+        p = p[0].double()  # one sequence: (heads, T, T)
+        ent = torch.special.entr(p).sum(-1)[:, 1:] / n[1:].log()  # rows that see more than one key
+        full = ent.mean().item()
+        at_rows = ent[:, pos[pos > 0] - 1].mean().item()
+        sampled = report["layers"]["attn_entropy"][layer]
+        assert sampled == pytest.approx(at_rows, abs=1e-4)
+        assert sampled == pytest.approx(full, abs=0.02)
+        top1 = p[:, pos].max(-1).values.mean().item()
+        assert report["layers"]["attn_top1"][layer] == pytest.approx(top1, abs=1e-4)
+
+
+def test_weight_metrics_match_the_checkpoint_view(tmp_path: Path) -> None:
+    """The agent's live QKAI per layer equals `qkwatch analyze` on the same model saved to disk."""
+    from agent.analyze import analyze
+
+    model = llama()
+    model.save_pretrained(tmp_path / "model")
+    a = agent.attach(model, spool=str(tmp_path / "s"), run="w", every=1, **OFFLINE)
+    a.step(0)
+    with torch.no_grad():
+        model(torch.randint(0, 97, (1, 16)))
+    (report,) = spooled(a)
+    offline = analyze(tmp_path / "model", spectra=False)
+    for layer in range(3):
+        for name in ("qkai", "qkai_max", "stable_rank", "qk_cos"):
+            assert report["layers"][name][layer] == pytest.approx(offline.layers[layer][name], rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "nanogpt"])
+def test_adapters_find_every_layer(kind: str, tmp_path: Path) -> None:
+    if kind == "nanogpt":
+        model = TinyGPT()
+    else:
+        from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+        model = (
+            GPT2LMHeadModel(GPT2Config(n_embd=32, n_head=4, n_layer=3, vocab_size=50, n_positions=64))
+            if kind == "gpt2"
+            else BertModel(
+                BertConfig(
+                    hidden_size=32, num_attention_heads=4, num_hidden_layers=3, intermediate_size=64, vocab_size=50
+                )
+            )
+        )
+    n_layers = 4 if kind == "nanogpt" else 3
+    a = agent.attach(model, spool=str(tmp_path), run=kind, every=1, **OFFLINE)
+    a.step(0)
+    with torch.no_grad():
+        model(torch.randint(0, 50, (2, 24)))
+    (report,) = spooled(a)
+    for name in ("qkai", "stable_rank", "attn_entropy", "pr_q", "qk_erank"):
+        values = report["layers"][name]
+        assert len(values) == n_layers and all(isinstance(v, float) and math.isfinite(v) for v in values), name
+    assert "events" not in report  # no missing layers
+    if kind == "bert":  # non-causal: every row sees every key
+        assert a.sites[0].causal is False
+
+
+def test_unknown_model_lists_what_it_saw() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.raises(AdapterError, match="Module types in this model: Linear, ReLU, Sequential"):
+        find_sites(model)
+
+
+def test_explicit_mapping(tmp_path: Path) -> None:
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wq, self.wk = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.wq(x) + self.wk(x)
+
+    model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList(Attn() for _ in range(2))})
+    sites = find_sites(model, agent.Mapping(q="layers.{i}.wq", k="layers.{i}.wk", n_heads=2))
+    assert [s.layer for s in sites] == [0, 1] and sites[0].d_head == 8
+    a = agent.attach(
+        model,
+        spool=str(tmp_path),
+        run="m",
+        every=1,
+        mapping=agent.Mapping(q="layers.{i}.wq", k="layers.{i}.wk", n_heads=2),
+        **OFFLINE,
+    )
+    a.step(0)
+    for layer in model["layers"]:
+        layer(torch.randn(1, 10, 16))
+    (report,) = spooled(a)
+    assert all(isinstance(v, float) for v in report["layers"]["attn_entropy"])
+
+
+def test_missing_layers_are_reported_on_the_first_report(tmp_path: Path) -> None:
+    model = TinyGPT()
+    attn = model.h[2].attn
+
+    def fast_path(x):  # bypasses the c_attn module: its hook never sees this layer
+        b, t, c = x.shape
+        q, k, v = F.linear(x, attn.c_attn.weight, attn.c_attn.bias).split(c, dim=2)
+        q, k, v = (z.view(b, t, attn.n_head, -1).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return attn.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+    attn.forward = fast_path
+    a = agent.attach(model, spool=str(tmp_path), run="fast", every=1, **OFFLINE)
+    train(a, model, 2)
+    first, second = spooled(a)[:2]
+    (event,) = first["events"]
+    assert event["kind"] == "missing_layers" and event["data"]["layers"] == [2]
+    assert first["layers"]["attn_entropy"][2] is None and isinstance(first["layers"]["attn_entropy"][1], float)
+    assert "events" not in second  # said once
+
+
+def test_torch_compile_no_recompiles_after_warm_up(tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = TinyGPT()
+    a = agent.attach(model, spool=str(tmp_path), run="compiled", every=2, **OFFLINE)
+    compiled = torch.compile(model, backend="eager")  # dynamo decides recompiles; the backend does not matter
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    graphs = []
+    for step in range(12):
+        a.step(step)
+        x = batch(step)
+        loss = F.cross_entropy(compiled(x[:, :-1]).reshape(-1, 64), x[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[3] == graphs[-1]  # report and non-report steps both warm after the first cycle
+    assert sum(counters["graph_break"].values()) == 0  # the hooks trace as no-ops
+    reports = spooled(a)
+    assert [r["step"] for r in reports] == [0, 2, 4, 6, 8, 10]
+    assert all(isinstance(v, float) for v in reports[-1]["layers"]["qkai"])  # weights read outside the graph
+    assert reports[0]["events"][0]["kind"] == "missing_layers"  # activations of a compiled forward: said so
+
+
+def test_forked_workers_leave_the_agent_inert(tmp_path: Path) -> None:
+    model = TinyGPT()
+    a = agent.attach(model, spool=str(tmp_path), run="forked", every=1, **OFFLINE)
+    train(a, model, 2)
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker would be such a child
+        try:
+            a.step(2)
+            a.log(2, loss=1.0)
+            a.close(timeout=0.1)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    train(a, model, 4, start=2)
+    steps = [r["step"] for r in spooled(a)]
+    assert steps == [0, 1, 2, 3]  # the child wrote nothing, and the parent goes on
+
+
+def test_dataloader_workers(tmp_path: Path) -> None:
+    model = TinyGPT()
+    a = agent.attach(model, spool=str(tmp_path), run="loader", every=1, **OFFLINE)
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            a.log(100 + i, loss=float(i))  # a worker touching the agent does nothing
+            return batch(i)[0]
+
+    loader = torch.utils.data.DataLoader(Data(), batch_size=2, num_workers=2, multiprocessing_context="fork")
+    for step, x in enumerate(loader):
+        a.step(step)
+        model(x[:, :-1])
+    reports = spooled(a)
+    assert [r["step"] for r in reports] == [0, 1]
+    assert all("loss" not in r["scalars"] for r in reports)
