@@ -83,7 +83,8 @@ class Agent:
         self.cfg = cfg
         self.sites = sites
         self.n_layers = len(sites)
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
+        shared = _distributed() if cfg.distributed is None else cfg.distributed and _distributed()
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if shared else (0, 1)
         self._group = dist.new_group(backend="gloo") if self.world > 1 else None
         self.run, attempt_key = self._agree_on_identity(cfg.run)
         self.attempt_key = attempt_key

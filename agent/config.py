@@ -63,6 +63,9 @@ class AgentConfig:
     """Undelivered spool segments older than this are dropped and counted."""
     segment_bytes: int = 4 * 2**20
     """Spool segment size before rotation."""
+    distributed: bool | None = None
+    """Share layers and lambdas over the ranks of ``torch.distributed`` (default: when it is
+    initialised with more than one rank); False makes this agent see only its own process."""
     config: dict[str, Any] = field(default_factory=dict)
     """The run's config sent to the collector (recipe, model shape, ``schedule`` parameters)."""
 
