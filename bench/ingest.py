@@ -227,7 +227,7 @@ def _mlflow_history(c: httpx.Client, api: str, run_id: str, key: str) -> list:
 
 def run_mlflow(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> dict:
     mlflow = MLFLOW_VENV / "bin" / "mlflow"
-    with database(kind, tmp, pg_url, "mlflow", "postgresql") as db:
+    with database(kind, tmp, pg_url, "mlflow", "postgresql+psycopg2") as db:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         artifacts = tmp / f"mlartifacts-{kind}"
