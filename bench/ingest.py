@@ -245,7 +245,7 @@ def setup_mlflow() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--batch-reports", type=int, default=10, help="reports per qkwatch batch")
     p.add_argument("--db", default="sqlite,postgres")
