@@ -586,10 +586,14 @@ class Store:
             return run, self._lambda_state(conn, run)
 
     def _lambda_state(self, conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
-        h = {r.layer: r.h for r in conn.execute(sa.select(m.lambda_state.c.layer, m.lambda_state.c.h)
-                                                 .where(m.lambda_state.c.run_pk == run.pk))}
-        ov = {r.layer: r.value for r in conn.execute(sa.select(m.lambda_overrides.c.layer, m.lambda_overrides.c.value)
-                                                      .where(m.lambda_overrides.c.run_pk == run.pk))}
+        # One round trip for both (GET /lambdas is on the trainer's path).
+        ls, lo = m.lambda_state, m.lambda_overrides
+        rows = conn.execute(sa.union_all(
+            sa.select(sa.literal(0).label("kind"), ls.c.layer, ls.c.h.label("v")).where(ls.c.run_pk == run.pk),
+            sa.select(sa.literal(1).label("kind"), lo.c.layer, lo.c.value.label("v")).where(lo.c.run_pk == run.pk),
+        )).all()
+        h = {r.layer: r.v for r in rows if r.kind == 0}
+        ov = {r.layer: r.v for r in rows if r.kind == 1}
         n = run.config.get("n_layers")
         n_layers = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else (max(h) + 1 if h else None)
         return m.LambdaState(version=run.lambda_version, step=run.lambda_step, n_layers=n_layers, h=h, overrides=ov)
