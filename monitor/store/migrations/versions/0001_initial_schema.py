@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: (none)
-Create Date: 2026-11-30 05:19:27.467906
+Create Date: 2026-11-30 04:59:59.920467
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-# Names compare bytewise on PostgreSQL (see monitor.store.models.Name).
+# Names in the big indexes compare bytewise on PostgreSQL (see monitor.store.models.Name).
 NAME = sa.String(length=128).with_variant(sa.String(length=128, collation='C'), 'postgresql')
 
 
@@ -95,14 +95,14 @@ def upgrade() -> None:
     )
     op.create_table('frames',
     sa.Column('run_pk', sa.Integer(), nullable=False),
-    sa.Column('metric_id', sa.Integer(), nullable=False),
+    sa.Column('metric', NAME, nullable=False),
     sa.Column('step', sa.BigInteger(), nullable=False),
     sa.Column('attempt', sa.Integer(), nullable=False),
     sa.Column('mask', sa.String(length=24), nullable=False),
     sa.Column('vals', sa.LargeBinary(), nullable=False),
     sa.Column('present', sa.LargeBinary(), nullable=True),
     sa.Column('has_nan', sa.Boolean(), nullable=False),
-    sa.PrimaryKeyConstraint('run_pk', 'metric_id', 'step', 'attempt', 'mask'),
+    sa.PrimaryKeyConstraint('run_pk', 'metric', 'step', 'attempt', 'mask'),
     sqlite_with_rowid=False
     )
     op.create_table('lambda_audit',
@@ -143,21 +143,15 @@ def upgrade() -> None:
     sa.Column('value', sa.Double(), nullable=True),
     sa.PrimaryKeyConstraint('run_pk', 'metric', 'layer')
     )
-    op.create_table('metric_names',
-    sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
-    sa.Column('name', NAME, nullable=False),
-    sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('name')
-    )
     op.create_table('points',
     sa.Column('run_pk', sa.Integer(), nullable=False),
-    sa.Column('metric_id', sa.Integer(), nullable=False),
+    sa.Column('metric', NAME, nullable=False),
     sa.Column('head', sa.Integer(), nullable=False),
     sa.Column('layer', sa.Integer(), nullable=False),
     sa.Column('step', sa.BigInteger(), nullable=False),
     sa.Column('attempt', sa.Integer(), nullable=False),
     sa.Column('value', sa.Double(), nullable=True),
-    sa.PrimaryKeyConstraint('run_pk', 'metric_id', 'head', 'layer', 'step', 'attempt'),
+    sa.PrimaryKeyConstraint('run_pk', 'metric', 'head', 'layer', 'step', 'attempt'),
     sqlite_with_rowid=False
     )
     op.create_table('runs',
@@ -204,7 +198,6 @@ def downgrade() -> None:
 
     op.drop_table('runs')
     op.drop_table('points')
-    op.drop_table('metric_names')
     op.drop_table('latest')
     op.drop_table('lambda_state')
     op.drop_table('lambda_overrides')
