@@ -275,7 +275,7 @@ def _mlflow_history(c: httpx.Client, api: str, run_id: str, key: str) -> list:
 
 def run_mlflow(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> dict:
     mlflow = MLFLOW_VENV / "bin" / "mlflow"
-    with database(kind, tmp, pg_url, "mlflow", "postgresql") as db:
+    with database(kind, tmp, pg_url, "mlflow", "postgresql+psycopg2") as db:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         artifacts = tmp / f"mlartifacts-{kind}"
@@ -305,7 +305,7 @@ def setup_mlflow() -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--batch-reports", type=int, default=10, help="reports per qkwatch batch")
     p.add_argument("--db", default="sqlite,postgres")

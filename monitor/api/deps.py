@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from monitor.settings import Settings
 from monitor.store.models import RunRow
@@ -69,11 +70,13 @@ class RateLimiter:
             return (1 - tokens) / self.rate
 
 
-def get_store(request: Request) -> Store:
+# The dependencies are ``async def`` on purpose: FastAPI runs a sync dependency in the thread
+# pool, and each such hop costs more than these functions do (GET /lambdas must answer in ms).
+async def get_store(request: Request) -> Store:
     return request.app.state.store
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -81,7 +84,7 @@ StoreDep = Annotated[Store, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def authenticate(request: Request) -> Principal:
+async def authenticate(request: Request) -> Principal:
     """The caller, from the bearer token (or the open-mode principal)."""
     settings: Settings = request.app.state.settings
     if settings.open_access:
@@ -92,7 +95,7 @@ def authenticate(request: Request) -> Principal:
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'",
                             headers={"WWW-Authenticate": "Bearer"})
     digest = hash_token(token.strip())
-    row = request.app.state.store.token_by_hash(digest)
+    row = await run_in_threadpool(request.app.state.store.token_by_hash, digest)
     # The lookup is by the digest of a 32-byte random secret, so its timing says nothing useful;
     # the explicit constant-time comparison is the contract all the same.
     if row is None or not hmac.compare_digest(row.hash, digest) or row.revoked_at is not None:
@@ -107,7 +110,7 @@ def authenticate(request: Request) -> Principal:
 def require(scope: str):
     """Dependency: an authenticated principal holding ``scope``."""
 
-    def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    async def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
         if scope not in principal.scopes:
             raise HTTPException(403, f"token {principal.name!r} lacks the {scope!r} scope")
         return principal

@@ -10,9 +10,8 @@ import math
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
-from monitor.store import frames
+from monitor.store import frames, models
 from monitor.store.engine import is_postgres
 from monitor.store.models import LAYER_VALUE, RUN_SCALAR
 from monitor.wire import ReportBatch, decode_value
@@ -79,51 +78,91 @@ def _keep_latest(latest: dict, metric: str, layer: int, step: int, value: float)
         latest[key] = (step, _stored(value))
 
 
-def insert_points(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow]) -> int:
-    """Insert-or-ignore ``rows``; returns how many were new."""
+def metric_names(flat: FlatBatch) -> set[str]:
+    return {p[0] for p in flat.points}
+
+
+def insert_points(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow], ids: dict[str, int]) -> int:
+    """Insert-or-ignore ``rows`` (metric names mapped to ``ids``); returns how many were new."""
     if not rows:
         return 0
+    params = [(ids[m], h, la, s, v) for (m, h, la, s, v) in rows]
     if is_postgres(conn):
-        return _insert_points_postgres(conn, run_pk, attempt, rows)
-    return _insert_points_sqlite(conn, run_pk, attempt, rows)
+        return _insert_points_postgres(conn, run_pk, attempt, params)
+    return _insert_points_sqlite(conn, run_pk, attempt, params)
 
 
-def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow]) -> int:
+def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: list[tuple]) -> int:
     # One prepared statement run over all rows (sqlite3's executemany, in C); its rowcount sums
     # the rows actually inserted, so ignored duplicates are not counted.
     params = [(run_pk, m, h, la, s, attempt, v) for (m, h, la, s, v) in rows]
     result = conn.exec_driver_sql(
-        "INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
+        "INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", params)
     return result.rowcount
 
 
-def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointRow]) -> int:
+def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows: list[tuple]) -> int:
     # Binary COPY into a per-session temporary table, then one INSERT ... SELECT ... ON CONFLICT
     # DO NOTHING, whose rowcount is exactly the new rows. COPY is the fastest way in, and the
     # temporary table empties itself at commit (or rollback).
     cursor = conn.connection.driver_connection.cursor()
     try:
-        cursor.execute("CREATE TEMP TABLE IF NOT EXISTS points_in (metric varchar(128) COLLATE \"C\", head int, "
-                       "layer int, step bigint, value float8) ON COMMIT DELETE ROWS")
-        with cursor.copy("COPY points_in (metric, head, layer, step, value) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.set_types(["varchar", "int4", "int4", "int8", "float8"])
+        cursor.execute("CREATE TEMP TABLE IF NOT EXISTS points_in (metric_id int, head int, layer int, step bigint, "
+                       "value float8) ON COMMIT DELETE ROWS")
+        with cursor.copy("COPY points_in (metric_id, head, layer, step, value) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(["int4", "int4", "int4", "int8", "float8"])
             for row in rows:
                 copy.write_row(row)
-        cursor.execute("INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
-                       "SELECT %s, metric, head, layer, step, %s, value FROM points_in ON CONFLICT DO NOTHING",
+        cursor.execute("INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
+                       "SELECT %s, metric_id, head, layer, step, %s, value FROM points_in ON CONFLICT DO NOTHING",
                        (run_pk, attempt))
         return cursor.rowcount
     finally:
         cursor.close()
 
 
-def insert_frames(conn: sa.Connection, run_pk: int, attempt: int, rows: list[frames.FrameRow]) -> None:
+def insert_frames(conn: sa.Connection, run_pk: int, attempt: int, rows: list[frames.FrameRow],
+                  ids: dict[str, int]) -> None:
     """Insert-or-ignore the batch's frames (their key mirrors the points' natural key)."""
+    if rows:
+        upsert(conn, models.frames, [{"run_pk": run_pk, "metric_id": ids[m], "step": s, "attempt": attempt, "mask": k,
+                                      "vals": v, "present": p, "has_nan": n} for (m, s, k, v, p, n) in rows],
+               update=False)
+
+
+# PostgreSQL array types of our column types, most specific first (BigInteger is an Integer).
+_PG_ARRAY = ((sa.BigInteger, "int8"), (sa.Integer, "int4"), (sa.Float, "float8"), (sa.Boolean, "bool"),
+             (sa.LargeBinary, "bytea"), (sa.String, "text"))
+
+
+def _pg_array_type(column: sa.Column) -> str:
+    return next(name for kind, name in _PG_ARRAY if isinstance(column.type, kind))
+
+
+def upsert(conn: sa.Connection, table: sa.Table, rows: list[dict], *, update: bool = True,
+           where: str | None = None) -> None:
+    """Insert rows; on a primary-key conflict update the other columns (``update``) or do nothing.
+
+    ``where`` (SQL over ``t`` = the stored row and ``excluded``) restricts which conflicting rows
+    are updated. PostgreSQL gets one statement for all rows (arrays through ``unnest``); SQLite
+    an executemany, which is just as fast there.
+    """
     if not rows:
         return
-    from monitor.store.models import frames as table
-
-    insert = (postgresql.insert if is_postgres(conn) else sqlite.insert)(table).on_conflict_do_nothing()
-    conn.execute(insert, [{"run_pk": run_pk, "metric": m, "step": s, "attempt": attempt, "mask": k, "vals": v,
-                           "present": p, "has_nan": n} for (m, s, k, v, p, n) in rows])
+    cols = list(rows[0])
+    keys = [c.name for c in table.primary_key.columns]
+    if is_postgres(conn):
+        arrays = ", ".join(f"%({c})s::{_pg_array_type(table.c[c])}[]" for c in cols)
+        sql = f"INSERT INTO {table.name} AS t ({', '.join(cols)}) SELECT * FROM unnest({arrays})"
+        params = {c: [r[c] for r in rows] for c in cols}
+    else:
+        sql = f"INSERT INTO {table.name} AS t ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        params = [tuple(r[c] for c in cols) for r in rows]
+    sql += f" ON CONFLICT ({', '.join(keys)}) "
+    if update:
+        sql += "DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys)
+        sql += f" WHERE {where}" if where else ""
+    else:
+        sql += "DO NOTHING"
+    conn.exec_driver_sql(sql, params)

@@ -1,6 +1,6 @@
 """Database tables (SQLAlchemy Core) and the row classes the store hands upwards.
 
-Points carry no surrogate key: their natural key (run, metric, head, layer, step, attempt) is
+Points carry no surrogate key: their natural key (run, metric id, head, layer, step, attempt) is
 the primary key, ordered so that a series (one layer) and a heatmap (all layers of one metric)
 are index range scans. ``head`` is -1 for a layer value; ``layer`` is -1 for a run-level scalar.
 A NaN value is stored as SQL NULL on both databases (SQLite turns a bound NaN into NULL anyway;
@@ -63,10 +63,18 @@ batches = sa.Table(
     sa.Column("received_at", sa.Float, nullable=False),
 )
 
+metric_names = sa.Table(
+    # Points and frames carry a small integer instead of the metric's name: a narrower primary
+    # key makes every insert cheaper (about 40 % on PostgreSQL). Append-only; ids never change.
+    "metric_names", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", Name, nullable=False, unique=True),
+)
+
 points = sa.Table(
     "points", metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
-    sa.Column("metric", Name, primary_key=True),
+    sa.Column("metric_id", sa.Integer, primary_key=True),
     sa.Column("head", sa.Integer, primary_key=True),
     sa.Column("layer", sa.Integer, primary_key=True),
     sa.Column("step", sa.BigInteger, primary_key=True),
@@ -83,7 +91,7 @@ frames = sa.Table(
     # kept as such in ``vals``; a missing layer is NaN there and 0 in ``present``.
     "frames", metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
-    sa.Column("metric", Name, primary_key=True),
+    sa.Column("metric_id", sa.Integer, primary_key=True),
     sa.Column("step", sa.BigInteger, primary_key=True),
     sa.Column("attempt", sa.Integer, primary_key=True),
     sa.Column("mask", sa.String(24), primary_key=True),

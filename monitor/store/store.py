@@ -66,6 +66,7 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._closed = False
+        self._metric_ids: dict[str, int] = {}
 
     def close(self) -> None:
         """Dispose of the connection pool; idempotent."""
@@ -222,6 +223,7 @@ class Store:
         now = time.time() if now is None else now
         flat = ingest.flatten(batch)
         total = len(flat.points)
+        ids = self.metric_ids(ingest.metric_names(flat))
         with self._write() as conn:
             run = _run_row(self._locked(conn, run_id))
             attempt = batch.attempt or run.latest_attempt
@@ -233,14 +235,38 @@ class Store:
             ).on_conflict_do_nothing()).rowcount
             if not new_batch:
                 return m.IngestResult(inserted=0, duplicates=total, replayed_batch=True)
-            inserted = ingest.insert_points(conn, run.pk, attempt, flat.points)
-            ingest.insert_frames(conn, run.pk, attempt, flat.frames)
+            inserted = ingest.insert_points(conn, run.pk, attempt, flat.points, ids)
+            ingest.insert_frames(conn, run.pk, attempt, flat.frames, ids)
             self._insert_events(conn, run.pk, attempt, flat.events)
             self._upsert_latest(conn, run.pk, attempt, flat.latest)
             lambda_changed_step = self._feed_schedule(conn, run, attempt, flat)
             queued = self._evaluate_alerts(conn, run, attempt, flat, rules, now)
             self._touch_after_ingest(conn, run, flat.max_step, inserted, lambda_changed_step, now)
         return m.IngestResult(inserted=inserted, duplicates=total - inserted, notifications=queued)
+
+    def metric_ids(self, names: set[str]) -> dict[str, int]:
+        """Ids of metric names, registering new ones in a transaction of their own.
+
+        Committed before the batch's transaction, so an id in the cache always exists in the
+        database even when that batch rolls back (an unused name is harmless).
+        """
+        missing = sorted(names - self._metric_ids.keys())
+        if missing:
+            t = m.metric_names
+            with self._write() as conn:
+                conn.execute(_insert(conn, t).on_conflict_do_nothing(), [{"name": n} for n in missing])
+                rows = conn.execute(sa.select(t.c.id, t.c.name).where(t.c.name.in_(missing))).all()
+            self._metric_ids.update({r.name: r.id for r in rows})
+        return {n: self._metric_ids[n] for n in names}
+
+    def _metric_id(self, conn: sa.Connection, name: str) -> int | None:
+        """The id of a metric name for a read; None when no run ever reported it."""
+        if name not in self._metric_ids:
+            found = conn.execute(sa.select(m.metric_names.c.id).where(m.metric_names.c.name == name)).scalar()
+            if found is None:
+                return None
+            self._metric_ids[name] = found
+        return self._metric_ids[name]
 
     def _locked(self, conn: sa.Connection, run_id: str) -> sa.Row:
         # FOR UPDATE serialises batches of one run across replicas on PostgreSQL (the schedule
@@ -257,18 +283,11 @@ class Store:
                  "time": t} for (s, k, msg, d, t) in evs])
 
     def _upsert_latest(self, conn: sa.Connection, pk: int, attempt: int, latest: dict) -> None:
-        if not latest:
-            return
-        ins = _insert(conn, m.latest)
-        t = m.latest
-        newer = sa.or_(ins.excluded.attempt > t.c.attempt,
-                       sa.and_(ins.excluded.attempt == t.c.attempt, ins.excluded.step >= t.c.step))
-        stmt = ins.on_conflict_do_update(
-            index_elements=["run_pk", "metric", "layer"],
-            set_={"attempt": ins.excluded.attempt, "step": ins.excluded.step, "value": ins.excluded.value},
-            where=newer)
-        conn.execute(stmt, [{"run_pk": pk, "metric": metric, "layer": layer, "attempt": attempt, "step": step,
-                             "value": value} for (metric, layer), (step, value) in latest.items()])
+        rows = [{"run_pk": pk, "metric": metric, "layer": layer, "attempt": attempt, "step": step, "value": value}
+                for (metric, layer), (step, value) in latest.items()]
+        # Only a newer (attempt, step) replaces the stored value: late batches do not.
+        ingest.upsert(conn, m.latest, rows, where="excluded.attempt > t.attempt OR "
+                                                  "(excluded.attempt = t.attempt AND excluded.step >= t.step)")
 
     def _feed_schedule(self, conn: sa.Connection, run: m.RunRow, attempt: int, flat: ingest.FlatBatch) -> int | None:
         """EMA-update the running entropies with the batch's newer ``attn_entropy`` values.
@@ -297,13 +316,8 @@ class Store:
                                   "attempt": attempt, "step": step}
                 fed_step = step
         if changed:
-            self._upsert(conn, m.lambda_state, ["run_pk", "layer"], list(changed.values()))
+            ingest.upsert(conn, m.lambda_state, list(changed.values()))
         return fed_step
-
-    def _upsert(self, conn: sa.Connection, table: sa.Table, keys: list[str], rows: list[dict]) -> None:
-        ins = _insert(conn, table)
-        cols = [c for c in rows[0] if c not in keys]
-        conn.execute(ins.on_conflict_do_update(index_elements=keys, set_={c: ins.excluded[c] for c in cols}), rows)
 
     def _touch_after_ingest(self, conn: sa.Connection, run: m.RunRow, max_step: int, inserted: int,
                             lambda_step: int | None, now: float) -> None:
@@ -340,7 +354,7 @@ class Store:
                    for (rule, layer), s in state.items()
                    if before.get((rule, layer)) != (s.streak, s.since_step, s.firing, s.attempt, s.step, s.band_layers)]
         if changed:
-            self._upsert(conn, m.alert_state, ["run_pk", "rule", "layer"], changed)
+            ingest.upsert(conn, m.alert_state, changed)
         return queued
 
     def _apply_transition(self, conn: sa.Connection, run: m.RunRow, t: Transition, alert_ids: dict, now: float) -> int:
@@ -427,16 +441,16 @@ class Store:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def _point_filter(self, run: m.RunRow, metric: str, head: int, attempt: int | None) -> list:
+    def _point_filter(self, run: m.RunRow, metric_id: int | None, head: int, attempt: int | None) -> list:
         p = m.points
-        where = [p.c.run_pk == run.pk, p.c.metric == metric, p.c.head == head]
+        where = [p.c.run_pk == run.pk, p.c.metric_id == (-1 if metric_id is None else metric_id), p.c.head == head]
         if attempt is not None:
             where.append(p.c.attempt == attempt)
         elif run.latest_attempt > 1:
             # Merged view: per (step, metric, layer, head) the latest attempt that logged it wins.
             q = m.points.alias("newer")
             where.append(~sa.exists().where(
-                q.c.run_pk == p.c.run_pk, q.c.metric == p.c.metric, q.c.head == p.c.head, q.c.layer == p.c.layer,
+                q.c.run_pk == p.c.run_pk, q.c.metric_id == p.c.metric_id, q.c.head == p.c.head, q.c.layer == p.c.layer,
                 q.c.step == p.c.step, q.c.attempt > p.c.attempt))
         return where
 
@@ -445,8 +459,9 @@ class Store:
                attempt: int | None = None) -> m.Series:
         """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max."""
         p = m.points
-        where = [*self._point_filter(run, metric, head, attempt), p.c.layer == layer, *_step_range(start, end)]
         with self._read() as conn:
+            where = [*self._point_filter(run, self._metric_id(conn, metric), head, attempt), p.c.layer == layer,
+                     *_step_range(start, end)]
             n, lo, hi = conn.execute(sa.select(sa.func.count(), sa.func.min(p.c.step), sa.func.max(p.c.step))
                                      .where(*where)).one()
             if not n:
@@ -470,9 +485,10 @@ class Store:
         if head == m.LAYER_VALUE:
             return self._heatmap_from_frames(run, metric, start, end, max_steps, agg, attempt)
         p = m.points
-        where = [*self._point_filter(run, metric, head, attempt), p.c.layer >= 0, *_step_range(start, end)]
         fn = {"max": sa.func.max, "min": sa.func.min, "mean": sa.func.avg}[agg]
         with self._read() as conn:
+            where = [*self._point_filter(run, self._metric_id(conn, metric), head, attempt), p.c.layer >= 0,
+                     *_step_range(start, end)]
             lo, hi = conn.execute(sa.select(sa.func.min(p.c.step), sa.func.max(p.c.step)).where(*where)).one()
             if lo is None:
                 return m.Heatmap([], [], [], False)
@@ -486,11 +502,12 @@ class Store:
     def _heatmap_from_frames(self, run: m.RunRow, metric: str, start: int | None, end: int | None,
                              max_steps: int, agg: str, attempt: int | None) -> m.Heatmap:
         f = m.frames
-        where = [f.c.run_pk == run.pk, f.c.metric == metric]
-        where += [f.c.step >= start] if start is not None else []
-        where += [f.c.step <= end] if end is not None else []
-        where += [f.c.attempt == attempt] if attempt is not None else []
         with self._read() as conn:
+            metric_id = self._metric_id(conn, metric)
+            where = [f.c.run_pk == run.pk, f.c.metric_id == (-1 if metric_id is None else metric_id)]
+            where += [f.c.step >= start] if start is not None else []
+            where += [f.c.step <= end] if end is not None else []
+            where += [f.c.attempt == attempt] if attempt is not None else []
             rows = conn.execute(sa.select(f.c.step, f.c.vals, f.c.present, f.c.has_nan).where(*where)
                                 .order_by(f.c.step, f.c.attempt, f.c.mask)).all()
         steps, layers, values, downsampled = frames.heatmap(frames.merge_steps(rows), max_steps, agg)
@@ -513,10 +530,12 @@ class Store:
         elif run.latest_attempt > 1:
             q = m.points.alias("newer")
             where.append(~sa.exists().where(
-                q.c.run_pk == p.c.run_pk, q.c.metric == p.c.metric, q.c.head == p.c.head, q.c.layer == p.c.layer,
+                q.c.run_pk == p.c.run_pk, q.c.metric_id == p.c.metric_id, q.c.head == p.c.head, q.c.layer == p.c.layer,
                 q.c.step == p.c.step, q.c.attempt > p.c.attempt))
-        stmt = sa.select(p.c.attempt, p.c.step, p.c.metric, p.c.layer, p.c.head, p.c.value).where(*where) \
-            .order_by(p.c.metric, p.c.head, p.c.layer, p.c.step, p.c.attempt)
+        names = m.metric_names
+        stmt = sa.select(p.c.attempt, p.c.step, names.c.name.label("metric"), p.c.layer, p.c.head, p.c.value) \
+            .join(names, names.c.id == p.c.metric_id).where(*where) \
+            .order_by(p.c.metric_id, p.c.head, p.c.layer, p.c.step, p.c.attempt)
         with self.engine.connect() as conn:
             result = conn.execution_options(yield_per=chunk).execute(stmt)
             for r in result:
@@ -567,10 +586,14 @@ class Store:
             return run, self._lambda_state(conn, run)
 
     def _lambda_state(self, conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
-        h = {r.layer: r.h for r in conn.execute(sa.select(m.lambda_state.c.layer, m.lambda_state.c.h)
-                                                 .where(m.lambda_state.c.run_pk == run.pk))}
-        ov = {r.layer: r.value for r in conn.execute(sa.select(m.lambda_overrides.c.layer, m.lambda_overrides.c.value)
-                                                      .where(m.lambda_overrides.c.run_pk == run.pk))}
+        # One round trip for both (GET /lambdas is on the trainer's path).
+        ls, lo = m.lambda_state, m.lambda_overrides
+        rows = conn.execute(sa.union_all(
+            sa.select(sa.literal(0).label("kind"), ls.c.layer, ls.c.h.label("v")).where(ls.c.run_pk == run.pk),
+            sa.select(sa.literal(1).label("kind"), lo.c.layer, lo.c.value.label("v")).where(lo.c.run_pk == run.pk),
+        )).all()
+        h = {r.layer: r.v for r in rows if r.kind == 0}
+        ov = {r.layer: r.v for r in rows if r.kind == 1}
         n = run.config.get("n_layers")
         n_layers = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else (max(h) + 1 if h else None)
         return m.LambdaState(version=run.lambda_version, step=run.lambda_step, n_layers=n_layers, h=h, overrides=ov)

@@ -103,7 +103,11 @@ def test_open_server_through_the_client(db_url: str):
             c.run(other["id"])
         assert err.value.status == 404
         page = httpx.get(f"{url}/", timeout=10)
-        assert page.status_code == 200 and "plotly" in page.text
+        assert page.status_code == 200 and 'src="ui/plotly.min.js"' in page.text
+        script = httpx.get(f"{url}/ui/plotly.min.js", timeout=30)  # served locally: the page needs no internet
+        assert script.status_code == 200 and len(script.content) > 1_000_000
+        cached = httpx.get(f"{url}/ui/plotly.min.js", headers={"If-None-Match": script.headers["etag"]})
+        assert cached.status_code == 304
         assert "qkwatch_points_ingested_total" in httpx.get(f"{url}/metrics", timeout=10).text
 
 

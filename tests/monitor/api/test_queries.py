@@ -136,3 +136,20 @@ def test_metrics_list_of_a_run(h):
     run = h.create_run()
     h.send(run["id"], [report(1, {"qkai": [0.1, 0.2]}, scalars={"loss": 1.0})])
     assert h.get(f"/v1/runs/{run['id']}/metrics")["metrics"] == {"loss": [-1], "qkai": [0, 1]}
+
+
+def test_layers_shared_out_over_ranks_combine_in_the_heatmap(h):
+    """Two reports of one step carrying different layers (two ranks) make one heatmap column."""
+    run = h.create_run()
+    h.send(run["id"], [report(5, {"qkai": [0.1, None, 0.3, None]})])
+    h.send(run["id"], [report(5, {"qkai": [None, 0.2, None, "nan"]})])
+    hm = h.get(f"/v1/runs/{run['id']}/heatmap", metric="qkai")
+    assert hm["steps"] == [5] and hm["values"] == [[0.1, 0.2, 0.3, "nan"]]
+    assert h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=1)["values"] == [0.2]
+
+
+def test_heatmap_bucket_ignores_nan_unless_all_nan(h):
+    run = h.create_run()
+    h.send(run["id"], [report(0, {"qkai": ["nan", "nan"]}), report(1, {"qkai": [0.4, "nan"]})])
+    assert h.get(f"/v1/runs/{run['id']}/heatmap", metric="qkai", max_steps=1)["values"] == [[0.4, "nan"]]
+    assert h.get(f"/v1/runs/{run['id']}/heatmap", metric="nope")["steps"] == []

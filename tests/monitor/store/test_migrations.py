@@ -1,0 +1,72 @@
+"""Migrations: the tables they make are the models', on both databases, and upgrades keep the data."""
+
+from __future__ import annotations
+
+import uuid
+from array import array
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from monitor.store import models as m
+from monitor.store.engine import make_engine
+from monitor.store.migrate import alembic_config, upgrade
+from monitor.store.store import Store
+
+
+@pytest.fixture
+def db_url(isolated_db_url: str) -> str:
+    """A database of its own: these tests migrate it from scratch, up and down."""
+    return isolated_db_url
+
+
+def _downgrade(engine: sa.Engine, revision: str) -> None:
+    cfg = alembic_config()
+    with engine.connect().execution_options(write=True) as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, revision)
+        conn.commit()
+
+
+def test_head_matches_the_models(db_url: str):
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        upgrade(engine)  # idempotent
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), m.metadata)
+        assert diff == []
+    finally:
+        engine.dispose()
+
+
+def test_metric_ids_migration_keeps_points_and_frames(db_url: str):
+    engine = make_engine(db_url)
+    try:
+        _downgrade(engine, "base")
+        upgrade(engine, "0001")
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO runs (id, project, name, status, config, created_at, updated_at, "
+                                 "latest_attempt, lambda_version) VALUES (:id, 'p', 'r', 'running', '{}', 0, 0, 1, 0)"),
+                         {"id": uuid.uuid4().hex})
+            pk = conn.execute(sa.text("SELECT pk FROM runs")).scalar()
+            for step, value in ((0, 0.25), (1, 0.5)):
+                conn.execute(sa.text("INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
+                                     "VALUES (:pk, 'qkai', -1, 0, :step, 1, :v)"), {"pk": pk, "step": step, "v": value})
+            conn.execute(sa.text("INSERT INTO frames (run_pk, metric, step, attempt, mask, vals, present, has_nan) "
+                                 "VALUES (:pk, 'qkai', 0, 1, 'a1', :vals, NULL, :f)"),
+                         {"pk": pk, "vals": array("d", [0.25]).tobytes(), "f": False})
+        upgrade(engine)
+        store = Store(engine)
+        run = store.list_runs(projects=["p"])[0][0]
+        assert store.series(run, "qkai", 0).values == [0.25, 0.5]
+        assert store.heatmap(run, "qkai").values == [[0.25]]
+        _downgrade(engine, "0001")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM points WHERE metric = 'qkai'")).scalar() == 2
+        upgrade(engine)
+    finally:
+        engine.dispose()
