@@ -196,7 +196,7 @@ def test_randomized_mode_within_stated_tolerance_given_a_gap() -> None:
     spectrum = np.concatenate([np.linspace(10, 5, r), np.linspace(2.5, 0.1, d - r)])  # gap 0.5 at r
     heads = []
     for _ in range(6):
-        heads.append(orthonormal(512, d) @ np.diag(spectrum) @ orthonormal(d, d))
+        heads.append(orthonormal(256, d) @ np.diag(spectrum) @ orthonormal(d, d))
     wq = t(np.stack(heads[:3]), torch.float32)
     wk = t(np.stack(heads[3:]), torch.float32)
     exact = qkai(wq, wk, rank=r, method="exact")
