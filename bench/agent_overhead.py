@@ -1,0 +1,136 @@
+"""Benchmark: what the agent costs a training step, A/B interleaved in one process.
+
+    .venv/bin/python bench/agent_overhead.py [--steps 400] [--every 50] [--device cpu|cuda]
+
+Two identical small GPTs (same init, same batches) train side by side, one step each in turn;
+one has the agent attached at the default cadence, the other none. Measured in the same run:
+
+* mean step time with and without the agent (the difference is the overhead), and the same with
+  the collector down (a refused port: reports pile up in the spool) and with a live collector
+  (``qkwatch serve`` on loopback);
+* report-step latency: the step whose forward measures plus the next step, which ships;
+* peak memory: the agent's allocations on a report step (CUDA: max_memory_allocated;
+  CPU: tracemalloc of Python-side allocations and the peak RSS of the whole process).
+
+Prints Markdown for bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import agent  # noqa: E402
+from tests.agent.tiny import Block  # noqa: E402
+from tests.live import LiveCollector, free_port  # noqa: E402
+
+
+class SmallGPT(nn.Module):
+    def __init__(self, vocab=512, d_model=256, n_head=8, n_layer=6, block=256):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d_model)
+        self.wpe = nn.Embedding(block, d_model)
+        self.h = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.h:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def make(device):
+    torch.manual_seed(0)
+    model = SmallGPT().to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-4)
+
+
+def step_fn(model, opt, x, monitor, step, sync):
+    start = time.perf_counter()
+    if monitor is not None:
+        monitor.step(step)
+    loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, 512), x[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if monitor is not None:
+        monitor.log(step, loss=loss.detach())
+    sync()
+    return time.perf_counter() - start
+
+
+def ab(label, url, args, device, sync):
+    """Interleave a model with the agent and one without; returns the row and per-step times."""
+    a_model, a_opt = make(device)
+    b_model, b_opt = make(device)
+    spool = tempfile.mkdtemp()
+    monitor = agent.attach(a_model, url=url, project="bench", run=f"overhead-{label}-{time.time_ns()}",
+                           spool=spool, every=args.every)
+    gen = torch.Generator().manual_seed(1)
+    with_agent, without = [], []
+    for step in range(args.warmup + args.steps):
+        x = torch.randint(0, 512, (8, 257), generator=gen).to(device)
+        ta = step_fn(a_model, a_opt, x, monitor, step, sync)
+        tb = step_fn(b_model, b_opt, x, None, step, sync)
+        if step >= args.warmup:
+            with_agent.append(ta)
+            without.append(tb)
+    start = time.perf_counter()
+    monitor.close(timeout=5 if url else 0.5)
+    close_s = time.perf_counter() - start
+    mean_a, mean_b = statistics.fmean(with_agent), statistics.fmean(without)
+    report_steps = [t for i, t in enumerate(with_agent) if (i + args.warmup) % args.every in (0, 1)]
+    plain_steps = [t for i, t in enumerate(with_agent) if (i + args.warmup) % args.every not in (0, 1)]
+    return {
+        "label": label, "with": mean_a, "without": mean_b, "overhead": (mean_a - mean_b) / mean_b,
+        "report_pair": statistics.fmean(report_steps), "plain": statistics.median(plain_steps),
+        "median_overhead": (statistics.median(with_agent) - statistics.median(without)) / statistics.median(without),
+        "close": close_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rows = []
+    workdir = Path(tempfile.mkdtemp())
+    with LiveCollector(workdir) as collector:
+        rows.append(ab("collector up", collector.url, args, device, sync))
+    rows.append(ab("collector down", f"http://127.0.0.1:{free_port()}", args, device, sync))
+    rows.append(ab("offline (no URL)", None, args, device, sync))
+    print(f"\ndevice {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; model: 6 layers, "
+          f"d_model 256, 8 heads, batch 8 x 256 tokens; {args.steps} steps per arm, report every {args.every}\n")
+    print("| agent | step with (ms) | step without (ms) | mean overhead | median overhead | report step + next (ms) "
+          "| close (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['label']} | {1e3 * r['with']:.2f} | {1e3 * r['without']:.2f} | {100 * r['overhead']:+.2f} % | "
+              f"{100 * r['median_overhead']:+.2f} % | {1e3 * r['report_pair']:.2f} (plain {1e3 * r['plain']:.2f}) | "
+              f"{r['close']:.2f} |")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"\npeak RSS of the benchmark process: {peak:.0f} MiB")
+    if device.type == "cuda":
+        print(f"peak CUDA memory: {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
