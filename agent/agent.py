@@ -19,6 +19,7 @@ sender thread delivers the spool; the step never waits for the network either.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import queue
@@ -322,8 +323,14 @@ class Agent:
         return out
 
     def _write(self, pending: _Pending) -> None:
-        """Host side: decode the stacked values, spool the report, feed the local schedule."""
+        """Host side: decode the stacked values, spool the report, feed the local schedule.
+
+        Room is made in the spool before the report's own count of dropped reports is set, so the
+        count it carries includes every drop made to fit it.
+        """
         report = self._encode(pending)
+        self.spool.make_room(len(json.dumps(report)) + 256)
+        self._note_drops(report)
         self.spool.append({"attempt_key": self.attempt_key, "report": report})
         self.health.written += 1
         self.sender.notify()
@@ -373,7 +380,6 @@ class Agent:
             "agent_spool_bytes": self.spool.bytes_pending(),
             "agent_sent_total": h.sent,
             "agent_retried_total": h.retried,
-            "agent_dropped_total": self.spool.dropped,
             "agent_dead_lettered_total": h.dead_lettered,
             "agent_step_overhead_seconds": overhead,
         }
@@ -382,6 +388,20 @@ class Agent:
             out["lambda_source"] = 0.0 if self.lambdas_state.source == "collector" else 1.0
             out["lambda_version"] = float(self.lambdas_state.version)
         return out
+
+    def _note_drops(self, report: dict[str, Any]) -> None:
+        suffix = f"_rank{self.rank}" if self.world > 1 else ""
+        report["scalars"][f"agent_dropped_total{suffix}"] = float(self.spool.dropped)
+        if self.spool.dropped > self._dropped_reported:
+            count = self.spool.dropped - self._dropped_reported
+            self._dropped_reported = self.spool.dropped
+            report.setdefault("events", []).append(
+                {
+                    "kind": f"dropped{suffix}",
+                    "message": f"{count} report(s) dropped by the spool's caps",
+                    "data": {"count": count},
+                }
+            )
 
     def _events(self, plan: Plan, capture: Capture) -> list[dict[str, Any]]:
         events = []
@@ -405,16 +425,6 @@ class Agent:
                         "data": {"layers": missing, "modules": names},
                     }
                 )
-        if self.spool.dropped > self._dropped_reported:
-            count = self.spool.dropped - self._dropped_reported
-            self._dropped_reported = self.spool.dropped
-            events.append(
-                {
-                    "kind": "dropped" if self.world == 1 else f"dropped_rank{self.rank}",
-                    "message": f"{count} report(s) dropped by the spool's caps",
-                    "data": {"count": count},
-                }
-            )
         return events
 
     def _unsent_scalars(self) -> bool:

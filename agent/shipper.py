@@ -134,7 +134,6 @@ class Sender:
 
     def _send_some(self) -> bool | None:
         """Send one batch: True sent (or dead-lettered), False failed retryably, None nothing to do."""
-        self.spool.enforce_caps()
         records = self.spool.pending(self._batch)
         if not records:
             return None
@@ -149,6 +148,7 @@ class Sender:
             }
             self._client().post_reports(self.run_id, body)
         except TransportError as exc:
+            self.spool.release()
             return self._failed(exc, records)
         self._delivered(records)
         return True

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Iterator
@@ -86,6 +87,8 @@ class Spool:
         self._cursor = Position(int(state.get("segment", 0)), int(state.get("offset", 0)))
         self.dropped = int(state.get("dropped", 0))
         self._fd: int | None = None
+        self._lock = threading.Lock()  # the cursor: the writer's caps against the sender's acks
+        self._in_flight: int | None = None
         self._segment = 0
         self._size = 0
         self._closed = False
@@ -142,53 +145,73 @@ class Spool:
     # --- reading and acknowledging --------------------------------------------------------
 
     def pending(self, limit: int) -> list[Record]:
-        """Up to ``limit`` unacknowledged records, oldest first."""
-        out: list[Record] = []
-        for number in self.segments():
-            if number < self._cursor.segment:
-                continue
-            start = self._cursor.offset if number == self._cursor.segment else 0
-            for record in _scan(self._segment_path(number), start, number=number):
-                out.append(record)
+        """Up to ``limit`` unacknowledged records, oldest first; they are in flight until acked or released.
+
+        Segments holding records in flight are never dropped by the caps (they are being delivered).
+        """
+        with self._lock:
+            out: list[Record] = []
+            for number in self.segments():
+                if number < self._cursor.segment:
+                    continue
+                start = self._cursor.offset if number == self._cursor.segment else 0
+                for record in _scan(self._segment_path(number), start, number=number):
+                    out.append(record)
+                    if len(out) >= limit:
+                        break
                 if len(out) >= limit:
-                    return out
-        return out
+                    break
+            self._in_flight = out[-1].end.segment if out else None
+            return out
+
+    def release(self) -> None:
+        """The records in flight were not delivered; they stay pending."""
+        with self._lock:
+            self._in_flight = None
 
     def ack(self, upto: Position) -> None:
         """Everything before ``upto`` is delivered: move the cursor, delete finished segments."""
-        self._cursor = upto
-        self._save_cursor()
-        for number in self.segments():
-            if number < upto.segment and number != self._segment:
-                self._segment_path(number).unlink(missing_ok=True)
+        with self._lock:
+            self._in_flight = None
+            if (upto.segment, upto.offset) > (self._cursor.segment, self._cursor.offset):
+                self._cursor = upto
+                self._save_cursor()
+            for number in self.segments():
+                if number < self._cursor.segment and number != self._segment:
+                    self._segment_path(number).unlink(missing_ok=True)
 
-    def enforce_caps(self, now: float | None = None) -> int:
-        """Drop the oldest undelivered segments beyond the size and age caps; returns records dropped."""
+    def make_room(self, incoming: int = 0, now: float | None = None) -> int:
+        """Drop the oldest undelivered segments beyond the caps, counting ``incoming`` bytes about to be
+        appended; segments in flight and the one being written are kept. Returns the reports dropped."""
         now = time.time() if now is None else now
-        dropped = 0
-        segments = [n for n in self.segments() if n >= self._cursor.segment]
-        sizes = {n: self._segment_path(n).stat().st_size for n in segments}
-        total = sum(sizes.values())
-        for number in segments:
-            if number == self._segment:  # never the segment being written
-                break
-            file = self._segment_path(number)
-            too_old = now - file.stat().st_mtime > self.max_age
-            if total <= self.max_bytes and not too_old:
-                break
-            start = self._cursor.offset if number == self._cursor.segment else 0
-            count = sum(1 for _ in _scan(file, start, number=number))
-            dropped += count
-            total -= sizes[number]
-            file.unlink(missing_ok=True)
-            self._cursor = Position(number + 1, 0)
-            logger.warning(
-                "spool %s: dropped %d undelivered reports (%s cap)", self.path, count, "age" if too_old else "size"
-            )
-        if dropped:
-            self.dropped += dropped
-            self._save_cursor()
-        return dropped
+        with self._lock:
+            dropped = 0
+            segments = [n for n in self.segments() if n >= self._cursor.segment]
+            sizes = {n: self._segment_path(n).stat().st_size for n in segments}
+            total = sum(sizes.values()) + incoming
+            for number in segments:
+                if number == self._segment:  # never the segment being written
+                    break
+                if self._in_flight is not None and number <= self._in_flight:
+                    continue
+                file = self._segment_path(number)
+                too_old = now - file.stat().st_mtime > self.max_age
+                if total <= self.max_bytes and not too_old:
+                    break
+                start = self._cursor.offset if number == self._cursor.segment else 0
+                count = sum(1 for _ in _scan(file, start, number=number))
+                dropped += count
+                total -= sizes[number]
+                file.unlink(missing_ok=True)
+                if number == self._cursor.segment:
+                    self._cursor = Position(number + 1, 0)
+                logger.warning(
+                    "spool %s: dropped %d undelivered reports (%s cap)", self.path, count, "age" if too_old else "size"
+                )
+            if dropped:
+                self.dropped += dropped
+                self._save_cursor()
+            return dropped
 
     def bytes_pending(self) -> int:
         total = 0

@@ -31,9 +31,9 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import agent  # noqa: E402
-from tests.agent.tiny import Block  # noqa: E402
-from tests.live import LiveCollector, free_port  # noqa: E402
+import agent
+from tests.agent.tiny import Block
+from tests.live import LiveCollector, free_port
 
 
 class SmallGPT(nn.Module):

@@ -61,6 +61,8 @@ def main() -> None:
         opt.zero_grad()
         a.log(step, loss=loss.detach())
     a.close(timeout=20)
+    every_rank = [None] * world
+    dist.all_gather_object(every_rank, applied)  # what each rank applied, step by step
     if rank == 0:
         ref = agent.attach(
             reference,
@@ -78,7 +80,7 @@ def main() -> None:
         ref.close(timeout=0.1)
         s = Spool(ref.spool_path)
         (record,) = s.pending(10)
-        out.write_text(json.dumps({"reference": record.payload["report"], "applied": applied}))
+        out.write_text(json.dumps({"reference": record.payload["report"], "applied": every_rank}))
     dist.barrier()
     dist.destroy_process_group()
 

@@ -206,3 +206,35 @@ def test_operator_overrides_set_before_the_run_are_applied_from_step_zero(tmp_pa
     source = {r["step"]: r["value"] for r in rows if r["metric"] == "lambda_source"}
     assert source[0] == 0.0 and source[4] == 1.0  # 0 = collector, 1 = local
     collector.stop()
+
+
+def test_what_the_spool_caps_drop_is_counted_and_reaches_the_collector(tmp_path: Path) -> None:
+    collector = LiveCollector(tmp_path)
+    model = TinyGPT()
+    a = agent.attach(
+        model,
+        url=collector.url,
+        project="tests",
+        run="capped",
+        spool=str(tmp_path / "spool"),
+        every=1,
+        segment_bytes=4096,
+        spool_max_bytes=12_000,
+        **FAST,
+    )
+    train(a, model, 30)  # the collector is down: the spool overflows its cap
+    collector.start()
+    train(a, model, 33, start=30)
+    a.close(timeout=60)
+    rows = points(collector, "capped")
+    dropped = max(r["value"] for r in rows if r["metric"] == "agent_dropped_total")  # a running total
+    kept = steps_of(rows, "qkai", 0)
+    assert dropped > 0 and len(kept) + dropped == 33  # every report is either stored or counted
+    assert kept == sorted(kept) and kept[-3:] == [30, 31, 32]  # the oldest went first
+    with collector.client() as c:
+        (run,) = c.runs(project="tests", name="capped")["data"]
+        events = c.events(run["id"], kind="dropped")["data"]
+    assert events  # (events riding on reports that were dropped later are gone with them)
+    sent = max(r["value"] for r in rows if r["metric"] == "agent_sent_total")
+    assert sent > 0  # the agent's own health travels with the reports
+    collector.stop()

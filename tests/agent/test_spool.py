@@ -12,7 +12,9 @@ from agent.spool import Spool, SpoolLocked
 
 
 def reports(spool: Spool) -> list[int]:
-    return [r.payload["step"] for r in spool.pending(10_000)]
+    steps = [r.payload["step"] for r in spool.pending(10_000)]
+    spool.release()  # only looked at, not sent
+    return steps
 
 
 def test_append_pending_ack_and_segment_rotation(tmp_path: Path) -> None:
@@ -76,7 +78,7 @@ def test_size_cap_drops_oldest_segments_and_counts(tmp_path: Path) -> None:
     for step in range(40):
         spool.append({"step": step, "pad": "y" * 30})
     before = len(reports(spool))
-    dropped = spool.enforce_caps()
+    dropped = spool.make_room()
     after = reports(spool)
     assert dropped > 0 and len(after) == before - dropped
     assert after == list(range(40 - len(after), 40))  # the newest survive, in order
@@ -92,7 +94,19 @@ def test_age_cap(tmp_path: Path) -> None:
     old = time.time() - 7200
     for number in spool.segments()[:-1]:
         os.utime(tmp_path / f"seg-{number:08d}.log", (old, old))
-    dropped = spool.enforce_caps()
+    dropped = spool.make_room()
     survivors = reports(spool)
     assert dropped == 10 - len(survivors) and dropped > 0
     assert survivors == list(range(10 - len(survivors), 10))  # only the segment still being written
+
+
+def test_records_in_flight_are_not_dropped(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=300, max_bytes=700)
+    for step in range(40):
+        spool.append({"step": step, "pad": "y" * 30})
+    in_flight = spool.pending(3)  # the sender is posting the three oldest
+    spool.make_room()
+    survivors = reports(spool)
+    assert survivors[:3] == [0, 1, 2]  # never dropped while in flight
+    spool.ack(in_flight[-1].end)
+    assert reports(spool)[0] > 2
