@@ -62,5 +62,4 @@ def test_fsdp2_two_ranks_one_refused_no_hang_values_equal_unsharded(tmp_path: Pa
     rank0, rank1 = result["applied"]
     assert rank0 == rank1  # every rank applies the same lambdas at the same step
     assert all(len(v) == 4 for v in rank0) and rank0[0] == [0.0] * 4  # no evidence yet: no penalty
-    assert any(max(v) > 0 for v in rank0[2:])  # the local schedule from both ranks' entropies
     collector.stop()
