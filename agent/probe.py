@@ -66,6 +66,7 @@ class Probe:
         self.capture = Capture()
         self._removers: list[Callable[[], None]] = []
         self._warned: set[str] = set()
+        self._positions: dict[tuple, Tensor] = {}
         for site in sites:
             # every layer gets the pre-hook (it only notes that the forward ran there, unless owned):
             # whether a layer's forward was seen is then the same on every rank
@@ -156,7 +157,7 @@ class Probe:
         q, k = q[0].detach(), k[0].detach()  # one sequence: (H, T, hs), (G, T, hs)
         t = k.shape[-2]
         n = min(self.sample_rows, t)
-        pos = torch.linspace(0, t - 1, n, device=k.device).round().long().unique()  # evenly spaced rows
+        pos = self._rows(t, n, k.device)
         rows = q[:, pos]  # (H, n, hs)
         stats = attention_stats(rows, k, causal=site.causal, q_pos=pos if site.causal else None)
         per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
@@ -167,6 +168,13 @@ class Probe:
         heads = {name: stats[name].float() for name in ACTIVATION_HEAD_METRICS} if self.heads else {}
         self._store(site.layer, per_layer, heads)
         self.capture.activations_seen.add(site.layer)
+
+    def _rows(self, t: int, n: int, device: torch.device) -> Tensor:
+        """Evenly spaced row positions, made once per (length, device): no host-to-device copy per report."""
+        key = (t, n, str(device))
+        if key not in self._positions:
+            self._positions[key] = torch.linspace(0, t - 1, n).round().long().unique().to(device)
+        return self._positions[key]
 
     def _store(self, layer: int, per_layer: dict[str, Tensor], per_head: dict[str, Tensor]) -> None:
         self.capture.layers.setdefault(layer, {}).update(per_layer)

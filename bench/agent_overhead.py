@@ -37,7 +37,7 @@ from tests.live import LiveCollector, free_port
 
 
 class SmallGPT(nn.Module):
-    def __init__(self, vocab=512, d_model=256, n_head=8, n_layer=6, block=256):
+    def __init__(self, vocab=512, d_model=128, n_head=4, n_layer=6, block=256):
         super().__init__()
         self.wte = nn.Embedding(vocab, d_model)
         self.wpe = nn.Embedding(block, d_model)
@@ -77,12 +77,12 @@ def ab(label, url, args, device, sync):
     a_model, a_opt = make(device)
     b_model, b_opt = make(device)
     spool = tempfile.mkdtemp()
-    monitor = agent.attach(a_model, url=url, project="bench", run=f"overhead-{label}-{time.time_ns()}",
+    monitor = agent.attach(a_model, url=url, project="bench", run=f"overhead-{label.split()[0]}-{time.time_ns()}",
                            spool=spool, every=args.every)
     gen = torch.Generator().manual_seed(1)
     with_agent, without = [], []
     for step in range(args.warmup + args.steps):
-        x = torch.randint(0, 512, (8, 257), generator=gen).to(device)
+        x = torch.randint(0, 512, (args.batch, args.seq + 1), generator=gen).to(device)
         ta = step_fn(a_model, a_opt, x, monitor, step, sync)
         tb = step_fn(b_model, b_opt, x, None, step, sync)
         if step >= args.warmup:
@@ -108,6 +108,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
     args = parser.parse_args()
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -118,7 +120,8 @@ def main() -> None:
     rows.append(ab("collector down", f"http://127.0.0.1:{free_port()}", args, device, sync))
     rows.append(ab("offline (no URL)", None, args, device, sync))
     print(f"\ndevice {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; model: 6 layers, "
-          f"d_model 256, 8 heads, batch 8 x 256 tokens; {args.steps} steps per arm, report every {args.every}\n")
+          f"d_model 128, 4 heads, batch {args.batch} x {args.seq} tokens; {args.steps} steps per arm, "
+          f"report every {args.every}\n")
     print("| agent | step with (ms) | step without (ms) | mean overhead | median overhead | report step + next (ms) "
           "| close (s) |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -18,3 +18,15 @@ def missing_service(reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI=true and a required service is missing: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@pytest.fixture
+def collector(tmp_path):
+    """A real collector (``qkwatch serve --open``, SQLite) on a loopback port, not yet started."""
+    from tests.live import LiveCollector
+
+    live = LiveCollector(tmp_path)
+    try:
+        yield live
+    finally:
+        live.stop()

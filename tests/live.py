@@ -30,7 +30,11 @@ def free_port() -> int:
 
 
 class LiveCollector:
-    """``qkwatch serve --open`` on 127.0.0.1:<port> over a SQLite file; ``stop()`` and ``start()`` at will."""
+    """``qkwatch serve --open`` on 127.0.0.1:<port> over a SQLite file; ``stop()`` and ``start()`` at will.
+
+    Tests get one from the ``collector`` fixture (tests/conftest.py), which stops it even when
+    the test fails.
+    """
 
     def __init__(self, workdir: Path, port: int | None = None, *extra: str):
         self.db_url = f"sqlite:///{workdir / 'collector.db'}"
@@ -42,11 +46,24 @@ class LiveCollector:
 
     def start(self, timeout: float = 60.0) -> LiveCollector:
         assert self.proc is None, "already running"
-        command = [sys.executable, "-m", "qkwatch.cli", "serve", "--open", "--host", "127.0.0.1", "--port",
-                   str(self.port), "--database-url", self.db_url, *self.extra]
+        command = [
+            sys.executable,
+            "-m",
+            "qkwatch.cli",
+            "serve",
+            "--open",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--database-url",
+            self.db_url,
+            *self.extra,
+        ]
         with open(self.log, "a") as out:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.proc = subprocess.Popen(
+                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

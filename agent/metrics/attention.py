@@ -139,8 +139,8 @@ def _check(q: Tensor, k: Tensor, q_pos: Tensor | None) -> None:
     if q_pos is not None:
         if q_pos.shape != (q.shape[-2],):
             raise ValueError(f"q_pos must have shape ({q.shape[-2]},), got {tuple(q_pos.shape)}")
-        # validated on the host: q_pos is a small index tensor the probe builds on the CPU
-        if bool(((q_pos < 0) | (q_pos >= k.shape[-2])).any()):
+        # checked only on the host: on a GPU the check would cost a device synchronisation
+        if q_pos.device.type == "cpu" and bool(((q_pos < 0) | (q_pos >= k.shape[-2])).any()):
             raise ValueError(f"q_pos must lie in [0, T_k={k.shape[-2]})")
     elif q.shape[-2] > k.shape[-2]:
         raise ValueError(f"more queries ({q.shape[-2]}) than keys ({k.shape[-2]}): pass q_pos")

@@ -50,8 +50,8 @@ def assert_exactly_once(rows: list[dict], steps: range | list[int], attempt: int
         assert {r["attempt"] for r in rows} == {attempt}
 
 
-def test_outage_and_restart_store_every_report_once(tmp_path: Path) -> None:
-    collector = LiveCollector(tmp_path).start()
+def test_outage_and_restart_store_every_report_once(tmp_path: Path, collector: LiveCollector) -> None:
+    collector.start()
     torch.manual_seed(0)
     model = TinyGPT()
     a = agent.attach(
@@ -64,11 +64,11 @@ def test_outage_and_restart_store_every_report_once(tmp_path: Path) -> None:
     train(a, model, 24, start=16)
     a.close(timeout=60)
     assert_exactly_once(points(collector, "outage"), range(24))
-    collector.stop()
 
 
-def test_offline_from_the_first_step_creates_the_run_when_the_collector_appears(tmp_path: Path) -> None:
-    collector = LiveCollector(tmp_path)  # not started yet: its port refuses connections
+def test_offline_from_the_first_step_creates_the_run_when_the_collector_appears(
+    tmp_path: Path, collector: LiveCollector
+) -> None:  # not started yet: its port refuses
     model = TinyGPT()
     a = agent.attach(
         model, url=collector.url, project="tests", run="late", spool=str(tmp_path / "spool"), every=1, **FAST
@@ -78,11 +78,10 @@ def test_offline_from_the_first_step_creates_the_run_when_the_collector_appears(
     train(a, model, 10, start=5)
     a.close(timeout=60)
     assert_exactly_once(points(collector, "late"), range(10))
-    collector.stop()
 
 
-def test_sigkill_in_an_outage_then_resume_loses_nothing(tmp_path: Path) -> None:
-    collector = LiveCollector(tmp_path).start()
+def test_sigkill_in_an_outage_then_resume_loses_nothing(tmp_path: Path, collector: LiveCollector) -> None:
+    collector.start()
     spool = tmp_path / "spool"
     cmd = [
         sys.executable,
@@ -125,10 +124,9 @@ def test_sigkill_in_an_outage_then_resume_loses_nothing(tmp_path: Path) -> None:
     assert stored[:last] == list(range(last))
     assert_exactly_once(first, stored, attempt=1)
     assert_exactly_once(points(collector, "killed", attempt=2), range(last + 1, last + 6), attempt=2)
-    collector.stop()
 
 
-def test_sync_delivers_a_spool_exactly_once_however_often_it_runs(tmp_path: Path) -> None:
+def test_sync_delivers_a_spool_exactly_once_however_often_it_runs(tmp_path: Path, collector: LiveCollector) -> None:
     model = TinyGPT()
     spool = tmp_path / "spool"
     url = f"http://127.0.0.1:{free_port()}"  # nobody listens during the run
@@ -137,7 +135,7 @@ def test_sync_delivers_a_spool_exactly_once_however_often_it_runs(tmp_path: Path
     a.close(timeout=0.5)
     replay = tmp_path / "replay"
     shutil.copytree(spool, replay)  # a stale copy: replays everything again later
-    collector = LiveCollector(tmp_path).start()
+    collector.start()
     for source in (spool, spool, replay):
         done = subprocess.run(
             [sys.executable, "-m", "qkwatch.cli", "sync", str(source), "--collector", collector.url],
@@ -149,7 +147,6 @@ def test_sync_delivers_a_spool_exactly_once_however_often_it_runs(tmp_path: Path
         assert done.returncode == 0, done.stderr
         assert "0 left" in done.stdout
     assert_exactly_once(points(collector, "synced"), range(6))
-    collector.stop()
 
 
 def test_close_returns_within_its_timeout_when_the_collector_hangs(tmp_path: Path) -> None:
@@ -166,8 +163,10 @@ def test_close_returns_within_its_timeout_when_the_collector_hangs(tmp_path: Pat
     assert a.spool_path.exists() and list(a.spool_path.glob("seg-*.log"))  # the reports stay spooled
 
 
-def test_operator_overrides_set_before_the_run_are_applied_from_step_zero(tmp_path: Path) -> None:
-    collector = LiveCollector(tmp_path).start()
+def test_operator_overrides_set_before_the_run_are_applied_from_step_zero(
+    tmp_path: Path, collector: LiveCollector
+) -> None:
+    collector.start()
     with collector.client() as c:
         run = c.create_run("tests", "steered", config={"n_layers": N_LAYERS})
         c.set_overrides(run["id"], {"1": 0.5, "3": 0.25})
@@ -205,11 +204,11 @@ def test_operator_overrides_set_before_the_run_are_applied_from_step_zero(tmp_pa
     assert [lam[(2, layer)] for layer in range(N_LAYERS)] == [0.0, 0.5, 0.0, 0.25]
     source = {r["step"]: r["value"] for r in rows if r["metric"] == "lambda_source"}
     assert source[0] == 0.0 and source[4] == 1.0  # 0 = collector, 1 = local
-    collector.stop()
 
 
-def test_what_the_spool_caps_drop_is_counted_and_reaches_the_collector(tmp_path: Path) -> None:
-    collector = LiveCollector(tmp_path)
+def test_what_the_spool_caps_drop_is_counted_and_reaches_the_collector(
+    tmp_path: Path, collector: LiveCollector
+) -> None:
     model = TinyGPT()
     a = agent.attach(
         model,
@@ -237,4 +236,3 @@ def test_what_the_spool_caps_drop_is_counted_and_reaches_the_collector(tmp_path:
     assert events  # (events riding on reports that were dropped later are gone with them)
     sent = max(r["value"] for r in rows if r["metric"] == "agent_sent_total")
     assert sent > 0  # the agent's own health travels with the reports
-    collector.stop()

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.slow
 STEPS = 6
 
 
-def test_fsdp2_two_ranks_one_refused_no_hang_values_equal_unsharded(tmp_path: Path) -> None:
-    collector = LiveCollector(tmp_path).start()
+def test_fsdp2_two_ranks_one_refused_no_hang_values_equal_unsharded(tmp_path: Path, collector: LiveCollector) -> None:
+    collector.start()
     out = tmp_path / "out.json"
     done = subprocess.run(
         [
@@ -62,4 +62,3 @@ def test_fsdp2_two_ranks_one_refused_no_hang_values_equal_unsharded(tmp_path: Pa
     rank0, rank1 = result["applied"]
     assert rank0 == rank1  # every rank applies the same lambdas at the same step
     assert all(len(v) == 4 for v in rank0) and rank0[0] == [0.0] * 4  # no evidence yet: no penalty
-    collector.stop()

@@ -37,19 +37,7 @@ def pg_url() -> Iterator[str | None]:
     if admin is None:
         yield None
         return
-    name = f"qkwatch_test_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    engine = make_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    try:
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    yield from _fresh_database(admin)
 
 
 def _pg_admin() -> sa.Engine | None:
@@ -62,15 +50,8 @@ def _pg_admin() -> sa.Engine | None:
         return None
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def isolated_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Like ``db_url``, but a database of its own on PostgreSQL too (for tests that see every run)."""
-    if request.param == "sqlite":
-        yield request.getfixturevalue("sqlite_url")
-        return
-    admin = _pg_admin()
-    if admin is None:
-        missing_service(f"PostgreSQL at {PG_ADMIN_URL}")
+def _fresh_database(admin: sa.Engine) -> Iterator[str]:
+    """Create and migrate ``qkwatch_test_<random>``, yield its URL, drop it afterwards."""
     name = f"qkwatch_test_{secrets.token_hex(4)}"
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
@@ -84,6 +65,18 @@ def isolated_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def isolated_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Like ``db_url``, but a database of its own on PostgreSQL too (for tests that see every run)."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("sqlite_url")
+        return
+    admin = _pg_admin()
+    if admin is None:
+        missing_service(f"PostgreSQL at {PG_ADMIN_URL}")
+    yield from _fresh_database(admin)
 
 
 @pytest.fixture
@@ -124,14 +117,24 @@ class Harness:
         return {"Authorization": f"Bearer {self.tokens[key]}"}
 
     def create_run(self, name: str | None = None, config: dict | None = None, attempt_key: str | None = None) -> dict:
-        body = {"project": self.project, "name": name or f"run-{uuid.uuid4().hex[:8]}", "config": config or {},
-                "attempt_key": attempt_key}
+        body = {
+            "project": self.project,
+            "name": name or f"run-{uuid.uuid4().hex[:8]}",
+            "config": config or {},
+            "attempt_key": attempt_key,
+        }
         r = self.client.post("/v1/runs", json=body, headers=self.headers("ingest"))
         assert r.status_code == 200, r.text
         return r.json()
 
-    def send(self, run_id: str, reports: list[dict], batch_id: str | None = None, attempt: int | None = None,
-             expect: int = 200) -> dict:
+    def send(
+        self,
+        run_id: str,
+        reports: list[dict],
+        batch_id: str | None = None,
+        attempt: int | None = None,
+        expect: int = 200,
+    ) -> dict:
         body = {"batch_id": batch_id or str(uuid.uuid4()), "reports": reports}
         if attempt is not None:
             body["attempt"] = attempt
@@ -162,8 +165,9 @@ def make_harness(db_url: str) -> Iterator:
         client = TestClient(app)
         client.__enter__()
         opened.append(client)
-        return Harness(client=client, store=app.state.store, project=f"proj-{uuid.uuid4().hex[:10]}", tokens={},
-                       app=app)
+        return Harness(
+            client=client, store=app.state.store, project=f"proj-{uuid.uuid4().hex[:10]}", tokens={}, app=app
+        )
 
     yield make
     for client in opened:

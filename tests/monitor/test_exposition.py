@@ -22,9 +22,17 @@ def scrape(h) -> dict[str, list]:
 def test_latest_values_of_running_runs(make_harness):
     h = make_harness()
     run = h.create_run("collapsing")
-    h.send(run["id"], [report(10, {"qkai": [0.2, 0.8, 0.9], "attn_entropy": [0.5, 0.6, 0.7]},
-                              scalars={"agent_queue_depth": 3, "agent_sent_total": 40}),
-                       report(20, {"qkai": [0.3, 0.85, 0.95]})])
+    h.send(
+        run["id"],
+        [
+            report(
+                10,
+                {"qkai": [0.2, 0.8, 0.9], "attn_entropy": [0.5, 0.6, 0.7]},
+                scalars={"agent_queue_depth": 3, "agent_sent_total": 40},
+            ),
+            report(20, {"qkai": [0.3, 0.85, 0.95]}),
+        ],
+    )
     h.send(run["id"], [report(5, {"qkai": [0.0, 0.0, 0.0]})])  # late: must not replace the latest
     m = scrape(h)
     qkai = {s.labels["layer"]: s.value for s in m["qkwatch_qkai_ratio"]}
@@ -53,15 +61,32 @@ def test_series_count_is_bounded(make_harness):
     h = make_harness(metrics_max_runs=2, metrics_max_layers=4)
     for _ in range(5):
         run = h.create_run()
-        h.send(run["id"], [report(s, {"qkai": [0.5] * 10, "stable_rank": [3.0] * 10, "attn_entropy": [0.7] * 10,
-                                      "lambda": [0.1] * 10, "qk_cos": [0.1] * 10}) for s in range(3)])
+        h.send(
+            run["id"],
+            [
+                report(
+                    s,
+                    {
+                        "qkai": [0.5] * 10,
+                        "stable_rank": [3.0] * 10,
+                        "attn_entropy": [0.7] * 10,
+                        "lambda": [0.1] * 10,
+                        "qk_cos": [0.1] * 10,
+                    },
+                )
+                for s in range(3)
+            ],
+        )
     m = scrape(h)
     runs = {s.labels["run"] for s in m["qkwatch_last_step"]}
     assert len(runs) == 2
     for name in ("qkwatch_qkai_ratio", "qkwatch_stable_rank", "qkwatch_attn_entropy", "qkwatch_lambda"):
         assert len(m[name]) == 2 * 4, name  # runs x layers, not steps, not every metric reported
-    run_series = sum(len(samples) for name, samples in m.items() if name.startswith("qkwatch_")
-                     and not name.startswith(("qkwatch_request", "qkwatch_points")))
+    run_series = sum(
+        len(samples)
+        for name, samples in m.items()
+        if name.startswith("qkwatch_") and not name.startswith(("qkwatch_request", "qkwatch_points"))
+    )
     assert run_series <= 2 * (4 * 4 + 3 + 7)  # runs x (layer gauges x layers + run gauges + agent gauges)
 
 
@@ -78,6 +103,7 @@ def test_rejections_are_counted_by_reason(make_harness):
     run = h.create_run()
     h.client.post(f"/v1/runs/{run['id']}/reports", json={"reports": []}, headers=h.headers("ingest"))
     h.client.post(f"/v1/runs/{run['id']}/reports", json={})
-    rejected = {s.labels["reason"]: s.value for s in scrape(h)["qkwatch_requests_rejected"]
-                if s.name.endswith("_total")}
+    rejected = {
+        s.labels["reason"]: s.value for s in scrape(h)["qkwatch_requests_rejected"] if s.name.endswith("_total")
+    }
     assert rejected == {"invalid": 1, "unauthenticated": 1}

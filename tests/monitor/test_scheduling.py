@@ -33,13 +33,23 @@ def test_ema_initialises_then_smooths_and_ignores_nan():
 
 
 def test_defaults_are_documented_values():
-    assert ScheduleConfig.from_mapping(None) == ScheduleConfig(lambda_0=0.1, h_star=0.75, beta=0.05, ema=0.9,
-                                                               lambda_max=1.0)
+    assert ScheduleConfig.from_mapping(None) == ScheduleConfig(
+        lambda_0=0.1, h_star=0.75, beta=0.05, ema=0.9, lambda_max=1.0
+    )
 
 
-@pytest.mark.parametrize(("mapping", "key"), [
-    ({"beta": 0}, "beta"), ({"ema": 1.0}, "ema"), ({"lambda_0": 2.0}, "lambda_0"), ({"h_star": "x"}, "h_star"),
-    ({"lambda_max": -1}, "lambda_max"), ({"gamma": 1}, "gamma"), ({"beta": math.inf}, "beta")])
+@pytest.mark.parametrize(
+    ("mapping", "key"),
+    [
+        ({"beta": 0}, "beta"),
+        ({"ema": 1.0}, "ema"),
+        ({"lambda_0": 2.0}, "lambda_0"),
+        ({"h_star": "x"}, "h_star"),
+        ({"lambda_max": -1}, "lambda_max"),
+        ({"gamma": 1}, "gamma"),
+        ({"beta": math.inf}, "beta"),
+    ],
+)
 def test_invalid_config_names_the_key(mapping, key):
     with pytest.raises(ValueError, match=f"schedule.{key}"):
         ScheduleConfig.from_mapping(mapping)

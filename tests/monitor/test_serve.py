@@ -30,8 +30,9 @@ def free_port() -> int:
 
 
 def qkwatch(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qkwatch.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "qkwatch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, **kwargs
+    )
 
 
 def wait_healthy(url: str, tries: int = 300) -> bool:
@@ -49,9 +50,14 @@ def wait_healthy(url: str, tries: int = 300) -> bool:
 def serve(*args: str) -> Iterator[str]:
     """Start ``qkwatch serve ARGS`` and yield its URL once /healthz answers; stop it afterwards."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "qkwatch.cli", "serve", "--host", "127.0.0.1", "--port",
-                             str(port), *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qkwatch.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     url = f"http://127.0.0.1:{port}"
     lines: list[str] = []
     try:
@@ -75,8 +81,10 @@ def test_open_server_through_the_client(db_url: str):
         project = f"srv-{uuid.uuid4().hex[:8]}"
         run = c.create_run(project, "r1", config={"n_layers": 3}, attempt_key="k1")
         assert run["attempt"] == 1 and run["status"] == "running"
-        reports = [{"step": s, "time": float(s), "layers": {"qkai": [0.2, 0.9, "nan"], "attn_entropy": [0.8] * 3}}
-                   for s in range(0, 40, 10)]
+        reports = [
+            {"step": s, "time": float(s), "layers": {"qkai": [0.2, 0.9, "nan"], "attn_entropy": [0.8] * 3}}
+            for s in range(0, 40, 10)
+        ]
         batch = str(uuid.uuid4())
         assert c.send_reports(run["id"], reports, batch_id=batch) == {"inserted": 24, "duplicates": 0}
         assert c.send_reports(run["id"], reports, batch_id=batch) == {"inserted": 0, "duplicates": 24}
@@ -113,8 +121,20 @@ def test_open_server_through_the_client(db_url: str):
 
 def test_tokens_from_the_cli_guard_the_server(tmp_path: Path):
     db = f"sqlite:///{tmp_path / 'auth.db'}"
-    made = qkwatch("token", "create", "--project", "p", "--scope", "ingest", "--scope", "read", "--name", "agent",
-                   "--database-url", db)
+    made = qkwatch(
+        "token",
+        "create",
+        "--project",
+        "p",
+        "--scope",
+        "ingest",
+        "--scope",
+        "read",
+        "--name",
+        "agent",
+        "--database-url",
+        db,
+    )
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     assert token.startswith("qkw_") and "shown only this once" in made.stderr
@@ -135,8 +155,16 @@ def test_tokens_from_the_cli_guard_the_server(tmp_path: Path):
 
 
 def test_open_mode_is_refused_off_loopback(tmp_path: Path):
-    result = qkwatch("serve", "--open", "--host", "0.0.0.0", "--port", str(free_port()),
-                     "--database-url", f"sqlite:///{tmp_path / 'x.db'}")
+    result = qkwatch(
+        "serve",
+        "--open",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(free_port()),
+        "--database-url",
+        f"sqlite:///{tmp_path / 'x.db'}",
+    )
     assert result.returncode == 2 and "loopback" in result.stderr
 
 
@@ -151,8 +179,10 @@ def test_two_workers_store_concurrent_batches_once(db_url: str):
     """Two uvicorn workers on one database (SQLite: WAL + busy timeout), eight threads posting with replays."""
     with serve("--open", "--workers", "2", "--database-url", db_url) as url, Client(url) as c:
         run = c.create_run(f"p-{uuid.uuid4().hex[:8]}", "busy")
-        batches = [(str(uuid.uuid4()), [{"step": b * 10 + i, "time": 0.0, "layers": {"qkai": [0.3] * 24}}
-                                        for i in range(10)]) for b in range(16)]
+        batches = [
+            (str(uuid.uuid4()), [{"step": b * 10 + i, "time": 0.0, "layers": {"qkai": [0.3] * 24}} for i in range(10)])
+            for b in range(16)
+        ]
         results: list[dict] = []
 
         def post(chunk) -> None:

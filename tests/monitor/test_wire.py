@@ -12,8 +12,9 @@ from pydantic import ValidationError
 from monitor.wire import OverridesPut, Report, ReportBatch, RunCreate, decode_value, encode_value
 
 
-@pytest.mark.parametrize(("wire", "value"), [("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), (0.5, 0.5),
-                                              (None, None)])
+@pytest.mark.parametrize(
+    ("wire", "value"), [("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), (0.5, 0.5), (None, None)]
+)
 def test_codec_round_trip(wire, value):
     decoded = decode_value(wire)
     assert (math.isnan(decoded) and math.isnan(value)) if wire == "nan" else decoded == value
@@ -26,19 +27,32 @@ def test_decode_refuses_other_strings():
 
 
 def test_report_serialises_non_finite_floats_as_strings():
-    r = Report(step=3, time=1.0, layers={"qkai": [0.1, math.nan, None]}, heads={"qkai": [[math.inf], None]},
-               scalars={"loss": -math.inf})
+    r = Report(
+        step=3,
+        time=1.0,
+        layers={"qkai": [0.1, math.nan, None]},
+        heads={"qkai": [[math.inf], None]},
+        scalars={"loss": -math.inf},
+    )
     text = json.dumps(r.model_dump(mode="json"), allow_nan=False)  # strict JSON or it raises
     assert json.loads(text)["layers"]["qkai"] == [0.1, "nan", None]
     assert json.loads(text)["heads"]["qkai"] == [["inf"], None]
     assert r.point_count() == 4
 
 
-@pytest.mark.parametrize("bad", [{"step": "3", "time": 1.0}, {"step": 3.0, "time": 1.0}, {"step": -1, "time": 1.0},
-                                 {"step": 3, "time": "1"}, {"step": 3, "time": 1.0, "layers": {"qkai": ["0.1"]}},
-                                 {"step": 3, "time": 1.0, "layers": {"qkai": [True]}},
-                                 {"step": 3, "time": 1.0, "layers": {"bad metric": [0.1]}},
-                                 {"step": 3, "time": 1.0, "extra": 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"step": "3", "time": 1.0},
+        {"step": 3.0, "time": 1.0},
+        {"step": -1, "time": 1.0},
+        {"step": 3, "time": "1"},
+        {"step": 3, "time": 1.0, "layers": {"qkai": ["0.1"]}},
+        {"step": 3, "time": 1.0, "layers": {"qkai": [True]}},
+        {"step": 3, "time": 1.0, "layers": {"bad metric": [0.1]}},
+        {"step": 3, "time": 1.0, "extra": 1},
+    ],
+)
 def test_report_is_strict(bad):
     with pytest.raises(ValidationError):
         Report.model_validate(bad)

@@ -43,8 +43,9 @@ def test_band_fires_updates_and_resolves():
     state = {}
     rules = RuleSet.default()
     out = evaluate(rules, state, reports([[0.9, 0.9, 0.9, 0.1]] * 3))
-    assert [(t.rule, t.kind, t.layers) for t in out if t.rule == "collapse_band"] == [("collapse_band", "firing",
-                                                                                     (0, 1, 2))]
+    assert [(t.rule, t.kind, t.layers) for t in out if t.rule == "collapse_band"] == [
+        ("collapse_band", "firing", (0, 1, 2))
+    ]
     out = evaluate(rules, state, reports([[0.9, 0.9, 0.9, 0.9]] * 3, start=3))
     assert [(t.kind, t.layers) for t in out if t.rule == "collapse_band"] == [("update", (0, 1, 2, 3))]
     out = evaluate(rules, state, reports([[0.9, 0.1, 0.9, 0.9]], start=6))
@@ -52,13 +53,24 @@ def test_band_fires_updates_and_resolves():
 
 
 def test_rules_file_parsing_and_errors():
-    rules = RuleSet.from_mapping({"rules": [{"name": "a", "metric": "attn_entropy", "op": "<", "threshold": 0.2},
-                                            {"name": "b", "band_of": "a", "min_layers": 2}],
-                                  "webhooks": ["http://127.0.0.1:9/x"]})
+    rules = RuleSet.from_mapping(
+        {
+            "rules": [
+                {"name": "a", "metric": "attn_entropy", "op": "<", "threshold": 0.2},
+                {"name": "b", "band_of": "a", "min_layers": 2},
+            ],
+            "webhooks": ["http://127.0.0.1:9/x"],
+        }
+    )
     assert rules.thresholds == (ThresholdRule("a", "attn_entropy", "<", 0.2),)
     assert rules.bands == (BandRule("b", "a", 2),) and rules.webhooks == ("http://127.0.0.1:9/x",)
-    for bad, needle in (({"rules": [{"name": "a", "op": "=="}]}, "op"), ({"rules": [{"name": "b", "band_of": "x"}]},
-                        "band_of"), ({"rules": [{"name": "a", "colour": 1}]}, "colour"), ({"alerts": []}, "alerts"),
-                        ({"rules": [{"name": "a"}, {"name": "a"}]}, "twice"), ({"webhooks": ["ftp://x"]}, "webhooks")):
+    for bad, needle in (
+        ({"rules": [{"name": "a", "op": "=="}]}, "op"),
+        ({"rules": [{"name": "b", "band_of": "x"}]}, "band_of"),
+        ({"rules": [{"name": "a", "colour": 1}]}, "colour"),
+        ({"alerts": []}, "alerts"),
+        ({"rules": [{"name": "a"}, {"name": "a"}]}, "twice"),
+        ({"webhooks": ["ftp://x"]}, "webhooks"),
+    ):
         with pytest.raises(ValueError, match=needle):
             RuleSet.from_mapping(bad)

@@ -48,8 +48,10 @@ def test_band_of_three_adjacent_layers(h):
 
 def test_rules_file(make_harness, tmp_path: Path):
     rules = tmp_path / "rules.yaml"
-    rules.write_text("rules:\n  - name: low_entropy\n    metric: attn_entropy\n    op: '<'\n    threshold: 0.1\n"
-                     "    for_reports: 1\n    severity: page\n")
+    rules.write_text(
+        "rules:\n  - name: low_entropy\n    metric: attn_entropy\n    op: '<'\n    threshold: 0.1\n"
+        "    for_reports: 1\n    severity: page\n"
+    )
     h = make_harness(alert_rules_file=rules)
     run = h.create_run()
     h.send(run["id"], [report(1, {"attn_entropy": [0.5, 0.05], "qkai": [0.99, 0.99]})] * 1)

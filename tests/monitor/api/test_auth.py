@@ -19,8 +19,11 @@ def test_missing_or_wrong_token_is_401(h):
 def test_scopes_are_enforced(h):
     run = h.create_run()
     read_only = h.headers("read")
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", headers=read_only,
-                      json={"batch_id": "5b1e8a52-6d1c-4b7e-9a8e-2f0f6f0c1a11", "reports": [report(1)]})
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        headers=read_only,
+        json={"batch_id": "5b1e8a52-6d1c-4b7e-9a8e-2f0f6f0c1a11", "reports": [report(1)]},
+    )
     assert r.status_code == 403 and "ingest" in r.json()["detail"]
     assert h.client.get(f"/v1/runs/{run['id']}", headers=h.headers("ingest")).status_code == 403
     r = h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={"0": 0.1}, headers=h.headers("read", "ingest"))
@@ -75,8 +78,9 @@ def test_open_mode_needs_no_token(make_harness):
 def test_audit_records_the_token_name(h):
     run = h.create_run(config={"n_layers": 4})
     _, secret = h.store.create_token(h.project, ["control", "read"], name="oncall-alice")
-    r = h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={"2": 0.3},
-                     headers={"Authorization": f"Bearer {secret}"})
+    r = h.client.put(
+        f"/v1/runs/{run['id']}/lambdas/overrides", json={"2": 0.3}, headers={"Authorization": f"Bearer {secret}"}
+    )
     assert r.status_code == 200
     audit = h.get(f"/v1/runs/{run['id']}/lambdas/audit")["data"]
     assert audit[0]["who"].startswith("oncall-alice")

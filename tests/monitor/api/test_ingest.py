@@ -39,8 +39,9 @@ def test_non_finite_values_round_trip(h):
     assert h.get(f"/v1/runs/{run['id']}/series", metric="loss")["values"] == ["nan"]
     hm = h.get(f"/v1/runs/{run['id']}/heatmap", metric="qkai")
     assert hm["values"] == [["nan", "inf", "-inf", 1e308, 0.0]]
-    lines = h.client.get(f"/v1/runs/{run['id']}/export", params={"format": "jsonl"},
-                         headers=h.headers("read")).text.splitlines()
+    lines = h.client.get(
+        f"/v1/runs/{run['id']}/export", params={"format": "jsonl"}, headers=h.headers("read")
+    ).text.splitlines()
     values = {(d["metric"], d["layer"]): d["value"] for d in map(json.loads, lines)}
     assert values[("qkai", 0)] == "nan" and values[("qkai", 2)] == "-inf" and values[("loss", -1)] == "nan"
 
@@ -55,10 +56,15 @@ def test_per_head_values_are_stored_apart_from_layer_values(h):
 
 def test_bare_nan_is_refused_naming_the_field_and_nothing_is_stored(h):
     run = h.create_run()
-    raw = ('{"batch_id": "BATCH", "reports": [{"step": 1, "time": 1, "layers": {"qkai": [0.1, 0.2]}},'
-           '{"step": 2, "time": 2, "layers": {"qkai": [0.1, NaN]}}]}').replace("BATCH", str(uuid.uuid4()))
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", content=raw,
-                      headers={**h.headers("ingest"), "content-type": "application/json"})
+    raw = (
+        '{"batch_id": "BATCH", "reports": [{"step": 1, "time": 1, "layers": {"qkai": [0.1, 0.2]}},'
+        '{"step": 2, "time": 2, "layers": {"qkai": [0.1, NaN]}}]}'
+    ).replace("BATCH", str(uuid.uuid4()))
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        content=raw,
+        headers={**h.headers("ingest"), "content-type": "application/json"},
+    )
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "reports", 1, "layers", "qkai", 1]
     assert "nan" in r.json()["detail"][0]["msg"]
@@ -70,8 +76,9 @@ def test_wrong_type_and_missing_field_name_the_field(h):
     url = f"/v1/runs/{run['id']}/reports"
     bad_value = {"batch_id": str(uuid.uuid4()), "reports": [report(1, {"qkai": ["high"]})]}
     r = h.client.post(url, json=bad_value, headers=h.headers("ingest"))
-    assert r.status_code == 422 and any(d["loc"][:5] == ["body", "reports", 0, "layers", "qkai"]
-                                        for d in r.json()["detail"])
+    assert r.status_code == 422 and any(
+        d["loc"][:5] == ["body", "reports", 0, "layers", "qkai"] for d in r.json()["detail"]
+    )
     missing = {"batch_id": str(uuid.uuid4()), "reports": [{"step": 1}]}
     r = h.client.post(url, json=missing, headers=h.headers("ingest"))
     assert r.status_code == 422 and ["body", "reports", 0, "time"] in [d["loc"] for d in r.json()["detail"]]
@@ -98,8 +105,11 @@ def test_body_over_the_limit_is_413_before_reading(make_harness):
             yield b'{"step": 1, "time": 1, "layers": {"qkai": [0.5, 0.5, 0.5]}},'
         yield b'{"step": 1, "time": 1}]}'
 
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", content=chunks(),
-                      headers={**h.headers("ingest"), "content-type": "application/json"})
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        content=chunks(),
+        headers={**h.headers("ingest"), "content-type": "application/json"},
+    )
     assert r.status_code == 413
     assert h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=0)["steps"] == []
 
@@ -107,8 +117,11 @@ def test_body_over_the_limit_is_413_before_reading(make_harness):
 def test_too_many_points_is_413(make_harness):
     h = make_harness(max_points_per_batch=10)
     run = h.create_run()
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", headers=h.headers("ingest"),
-                      json={"batch_id": str(uuid.uuid4()), "reports": [report(1, {"qkai": [0.1] * 11})]})
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        headers=h.headers("ingest"),
+        json={"batch_id": str(uuid.uuid4()), "reports": [report(1, {"qkai": [0.1] * 11})]},
+    )
     assert r.status_code == 413 and "11 points" in r.json()["detail"]
     h.send(run["id"], [report(1, {"qkai": [0.1] * 10})])
 
@@ -120,8 +133,14 @@ def test_events_are_stored_once_per_step_and_kind(h):
     h.send(run["id"], [report(7, events=[ev])])
     events = h.get(f"/v1/runs/{run['id']}/events")
     assert events["count"] == 1
-    assert events["data"][0] | {"time": 0} == {"attempt": 1, "step": 7, "kind": "missing_layers",
-                                               "message": ev["message"], "data": {"layers": [3, 4]}, "time": 0}
+    assert events["data"][0] | {"time": 0} == {
+        "attempt": 1,
+        "step": 7,
+        "kind": "missing_layers",
+        "message": ev["message"],
+        "data": {"layers": [3, 4]},
+        "time": 0,
+    }
 
 
 def test_attempts_keep_relogged_steps_and_merge_latest_wins(h):
@@ -158,8 +177,11 @@ def test_recreating_a_finished_run_sets_it_running(h):
 
 
 def test_invalid_schedule_in_config_is_422_naming_the_key(h):
-    r = h.client.post("/v1/runs", headers=h.headers("ingest"),
-                      json={"project": h.project, "name": "x", "config": {"schedule": {"beta": 0}}})
+    r = h.client.post(
+        "/v1/runs",
+        headers=h.headers("ingest"),
+        json={"project": h.project, "name": "x", "config": {"schedule": {"beta": 0}}},
+    )
     assert r.status_code == 422 and "schedule.beta" in r.json()["detail"]
 
 
@@ -167,9 +189,12 @@ def test_responses_are_strict_json(h):
     run = h.create_run()
     h.send(run["id"], [report(1, {"qkai": ["nan", "inf"]})])
     bare = []
-    for path, params in ((f"/v1/runs/{run['id']}/series", {"metric": "qkai", "layer": 0}),
-                         (f"/v1/runs/{run['id']}/heatmap", {"metric": "qkai"}),
-                         (f"/v1/runs/{run['id']}/lambdas", {}), ("/v1/runs", {})):
+    for path, params in (
+        (f"/v1/runs/{run['id']}/series", {"metric": "qkai", "layer": 0}),
+        (f"/v1/runs/{run['id']}/heatmap", {"metric": "qkai"}),
+        (f"/v1/runs/{run['id']}/lambdas", {}),
+        ("/v1/runs", {}),
+    ):
         text = h.client.get(path, params=params, headers=h.headers("read")).text
         json.loads(text, parse_constant=bare.append)
     assert bare == []

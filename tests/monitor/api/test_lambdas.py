@@ -63,8 +63,14 @@ def test_overrides_are_validated_applied_versioned_and_audited(h):
     h.send(run["id"], [report(30, {"attn_entropy": [0.9] * 4})])
     ctl = h.headers("control")
     url = f"/v1/runs/{run['id']}/lambdas/overrides"
-    for bad, needle in (('{"4": 0.1}', "out of range"), ('{"1": 0.6}', "lambda_max"), ('{"1": -0.1}', "lambda_max"),
-                        ('{"x": 0.1}', "layer index"), ('{"1": 1e999}', "finite"), ('{"1": "0.1"}', "1")):
+    for bad, needle in (
+        ('{"4": 0.1}', "out of range"),
+        ('{"1": 0.6}', "lambda_max"),
+        ('{"1": -0.1}', "lambda_max"),
+        ('{"x": 0.1}', "layer index"),
+        ('{"1": 1e999}', "finite"),
+        ('{"1": "0.1"}', "1"),
+    ):
         r = h.client.put(url, content=bad.encode(), headers={**ctl, "content-type": "application/json"})
         assert r.status_code == 422, (bad, r.text)
         assert needle in str(r.json()["detail"]), (bad, r.text)
@@ -83,8 +89,11 @@ def test_overrides_are_validated_applied_versioned_and_audited(h):
     unchanged = h.client.put(url, json={"1": 0.5}, headers=ctl).json()
     assert unchanged["version"] == v0["version"] + 2
     audit = h.get(f"/v1/runs/{run['id']}/lambdas/audit")["data"]
-    assert [(a["layer"], a["old"], a["new"], a["step"]) for a in audit] == [(1, None, 0.5, 30), (3, None, 0.0, 30),
-                                                                           (3, 0.0, None, 30)]
+    assert [(a["layer"], a["old"], a["new"], a["step"]) for a in audit] == [
+        (1, None, 0.5, 30),
+        (3, None, 0.0, 30),
+        (3, 0.0, None, 30),
+    ]
     assert all(a["who"] and a["at"] > 0 for a in audit)
 
 

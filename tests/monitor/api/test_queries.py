@@ -79,32 +79,51 @@ def test_compare_several_runs_in_one_call(h):
     a, b = h.create_run(), h.create_run()
     h.send(a["id"], [report(s, scalars={"loss": 3.0 - s}) for s in range(3)])
     h.send(b["id"], [report(s, scalars={"loss": 4.0 - s}) for s in range(2)])
-    r = h.client.get("/v1/compare", params=[("run", a["id"]), ("run", b["id"]), ("metric", "loss")],
-                     headers=h.headers("read"))
+    r = h.client.get(
+        "/v1/compare", params=[("run", a["id"]), ("run", b["id"]), ("metric", "loss")], headers=h.headers("read")
+    )
     assert r.status_code == 200
     series = {s["run"]: s["values"] for s in r.json()["series"]}
     assert series == {a["id"]: [3.0, 2.0, 1.0], b["id"]: [4.0, 3.0]}
-    r = h.client.get("/v1/compare", params={"run": f"{a['id']},{'f' * 32}", "metric": "loss"},
-                     headers=h.headers("read"))
+    r = h.client.get(
+        "/v1/compare", params={"run": f"{a['id']},{'f' * 32}", "metric": "loss"}, headers=h.headers("read")
+    )
     assert r.status_code == 404
 
 
 def test_export_csv_and_jsonl_hold_every_point(h):
     run = h.create_run()
-    h.send(run["id"], [report(s, {"qkai": [0.1, "inf"]}, heads={"qkai": [[0.2, 0.3]]}, scalars={"loss": 1.5})
-                       for s in range(3)])
+    h.send(
+        run["id"],
+        [report(s, {"qkai": [0.1, "inf"]}, heads={"qkai": [[0.2, 0.3]]}, scalars={"loss": 1.5}) for s in range(3)],
+    )
     text = h.client.get(f"/v1/runs/{run['id']}/export", params={"format": "csv"}, headers=h.headers("read")).text
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == 3 * (2 + 2 + 1)
     assert {(r["metric"], r["layer"], r["head"], r["value"]) for r in rows if r["step"] == "1"} == {
-        ("qkai", "0", "-1", "0.1"), ("qkai", "1", "-1", "inf"), ("qkai", "0", "0", "0.2"), ("qkai", "0", "1", "0.3"),
-        ("loss", "-1", "-1", "1.5")}
-    lines = h.client.get(f"/v1/runs/{run['id']}/export", params={"format": "jsonl"},
-                         headers=h.headers("read")).text.splitlines()
+        ("qkai", "0", "-1", "0.1"),
+        ("qkai", "1", "-1", "inf"),
+        ("qkai", "0", "0", "0.2"),
+        ("qkai", "0", "1", "0.3"),
+        ("loss", "-1", "-1", "1.5"),
+    }
+    lines = h.client.get(
+        f"/v1/runs/{run['id']}/export", params={"format": "jsonl"}, headers=h.headers("read")
+    ).text.splitlines()
     assert sorted(json.dumps(json.loads(x), sort_keys=True) for x in lines) == sorted(
-        json.dumps({"attempt": 1, "step": int(r["step"]), "metric": r["metric"], "layer": int(r["layer"]),
-                    "head": int(r["head"]), "value": r["value"] if r["value"] == "inf" else float(r["value"])},
-                   sort_keys=True) for r in rows)
+        json.dumps(
+            {
+                "attempt": 1,
+                "step": int(r["step"]),
+                "metric": r["metric"],
+                "layer": int(r["layer"]),
+                "head": int(r["head"]),
+                "value": r["value"] if r["value"] == "inf" else float(r["value"]),
+            },
+            sort_keys=True,
+        )
+        for r in rows
+    )
 
 
 def test_delete_removes_the_run_and_its_points(h):

@@ -21,9 +21,16 @@ def make_batches(n: int) -> list[ReportBatch]:
     """n batches whose steps overlap (batch i covers steps i..i+2), with heads and scalars."""
     batches = []
     for i in range(n):
-        reports = [{"step": s, "time": float(s), "layers": {"qkai": [s / 100 + la / 10 for la in range(LAYERS)]},
-                    "heads": {"qkai": [[0.1, 0.2]] * LAYERS}, "scalars": {"loss": 5.0 - s / 10}}
-                   for s in range(i, i + 3)]
+        reports = [
+            {
+                "step": s,
+                "time": float(s),
+                "layers": {"qkai": [s / 100 + la / 10 for la in range(LAYERS)]},
+                "heads": {"qkai": [[0.1, 0.2]] * LAYERS},
+                "scalars": {"loss": 5.0 - s / 10},
+            }
+            for s in range(i, i + 3)
+        ]
         batches.append(ReportBatch.model_validate({"batch_id": str(uuid.UUID(int=i + 1)), "reports": reports}))
     return batches
 
@@ -49,10 +56,17 @@ def test_replays_store_exactly_the_union(db_url: str, plan: list[int]):
         run, _ = store.create_or_resume_run(RunCreate(project=f"prop-{uuid.uuid4().hex[:8]}", name="r"))
         inserted = sum(store.add_reports(run.id, BATCHES[i], RuleSet.default()).inserted for i in plan)
         with store.engine.connect() as conn:
-            rows = conn.execute(sa.select(m.metric_names.c.name.label("metric"), m.points.c.head, m.points.c.layer,
-                                          m.points.c.step, m.points.c.attempt)
-                                .join(m.metric_names, m.metric_names.c.id == m.points.c.metric_id)
-                                .where(m.points.c.run_pk == run.pk)).all()
+            rows = conn.execute(
+                sa.select(
+                    m.metric_names.c.name.label("metric"),
+                    m.points.c.head,
+                    m.points.c.layer,
+                    m.points.c.step,
+                    m.points.c.attempt,
+                )
+                .join(m.metric_names, m.metric_names.c.id == m.points.c.metric_id)
+                .where(m.points.c.run_pk == run.pk)
+            ).all()
         keys = [(r.metric, r.head, r.layer, r.step) for r in rows]
         assert len(keys) == len(set(keys))  # nothing twice
         assert set(keys) == expected_keys(set(plan))  # nothing missing, nothing extra

@@ -26,8 +26,11 @@ def test_later_attempt_overwrites_within_a_step():
 
 def test_reduction_by_agg():
     steps = frames.merge_steps(rows(*(frames.pack("m", s, [float(s), -float(s)]) for s in range(4))))
-    for agg, expected in (("max", [[1.0, 0.0], [3.0, -2.0]]), ("min", [[0.0, -1.0], [2.0, -3.0]]),
-                          ("mean", [[0.5, -0.5], [2.5, -2.5]])):
+    for agg, expected in (
+        ("max", [[1.0, 0.0], [3.0, -2.0]]),
+        ("min", [[0.0, -1.0], [2.0, -3.0]]),
+        ("mean", [[0.5, -0.5], [2.5, -2.5]]),
+    ):
         assert frames.heatmap(steps, 2, agg) == ([0, 2], [0, 1], expected, True)
 
 

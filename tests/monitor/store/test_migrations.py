@@ -49,16 +49,29 @@ def test_metric_ids_migration_keeps_points_and_frames(db_url: str):
         _downgrade(engine, "base")
         upgrade(engine, "0001")
         with engine.begin() as conn:
-            conn.execute(sa.text("INSERT INTO runs (id, project, name, status, config, created_at, updated_at, "
-                                 "latest_attempt, lambda_version) VALUES (:id, 'p', 'r', 'running', '{}', 0, 0, 1, 0)"),
-                         {"id": uuid.uuid4().hex})
+            conn.execute(
+                sa.text(
+                    "INSERT INTO runs (id, project, name, status, config, created_at, updated_at, "
+                    "latest_attempt, lambda_version) VALUES (:id, 'p', 'r', 'running', '{}', 0, 0, 1, 0)"
+                ),
+                {"id": uuid.uuid4().hex},
+            )
             pk = conn.execute(sa.text("SELECT pk FROM runs")).scalar()
             for step, value in ((0, 0.25), (1, 0.5)):
-                conn.execute(sa.text("INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
-                                     "VALUES (:pk, 'qkai', -1, 0, :step, 1, :v)"), {"pk": pk, "step": step, "v": value})
-            conn.execute(sa.text("INSERT INTO frames (run_pk, metric, step, attempt, mask, vals, present, has_nan) "
-                                 "VALUES (:pk, 'qkai', 0, 1, 'a1', :vals, NULL, :f)"),
-                         {"pk": pk, "vals": array("d", [0.25]).tobytes(), "f": False})
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
+                        "VALUES (:pk, 'qkai', -1, 0, :step, 1, :v)"
+                    ),
+                    {"pk": pk, "step": step, "v": value},
+                )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO frames (run_pk, metric, step, attempt, mask, vals, present, has_nan) "
+                    "VALUES (:pk, 'qkai', 0, 1, 'a1', :vals, NULL, :f)"
+                ),
+                {"pk": pk, "vals": array("d", [0.25]).tobytes(), "f": False},
+            )
         upgrade(engine)
         store = Store(engine)
         run = store.list_runs(projects=["p"])[0][0]
