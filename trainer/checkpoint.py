@@ -16,6 +16,8 @@ import dataclasses
 import logging
 import re
 import shutil
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,15 @@ def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
+@contextmanager
+def _single_process_ok():
+    """DCP warns that it assumes a single process when there is no process group: that is intended."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
+        yield
+
+
 class Checkpointer:
     """Saves and loads the training state of one run folder."""
 
@@ -92,7 +103,8 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         _barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": step}}, checkpoint_id=str(tmp))
+        with _single_process_ok():
+            dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": step}}, checkpoint_id=str(tmp))
         _barrier()
         if _is_main():
             shutil.rmtree(final, ignore_errors=True)
@@ -107,7 +119,8 @@ class Checkpointer:
         """Load model and optimizer state in place (collective); returns the step it was saved at."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
-        dcp.load(state, checkpoint_id=str(path))
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         logger.info("resumed from %s (step %d)", path, state["train"]["step"])
         return int(state["train"]["step"])
@@ -117,7 +130,8 @@ def load_model_state(path: Path, model: nn.Module) -> int:
     """Load only the model weights of a DCP checkpoint into an unsharded model; returns its step."""
     model_sd = get_model_state_dict(model)
     state = {"model": model_sd, "train": {"step": -1}}
-    dcp.load(state, checkpoint_id=str(path))
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path))
     model.load_state_dict(state["model"])
     return int(state["train"]["step"])
 

@@ -170,14 +170,24 @@ def binding(rng: random.Random, length: int, hops: int = 2) -> TaskSample:
     return TaskSample(list(full.encode()), [(len(full) - 1, len(full))])
 
 
+def binding_min_length(hops: int) -> int:
+    """Tokens a binding sample needs: the chain's statements and the query (two-letter names)."""
+    return len("ab = 7. ") + hops * len("cd = ab. ") + len("\nWhat is cd? cd = 7")
+
+
 def task_sequence(rng: random.Random, length: int) -> list[int]:
     """A random training task sequence of exactly ``length`` tokens (passkey 1 or 5 needles, binding)."""
+    if length < binding_min_length(1):
+        raise ValueError(f"synthetic tasks need sequences of at least {binding_min_length(1)} tokens, got {length}")
     kind = rng.choice(TASKS)
     if kind == "passkey":
         needles = 5 if length >= passkey_min_length(5) and rng.random() < 0.5 else 1
         if length >= passkey_min_length(needles):
             return rng.choice(passkey(rng, length, needles)).tokens
-    return binding(rng, length, hops=rng.randint(1, 3)).tokens
+    hops = rng.randint(1, 3)
+    while binding_min_length(hops) > length:
+        hops -= 1
+    return binding(rng, length, hops=hops).tokens
 
 
 # --- batches ---------------------------------------------------------------------------------------
@@ -196,6 +206,9 @@ class TrainData:
         if len(tokens) - n_val < seq_len + 2 or n_val < seq_len + 2:
             raise ValueError(f"corpus {config.corpus!r} has {len(tokens)} tokens: too few for seq_len={seq_len}")
         self.train, self.val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+        if config.task_mix > 0 and seq_len + 1 < binding_min_length(1):
+            raise ValueError(f"data.task_mix > 0 needs sequences of at least {binding_min_length(1) - 1} tokens "
+                             f"(seq_len is {seq_len})")
 
     @property
     def steps_per_epoch(self) -> int:

@@ -33,6 +33,9 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+POWER_ITERATIONS_AT_INIT = 50
+"""sigma-Reparam's estimate at initialisation; training then adds one iteration per step."""
+
 REGIMES = ("default", "qk_identical", "disjoint_support_xavier", "independent_xavier")
 
 
@@ -158,8 +161,8 @@ def _settle_power_iteration(module: nn.Module) -> None:
     if isinstance(weight, DTensor):
         w = weight.full_tensor().float()
         u = module.u
-        for _ in range(15):
+        for _ in range(POWER_ITERATIONS_AT_INIT):
             u = nn.functional.normalize(w @ nn.functional.normalize(w.mT @ u, dim=0), dim=0)
         module.u.copy_(u)
     else:
-        module.power_iteration(15)
+        module.power_iteration(POWER_ITERATIONS_AT_INIT)

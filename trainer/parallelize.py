@@ -70,6 +70,8 @@ class Env:
     """The 1-D data-parallel DeviceMesh, or None when not distributed."""
     param_dtype: torch.dtype
     reduce_dtype: torch.dtype
+    owns_group: bool = False
+    """This process group was created by init_distributed (and close_distributed destroys it)."""
 
     @property
     def distributed(self) -> bool:
@@ -105,16 +107,18 @@ def init_distributed(config: ParallelConfig) -> Env:
         return Env(0, 1, device, None, param_dtype, reduce_dtype)
     from torch.distributed.device_mesh import init_device_mesh
 
-    if not dist.is_initialized():
+    owns = not dist.is_initialized()
+    if owns:
         backend = "nccl" if wants_cuda else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=config.timeout_s))
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-    return Env(dist.get_rank(), world, device, mesh, param_dtype, reduce_dtype)
+    return Env(dist.get_rank(), world, device, mesh, param_dtype, reduce_dtype, owns_group=owns)
 
 
 def close_distributed(env: Env) -> None:
-    if env.distributed and dist.is_initialized():
+    """Destroy the process group if init_distributed created it (idempotent)."""
+    if env.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -105,7 +105,6 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
         stop_after: stop (with a checkpoint) once this many steps are done, as a preemption would.
     """
     env = init_distributed(cfg.parallel)
-    owns_group = env.distributed
     r = None
     try:
         r = setup(cfg, env, Path(out_dir), resume, monitor)
@@ -127,8 +126,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
     finally:
         if r is not None:
             r.monitor.close(MONITOR_CLOSE_TIMEOUT_S)
-        if owns_group:
-            close_distributed(env)
+        close_distributed(env)
 
 
 def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monitor | None) -> Run:
