@@ -55,7 +55,8 @@ def test_forced_k_contraction_shrinks_the_tail_after_rank_32_and_renormalises(ti
     assert wk.detach().norm().item() == pytest.approx(fro0.item(), rel=1e-5)
 
 
-@pytest.mark.parametrize(("kind", "frozen", "free"), [("freeze_q", "q_proj", "k_proj"), ("freeze_k", "k_proj", "q_proj")])
+@pytest.mark.parametrize(("kind", "frozen", "free"),
+                         [("freeze_q", "q_proj", "k_proj"), ("freeze_k", "k_proj", "q_proj")])
 def test_freeze_restores_the_initial_weights_every_step(tiny_model, kind, frozen, free):
     model, iv = _setup(tiny_model, kind)
     attn = model.blocks[0].attn

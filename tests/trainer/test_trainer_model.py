@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.model import VARIANTS, GPT, ModelConfig, SigmaReparamLinear
+from trainer.model import GPT, VARIANTS, ModelConfig, SigmaReparamLinear
 
 
 def _loss(model: GPT, seed: int = 0) -> torch.Tensor:
@@ -108,7 +108,7 @@ def test_outlier_removed_attention_subtracts_the_uniform_causal_row(tiny_model):
 
 
 def test_outlier_removal_needs_the_explicit_path():
-    with pytest.raises(ValueError, match="model.attention=sdpa"):
+    with pytest.raises(ValueError, match=r"model\.attention=sdpa"):
         ModelConfig(variant="outlier_removed", attention="sdpa")
 
 
