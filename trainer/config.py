@@ -134,18 +134,35 @@ class RunConfig:
 
 
 def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
-    """``config`` with ``key=value`` overrides applied; ValueError naming a bad key or value."""
+    """``config`` with ``key=value`` overrides applied; ValueError naming a bad key or value.
+
+    All overrides are applied first and the result is validated once, so fields that depend on
+    each other (``model.n_layers`` and ``init.qk_layers``) can be set in any order.
+    """
+    tree = _tree(config)
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"--set {item!r}: expected key=value, e.g. model.n_layers=6")
-        config = _set(config, key.split("."), raw.strip(), key)
-    return config
+        _set(config, tree, key.split("."), raw.strip(), key)
+    return _rebuild(config, tree)
 
 
-def _set(obj: Any, path: list[str], raw: str, key: str) -> Any:
-    names = {f.name: f for f in dataclasses.fields(obj)}
+def _tree(obj: Any) -> dict[str, Any]:
+    return {f.name: _tree(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else v
+            for f in dataclasses.fields(obj)}
+
+
+def _rebuild(obj: Any, tree: dict[str, Any]) -> Any:
+    """The dataclasses of ``obj``'s shape from ``tree``, innermost first (each ``__post_init__`` runs)."""
+    values = {name: _rebuild(getattr(obj, name), value) if isinstance(value, dict) and dataclasses.is_dataclass(
+        getattr(obj, name)) else value for name, value in tree.items()}
+    return type(obj)(**values)
+
+
+def _set(obj: Any, tree: dict[str, Any], path: list[str], raw: str, key: str) -> None:
+    names = {f.name for f in dataclasses.fields(obj)}
     name = path[0]
     if name not in names:
         where = key[: len(key) - len(".".join(path))].rstrip(".") or "the run config"
@@ -154,13 +171,12 @@ def _set(obj: Any, path: list[str], raw: str, key: str) -> Any:
     if dataclasses.is_dataclass(current):
         if len(path) == 1:
             raise ValueError(f"config key {key!r} is a section; set one of its fields, e.g. {key}.{_first(current)}")
-        value = _set(current, path[1:], raw, key)
+        _set(current, tree[name], path[1:], raw, key)
+    elif len(path) > 1:
+        parent = ".".join(key.split(".")[: -len(path) + 1])
+        raise ValueError(f"unknown config key {key!r}: {parent} is not a section")
     else:
-        if len(path) > 1:
-            parent = ".".join(key.split(".")[: -len(path) + 1])
-            raise ValueError(f"unknown config key {key!r}: {parent} is not a section")
-        value = parse_value(raw, typing.get_type_hints(type(obj))[name], key)
-    return dataclasses.replace(obj, **{name: value})
+        tree[name] = parse_value(raw, typing.get_type_hints(type(obj))[name], key)
 
 
 def _first(section: Any) -> str:
@@ -194,5 +210,5 @@ def parse_value(raw: str, tp: Any, key: str) -> Any:
             return [parse_value(str(i), args[0], key) for i in items]
     except (ValueError, json.JSONDecodeError):
         pass
-    name = getattr(tp, "__name__", str(tp))
+    name = tp.__name__ if isinstance(tp, type) else str(tp)
     raise ValueError(f"--set {key}={raw!r}: not a valid {name}")

@@ -51,3 +51,12 @@ def tiny_run():
         return cfg
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _one_cpu_thread():
+    """The tests' tensors are tiny: one thread avoids OpenMP wake-ups, which dominate on a busy 2-core box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
