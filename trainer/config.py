@@ -47,6 +47,8 @@ class TrainConfig:
     """Steps between validation losses (0: only at the end)."""
     val_batches: int = 8
     """Validation windows per evaluation (of seq_len tokens)."""
+    qkai_every: int = 0
+    """Steps between per-layer QKAI lines in the log and metrics.jsonl (0: never; the agent reports it too)."""
 
     def __post_init__(self) -> None:
         for key in ("steps", "global_batch_size", "log_every", "report_every", "val_batches"):
@@ -58,8 +60,9 @@ class TrainConfig:
             raise ValueError(f"train.micro_batch_size must be >= 1 or None, got {self.micro_batch_size}")
         if self.seq_len is not None and self.seq_len < 2:
             raise ValueError(f"train.seq_len must be >= 2 or None, got {self.seq_len}")
-        if self.val_every < 0:
-            raise ValueError(f"train.val_every must be >= 0, got {self.val_every}")
+        for key in ("val_every", "qkai_every"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"train.{key} must be >= 0, got {getattr(self, key)}")
 
     def accumulation(self, world_size: int) -> tuple[int, int]:
         """``(micro_batch_size, accumulation steps)`` for ``world_size`` ranks."""

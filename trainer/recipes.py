@@ -44,7 +44,7 @@ def debug_cpu() -> RunConfig:
         init=InitConfig(qk_regime="qk_identical", qk_layers=[1, 2]),
         data=DataConfig(task_mix=0.1),
         optim=OptimConfig(lr=3e-3, warmup_steps=5),
-        train=TrainConfig(steps=60, global_batch_size=8, log_every=5, report_every=5, val_batches=4),
+        train=TrainConfig(steps=60, global_batch_size=8, log_every=5, report_every=5, val_batches=4, qkai_every=20),
         parallel=ParallelConfig(device="cpu"),
     )
 
@@ -57,9 +57,10 @@ def small_cpu() -> RunConfig:
         init=InitConfig(qk_regime="qk_identical", qk_layers=[2, 3]),
         data=DataConfig(task_mix=0.2),
         optim=OptimConfig(lr=1e-3, warmup_steps=20),
-        train=TrainConfig(steps=600, global_batch_size=16, log_every=10, report_every=10, val_every=100),
+        train=TrainConfig(steps=400, global_batch_size=8, log_every=10, report_every=10, val_every=100,
+                          qkai_every=50),
         parallel=ParallelConfig(device="cpu"),
-        checkpoint=CheckpointConfig(every=200),
+        checkpoint=CheckpointConfig(every=100),
     )
 
 
@@ -79,7 +80,8 @@ def seed001_grid() -> RunConfig:
         model=_seed001_model(4),
         init=InitConfig(qk_regime="independent_xavier"),
         optim=_seed001_optim(),
-        train=TrainConfig(epochs=45, global_batch_size=64, log_every=50, report_every=50, val_every=500),
+        train=TrainConfig(epochs=45, global_batch_size=64, log_every=50, report_every=50, val_every=500,
+                          qkai_every=500),
         checkpoint=CheckpointConfig(every=1000),
     )
 
@@ -91,7 +93,8 @@ def seed001_interventions() -> RunConfig:
         model=_seed001_model(8),
         init=InitConfig(qk_regime="independent_xavier"),
         optim=_seed001_optim(),
-        train=TrainConfig(epochs=15, global_batch_size=64, log_every=50, report_every=50, val_every=500),
+        train=TrainConfig(epochs=15, global_batch_size=64, log_every=50, report_every=50, val_every=500,
+                          qkai_every=500),
         checkpoint=CheckpointConfig(every=1000),
     )
 

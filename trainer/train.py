@@ -28,9 +28,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from agent.metrics import qkai, split_heads
 from trainer.checkpoint import Checkpointer, export_model
 from trainer.config import RunConfig
 from trainer.data import TrainData
+from trainer.init import full_tensor
 from trainer.interventions import QK_ALIGN, Interventions
 from trainer.monitoring import Monitor, open_monitor
 from trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
@@ -117,6 +119,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
             log_step(r, step, stats, lambdas)
             step += 1
             stopping = stop_after is not None and step >= stop_after
+            maybe_log_qkai(r, step)
             maybe_validate(r, step)
             maybe_checkpoint(r, step, last=step == r.total_steps or stopping)
             if stopping:
@@ -237,6 +240,30 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
               "lambda": list(lambdas), "tokens_per_s": tokens_per_s, "time": time.time()}
     with open(r.out_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def maybe_log_qkai(r: Run, steps_done: int) -> None:
+    """Per-layer QKAI from the weights, so that a band shows without a collector (collective under FSDP2)."""
+    every = r.cfg.train.qkai_every
+    if not every or (steps_done % every and steps_done != r.total_steps and steps_done != r.start_step + 1):
+        return
+    values = layer_qkai(r.model).tolist()
+    if r.env.is_main:
+        logger.info("step %d  qkai by layer: %s", steps_done - 1, " ".join(f"{v:.2f}" for v in values))
+        with open(r.out_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": steps_done - 1, "qkai": values}) + "\n")
+
+
+@torch.no_grad()
+def layer_qkai(model) -> Tensor:
+    """``(n_layers,)`` mean QKAI over heads (the key rotation and sigma-Reparam leave the subspaces unchanged)."""
+    values = []
+    for block in model.blocks:
+        attn = block.attn
+        wq = split_heads(full_tensor(attn.q_proj.weight).float(), attn.n_heads)  # (nh, D, hs)
+        wk = split_heads(full_tensor(attn.k_proj.weight).float(), attn.n_kv_heads)  # (nkv, D, hs)
+        values.append(qkai(wq, wk).mean())
+    return torch.stack(values).cpu()
 
 
 def maybe_validate(r: Run, steps_done: int) -> None:
