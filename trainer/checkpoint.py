@@ -42,6 +42,8 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 class CheckpointConfig:
     """When to save and what to keep."""
 
+    enabled: bool = True
+    """Save DCP checkpoints at all (False: benchmarks and throwaway runs)."""
     every: int = 0
     """Save a DCP checkpoint every this many steps (0: only at the end)."""
     keep: int = 2
@@ -92,7 +94,7 @@ class Checkpointer:
         return self.folder / f"step-{steps[-1]:07d}" if steps else None
 
     def due(self, step: int, last: bool) -> bool:
-        return last or (self.config.every > 0 and step % self.config.every == 0)
+        return self.config.enabled and (last or (self.config.every > 0 and step % self.config.every == 0))
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> Path:
         """Collective: every rank calls it. Returns the checkpoint folder."""

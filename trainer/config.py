@@ -110,6 +110,9 @@ class RunConfig:
             raise ValueError("intervention.kind=qk_decouple starts from equal Q/K: set init.qk_regime=qk_identical")
         if self.train.seq_len is not None and self.train.seq_len > m.max_seq_len:
             raise ValueError(f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
+        if self.raa.fallback_lambdas is not None and len(self.raa.fallback_lambdas) != m.n_layers:
+            raise ValueError(f"raa.fallback_lambdas has {len(self.raa.fallback_lambdas)} values for "
+                             f"model.n_layers={m.n_layers}")
         if self.raa.rank is not None and self.raa.rank > m.d_head:
             raise ValueError(f"raa.rank={self.raa.rank} exceeds model.d_head={m.d_head}")
         if self.model.vocab_size < 256:

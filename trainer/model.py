@@ -257,11 +257,14 @@ class KeyRotation(nn.Module):
     def forward(self, k: Tensor) -> Tensor:
         """``k (B, G, T, d) -> R_g k`` as ``k - (k V^T) (T^T V)``: two skinny products (inner size p).
 
-        That is ``4 p d`` flops per key instead of ``2 d^2`` for the matrix, in three passes over the
-        keys instead of the ``4 p`` of reflecting one vector at a time.
+        That is ``4 p d`` flops per key instead of ``2 d^2`` for the matrix, in a few passes over the
+        keys instead of the ``4 p`` of reflecting one vector at a time. The keys come from a
+        ``(B, T, G, d)`` projection, so the products run in that layout (no copy to ``(B, G, T, d)``).
         """
         v, w = self.wy()
-        return k - (k @ v.mT.to(k.dtype)) @ w.to(k.dtype)  # (B, G, T, p) @ (G, p, d)
+        kt = k.transpose(1, 2)  # (B, T, G, d)
+        coef = torch.einsum("btgd,gpd->btgp", kt, v.to(k.dtype))  # (B, T, G, p)
+        return (kt - torch.einsum("btgp,gpd->btgd", coef, w.to(k.dtype))).transpose(1, 2)  # (B, G, T, d)
 
 
 def rope_cache(seq_len: int, d_head: int, theta: float, device=None) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,8 @@ the model has no rotation, no penalty is computed and no lambdas are read.
 * Entropy-floor scheduling: ``lambda_l = lambda_0 * sigmoid((H_l - H_star) / beta)`` is computed by
   the collector (or the agent, when the collector is away) from each layer's running entropy and
   read through the monitor's ``lambdas()``; a layer is flagged when ``lambda_l > floor * lambda_0``.
-  Without advice (no monitor, or no lambdas yet) the fallback is ``lambda_0`` on every layer.
+  Without advice (no monitor, or no lambdas yet) the fallback is ``raa.fallback_lambdas``, by
+  default ``lambda_0`` on every layer.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ class RAAConfig:
     reflections: int = 4
     """p, the Householder reflections per key head (even: they start as equal pairs)."""
     schedule: bool = True
-    """Read per-layer lambdas from the monitor (entropy-floor schedule); False: lambda_0 on every layer."""
+    """Read per-layer lambdas from the monitor (entropy-floor schedule); False: always the fallback lambdas."""
     lambda_0: float = 1e-4
     """PAR weight scale (seed 000's lambda_0); also the fallback weight on every layer."""
     lambda_max: float = 1e-2
     """Largest lambda accepted from the monitor (the collector validates overrides against it)."""
+    fallback_lambdas: list[float] | None = None
+    """Per-layer lambdas when the monitor gives none, or when schedule is off (None: lambda_0 on every layer)."""
     floor: float = 0.01
     """A layer is flagged (PAR computed) when its lambda exceeds floor * lambda_0."""
     tau_factor: float = 0.45
@@ -93,6 +96,8 @@ class RAAConfig:
             raise ValueError(f"raa.method={self.method!r} is not one of auto, exact, randomized")
         if self.every < 1:
             raise ValueError(f"raa.every must be >= 1, got {self.every}")
+        if self.fallback_lambdas is not None and not all(math.isfinite(v) and v >= 0 for v in self.fallback_lambdas):
+            raise ValueError(f"raa.fallback_lambdas must be finite and >= 0, got {self.fallback_lambdas}")
         if not 0 <= self.ema < 1:
             raise ValueError(f"raa.ema must lie in [0, 1), got {self.ema}")
 
@@ -148,7 +153,7 @@ class RAAController:
     def lambdas(self, monitor) -> list[float]:
         """This step's per-layer lambdas: the monitor's advice when valid, else ``lambda_0`` everywhere."""
         c = self.config
-        fallback = [c.lambda_0] * self.n_layers
+        fallback = [c.lambda_0] * self.n_layers if c.fallback_lambdas is None else list(c.fallback_lambdas)
         if not c.uses_par:
             return [0.0] * self.n_layers
         if not c.schedule:

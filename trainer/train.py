@@ -238,6 +238,8 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
                 step, r.total_steps, loss, par, grad_norm, stats.lr, flagged, len(lambdas), tokens_per_s)
     record = {"step": step, "loss": loss, "par": par, "grad_norm": grad_norm, "lr": stats.lr,
               "lambda": list(lambdas), "tokens_per_s": tokens_per_s, "time": time.time()}
+    if r.env.device.type == "cuda":
+        record["max_memory_gib"] = torch.cuda.max_memory_allocated(r.env.device) / 2**30
     with open(r.out_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
 

@@ -112,6 +112,8 @@ def test_no_advice_or_bad_advice_falls_back_to_lambda_0(tiny_model, caplog):
     unscheduled = RAAController(RAAConfig(enabled=True, schedule=False), tiny_model().attentions())
     advice = _Advice([0.5, 0.5])
     assert unscheduled.lambdas(advice) == [1e-4, 1e-4] and advice.calls == 0
+    fixed = RAAController(RAAConfig(enabled=True, fallback_lambdas=[0.0, 3e-4]), tiny_model().attentions())
+    assert fixed.lambdas(_Advice(None)) == [0.0, 3e-4] and fixed.apply([0.0, 3e-4], 0) == [False, True]
 
 
 def test_raa_off_costs_nothing(tiny_run, monkeypatch):

@@ -187,3 +187,30 @@ def test_eval_scores_a_model_that_knows_the_answer():
             return out
 
     assert accuracy(Oracle(), samples) == 1.0
+
+
+@pytest.mark.parametrize("options", [{"activation_checkpointing": True},
+                                     {"compile": True, "compile_backend": "eager"}])
+def test_activation_checkpointing_and_compile_change_nothing(tiny_run, tmp_path, options):
+    """Same losses with the speed options on (PAR included: it is recomputed inside the checkpointed block)."""
+    cfg = tiny_run(steps=3, init={"qk_regime": "qk_identical", "qk_layers": [1, 2]})
+    run(cfg, tmp_path / "plain")
+    run(dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **options)), tmp_path / "fast")
+    plain, fast = _curve(tmp_path / "plain"), _curve(tmp_path / "fast")
+    assert [s for s, _ in fast] == [0, 1, 2]
+    for (_, a), (_, b) in zip(plain, fast, strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_eval_reads_a_dcp_checkpoint_folder(tiny_run, tmp_path):
+    from trainer.evals import evaluate, load_checkpoint
+
+    run(tiny_run(steps=2), tmp_path)
+    from_dcp = load_checkpoint(tmp_path / "checkpoints" / "step-0000002")
+    from_export = load_checkpoint(tmp_path / "model.pt")
+    assert from_dcp.step == from_export.step == 2
+    for (name, a), b in zip(from_dcp.model.state_dict().items(), from_export.model.state_dict().values(),
+                            strict=True):
+        assert torch.equal(a, b), name
+    (ppl,) = evaluate(from_dcp, ["perplexity"], [16], samples=2, seed=0)
+    assert ppl.name == "ppl_16" and ppl.value > 1
