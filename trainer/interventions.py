@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from agent.metrics import column_alignment
 from trainer.init import full_tensor, generator
+from trainer.model import effective_weight
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,10 @@ class InterventionConfig:
             raise ValueError(f"intervention.align_lambda must be >= 0, got {self.align_lambda}")
 
 
-def qk_align_penalty(wq: Tensor, wk: Tensor, rotation: Tensor | None, *, n_heads: int, n_kv_heads: int) -> Tensor:
-    """``qk_cos`` of one layer from ``nn.Linear``-layout weights, differentiable (keys repeated for GQA)."""
+def qk_align_penalty(attn) -> Tensor:
+    """``qk_cos`` of one attention module's effective weights, differentiable (keys repeated for GQA)."""
+    wq, wk = effective_weight(attn.q_proj), effective_weight(attn.k_proj)
+    n_heads, n_kv_heads = attn.n_heads, attn.n_kv_heads
     if n_kv_heads != n_heads:
         wk = wk.view(n_kv_heads, -1, wk.shape[-1]).repeat_interleave(n_heads // n_kv_heads, 0).flatten(0, 1)
     return column_alignment(wq.mT.float(), wk.mT.float())
@@ -109,7 +112,7 @@ class Interventions:
                             for a in self.attentions]
         elif kind == "qk_align_reg":
             for a in self.attentions:
-                a.weight_penalties[QK_ALIGN] = partial(qk_align_penalty, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads)
+                a.weight_penalties[QK_ALIGN] = qk_align_penalty
 
     @property
     def weight(self) -> float:

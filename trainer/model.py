@@ -25,9 +25,9 @@ The seams other parts rely on (the agent's adapter, ``qkwatch analyze``, RAA):
   with ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)`` as the model uses them.
 * ``Attention.qk_weights()`` returns the effective query/key weights in ``nn.Linear`` layout and the
   ``(n_kv_heads, d_head, d_head)`` key rotation or None.
-* ``Attention.weight_penalties`` maps a name to ``fn(wq, wk, rotation) -> scalar``; each is
-  evaluated inside the forward, where FSDP2 has the weights unsharded, and returned with the
-  block's output so that its gradient reaches the shards (RAA's PAR lives there).
+* ``Attention.weight_penalties`` maps a name to ``fn(attention) -> scalar``; each is evaluated
+  inside the forward, where FSDP2 has the weights unsharded, and returned with the block's output
+  so that its gradient reaches the shards (RAA's PAR lives there).
 
 This module knows nothing of sharding, RAA's schedule or initialisation regimes: ``parallelize``,
 ``raa`` and ``init`` do those.
@@ -283,7 +283,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 # --- attention ---------------------------------------------------------------------------------
 
-WeightPenalty = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+WeightPenalty = Callable[["Attention"], Tensor]
 
 
 class Attention(nn.Module):
@@ -343,8 +343,7 @@ class Attention(nn.Module):
     def _penalties(self) -> dict[str, Tensor]:
         if not self.weight_penalties or not torch.is_grad_enabled():  # nothing to train: skip them
             return {}
-        wq, wk, rotation = self.qk_weights()
-        return {name: fn(wq, wk, rotation) for name, fn in self.weight_penalties.items()}
+        return {name: fn(self) for name, fn in self.weight_penalties.items()}
 
 
 class MLP(nn.Module):

@@ -9,7 +9,8 @@ the model has no rotation, no penalty is computed and no lambdas are read.
 
   with ``c_i`` the cosines of the principal angles between the top-``r`` query and key subspaces
   of head ``h`` (``agent.metrics.principal_overlap``, the one implementation shared with the
-  agent), computed on the effective key map ``Wk_h R_h^T``. The penalty is evaluated inside
+  agent), computed on the effective query/key maps (sigma-Reparam's scaled weights; the key
+  rotation leaves the key subspace unchanged, see :func:`attention_par`). The penalty is evaluated inside
   ``Attention.forward`` (``Attention.weight_penalties``), where FSDP2 has the layer unsharded, and
   returned with the block's output, so its gradient reaches the shards like any other.
 * Householder key rotation: ``trainer.model.KeyRotation`` (``p`` reflections per key head,
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from agent.metrics import effective_key_map, principal_overlap, split_heads
+from trainer.model import effective_weight
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +142,18 @@ def par_penalty(wq: Tensor, wk: Tensor, rotation: Tensor | None, *, n_heads: int
     return excess.square().sum()
 
 
+def attention_par(attn, *, rank: int | None, tau_factor: float, method: str) -> Tensor:
+    """PAR of one attention module from its effective weights (what ``Attention.weight_penalties`` calls).
+
+    The key rotation is left out on purpose: ``Wk R^T`` spans the same subspace as ``Wk`` for an
+    orthogonal ``R`` (its left singular vectors are ``Wk``'s), so the principal angles, the penalty
+    and its gradient are the same with or without it, and building ``R`` would only cost time.
+    ``tests/trainer/test_trainer_raa.py`` holds the invariance.
+    """
+    return par_penalty(effective_weight(attn.q_proj), effective_weight(attn.k_proj), None, n_heads=attn.n_heads,
+                       n_kv_heads=attn.n_kv_heads, rank=rank, tau_factor=tau_factor, method=method)
+
+
 class RAAController:
     """Per-run RAA state: reads lambdas, flags layers, and turns penalties into the loss term."""
 
@@ -177,9 +191,8 @@ class RAAController:
         flags = [due and lam > c.floor * c.lambda_0 for lam in lambdas]
         for attn, flag, was in zip(self.attentions, flags, self._flags, strict=True):
             if flag and not was:
-                attn.weight_penalties[PAR] = partial(
-                    par_penalty, n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, rank=c.rank,
-                    tau_factor=c.tau_factor, method=c.method)
+                attn.weight_penalties[PAR] = partial(attention_par, rank=c.rank, tau_factor=c.tau_factor,
+                                                     method=c.method)
             elif was and not flag:
                 attn.weight_penalties.pop(PAR, None)
         self._flags = flags

@@ -3,6 +3,7 @@
 Writes a JSON report to ``argv[1]`` (rank 0); ``test_trainer_distributed.py`` asserts on it. Checks:
 
 * the sharded initial weights are the single-process ones;
+* seed 001's interventions on shards equal the same surgery on the unsharded model;
 * the gradients of CE + PAR reaching the shards equal the single-process gradients of the same
   global batch (averaged over ranks, not summed: pytorch#162338), and PAR's alone too;
 * a run stopped after 3 steps and resumed from its sharded DCP checkpoint has the loss curve of an
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from trainer import recipes
 from trainer.config import TrainConfig
 from trainer.init import InitConfig, assign, full_tensor
+from trainer.interventions import InterventionConfig, Interventions
 from trainer.parallelize import Env, build_model, init_distributed
 from trainer.raa import RAAController
 from trainer.train import main as train_main
@@ -95,6 +97,30 @@ def gradient_checks(env: Env) -> dict:
     return {"init_equal": init_equal, "ce_plus_par": both, "par_only": par_only}
 
 
+def intervention_checks(env: Env) -> dict:
+    """Table 2's weight surgery on FSDP2 shards equals the same surgery on the unsharded model."""
+    cfg = small_config()
+    single_env = Env(0, 1, torch.device("cpu"), None, torch.float32, torch.float32)
+    out = {}
+    for kind, fields in (("forced_k_contraction", {"every": 1, "tail_rank": 4}), ("freeze_q", {}),
+                         ("k_spectrum_clamp", {"every": 1})):
+        models = [build_model(cfg.model_config(), cfg.parallel, e, cfg.init, cfg.seed) for e in (env, single_env)]
+        ivs = [Interventions(InterventionConfig(kind=kind, **fields), m, 10, cfg.seed) for m in models]
+        gen = torch.Generator().manual_seed(5)
+        for block_s, block_1 in zip(models[0].blocks, models[1].blocks, strict=True):
+            for name in ("q_proj", "k_proj"):
+                w = getattr(block_1.attn, name).weight
+                moved = w.detach() + 0.02 * torch.randn(w.shape, generator=gen)
+                assign(w, moved)
+                assign(getattr(block_s.attn, name).weight, moved)
+        for iv in ivs:
+            iv.after_step(1)
+        errors = [(full_tensor(getattr(bs.attn, n).weight.detach()) - getattr(b1.attn, n).weight.detach()).abs().max()
+                  for bs, b1 in zip(models[0].blocks, models[1].blocks, strict=True) for n in ("q_proj", "k_proj")]
+        out[kind] = max(e.item() for e in errors)
+    return out
+
+
 def resume_check(env: Env, root: Path) -> dict:
     cfg = small_config()
     straight = run(cfg, root / "straight")
@@ -124,7 +150,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     env = init_distributed(recipes.debug_cpu().parallel)
     assert env.world_size == 2 and dist.get_backend() == "gloo"
-    report = {"gradients": gradient_checks(env)}
+    report = {"gradients": gradient_checks(env), "interventions": intervention_checks(env)}
     with tempfile.TemporaryDirectory() as tmp:
         box = [tmp]
         dist.broadcast_object_list(box, src=0)  # one folder for both ranks

@@ -49,6 +49,11 @@ def test_gradients_reaching_the_shards_equal_single_process_ones(report, part):
                 assert checked[f"blocks.{i}.attn.{leaf}"]["ref_max"] > 1e-4
 
 
+@pytest.mark.parametrize("kind", ["forced_k_contraction", "freeze_q", "k_spectrum_clamp"])
+def test_interventions_on_shards_equal_the_unsharded_surgery(report, kind):
+    assert report["interventions"][kind] < 1e-5
+
+
 def test_resumed_sharded_run_has_the_uninterrupted_loss_curve(report):
     straight, resumed = report["resume"]["straight"], report["resume"]["resumed"]
     assert [s for s, _ in straight] == list(range(6)) == [s for s, _ in resumed]

@@ -41,6 +41,16 @@ def test_par_gradient_with_gqa_and_top_r_subspaces():
     assert torch.autograd.gradcheck(penalty, (wq.requires_grad_(), wk.requires_grad_()))
 
 
+def test_par_ignores_the_key_rotation_because_the_subspace_is_the_same():
+    """Why ``attention_par`` may leave the rotation out: ``Wk R^T`` spans ``Wk``'s column space."""
+    wq, wk = _aligned_pair()
+    vectors = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    kwargs = {"n_heads": 2, "n_kv_heads": 2, "rank": None, "tau_factor": 0.45}
+    torch.testing.assert_close(par_penalty(wq, wk, householder(vectors), **kwargs), par_penalty(wq, wk, None, **kwargs))
+    top = {**kwargs, "rank": 2}
+    torch.testing.assert_close(par_penalty(wq, wk, householder(vectors), **top), par_penalty(wq, wk, None, **top))
+
+
 def test_par_is_the_seed_formula():
     wq, wk = _aligned_pair()
     overlap = principal_overlap(split_heads(wq, 2), split_heads(wk, 2))  # sum_i c_i^2 per head
