@@ -238,21 +238,16 @@ class KeyRotation(nn.Module):
         return householder(self.vectors.float())
 
     def wy(self) -> tuple[Tensor, Tensor]:
-        """Compact WY form ``R = H_1 ... H_p = I - V^T T V`` (LAPACK ``larft``), as ``(V, T^T V)``.
+        """Compact WY form ``R = H_1 ... H_p = I - V^T T V``, returned as ``(V, T^T V)``.
 
-        ``V (G, p, d)`` holds the reflection vectors as rows and ``T (G, p, p)`` is upper triangular:
-        ``T_jj = tau_j = 2 / |v_j|^2`` and ``T[:j, j] = -tau_j T[:j, :j] (V[:j] v_j)``.
+        ``V (G, p, d)`` holds the reflection vectors as rows; ``T (G, p, p)`` is upper triangular with
+        ``T^{-1} = diag(|v_j|^2 / 2) + triu(V V^T, 1)`` (Joffrain et al. 2006), so ``T^T V`` is one
+        triangular solve, a handful of kernels per layer whatever ``p``.
         """
         v = self.vectors.float()  # (G, p, d)
-        p = v.shape[1]
-        tau = 2.0 / v.square().sum(-1)  # (G, p)
         gram = v @ v.mT  # (G, p, p)
-        cols = []
-        for j in range(p):  # p is 4: a loop over reflections, on (G, p) numbers
-            upper = [-tau[:, j] * sum(cols[i][:, r] * gram[:, i, j] for i in range(r, j)) for r in range(j)]
-            cols.append(torch.stack([*upper, tau[:, j], *[torch.zeros_like(tau[:, j])] * (p - j - 1)], -1))
-        t = torch.stack(cols, -1)  # (G, p, p), column j = cols[j]
-        return v, t.mT @ v
+        t_inv = torch.diag_embed(gram.diagonal(dim1=-2, dim2=-1) / 2) + gram.triu(1)
+        return v, torch.linalg.solve_triangular(t_inv.mT, v, upper=False)  # T^T V = (T^{-1})^{-T} V
 
     def forward(self, k: Tensor) -> Tensor:
         """``k (B, G, T, d) -> R_g k`` as ``k - (k V^T) (T^T V)``: two skinny products (inner size p).
