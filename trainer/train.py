@@ -4,7 +4,8 @@
 
 Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``train_step`` (forward,
 loss with the RAA penalty, backward, clip, AdamW) -> ``maybe_intervene`` (seed 001) ->
-``maybe_log`` -> ``maybe_validate`` -> ``maybe_checkpoint``. What a run writes, in ``--out``:
+``log_step`` -> ``maybe_log_qkai`` -> ``maybe_validate`` -> ``maybe_checkpoint``. A SIGTERM
+(preemption) makes every rank checkpoint and stop at the next log step. What a run writes, in ``--out``:
 ``run.json`` (the collector run's name and attempts), ``config.json``, ``metrics.jsonl`` (rank 0,
 every ``train.log_every`` steps), ``checkpoints/step-N/`` (DCP) and ``model.pt`` (the
 qkwatch-gpt export).
@@ -18,7 +19,9 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +91,9 @@ class Run:
     micro_batch: int
     accumulation: int
     start_step: int = 0
+    preemption: Preemption = field(default_factory=lambda: Preemption(install=False))
+    stop_requested: bool = False
+    """Some rank got SIGTERM: every rank learns it at the same log step, checkpoints and stops."""
     last_loss: float = math.nan
     last_val: float | None = None
     tick: float = field(default_factory=time.perf_counter)
@@ -110,6 +116,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
     r = None
     try:
         r = setup(cfg, env, Path(out_dir), resume, monitor)
+        r.preemption = Preemption()
         step = r.start_step
         while step < r.total_steps:
             r.monitor.step(step)
@@ -118,7 +125,9 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
             maybe_intervene(r, step + 1)
             log_step(r, step, stats, lambdas)
             step += 1
-            stopping = stop_after is not None and step >= stop_after
+            stopping = (stop_after is not None and step >= stop_after) or r.stop_requested
+            if r.stop_requested:
+                logger.warning("SIGTERM: checkpointing step %d and stopping; continue with --resume", step)
             maybe_log_qkai(r, step)
             maybe_validate(r, step)
             maybe_checkpoint(r, step, last=step == r.total_steps or stopping)
@@ -128,6 +137,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
         return TrainResult(r.out_dir, r.run_name, step, r.last_loss, r.last_val)
     finally:
         if r is not None:
+            r.preemption.close()
             r.monitor.close(MONITOR_CLOSE_TIMEOUT_S)
         close_distributed(env)
 
@@ -221,11 +231,14 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
     last = step + 1 == r.total_steps
     if (step + 1) % r.cfg.train.log_every and not last and step != r.start_step:
         return
-    values = torch.stack([stats.loss.float(), stats.par.float(), stats.grad_norm.float().to(stats.loss.device)])
+    signal_seen = torch.tensor(float(r.preemption.requested), device=stats.loss.device)
+    values = torch.stack([stats.loss.float(), stats.par.float(), stats.grad_norm.float().to(stats.loss.device),
+                          signal_seen * r.env.world_size])
     if r.env.distributed:  # every rank reaches this at the same steps
         dist.all_reduce(values)
         values /= r.env.world_size
-    loss, par, grad_norm = values.tolist()  # the one device sync of this step
+    loss, par, grad_norm, signals = values.tolist()  # the one device sync of this step
+    r.stop_requested = signals > 0
     r.last_loss = loss
     now = time.perf_counter()
     tokens = (step + 1 - r.tick_step) * r.cfg.train.global_batch_size * r.cfg.seq_len
@@ -309,6 +322,28 @@ def finish(r: Run, steps_done: int) -> None:
         export_model(r.model, r.out_dir / "model.pt", meta=meta)
         if r.env.is_main:
             logger.info("exported %s", r.out_dir / "model.pt")
+
+
+class Preemption:
+    """Remembers a SIGTERM (a cluster's preemption notice) instead of dying at once; ``close`` restores.
+
+    The loop reads ``requested`` at its log steps, where the ranks already synchronise, so they
+    all stop after the same step, with a checkpoint (``--resume`` continues).
+    """
+
+    def __init__(self, install: bool = True) -> None:
+        self.requested = False
+        self._previous = None
+        if install and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 # --- run identity and files ------------------------------------------------------------------------

@@ -214,3 +214,22 @@ def test_eval_reads_a_dcp_checkpoint_folder(tiny_run, tmp_path):
         assert torch.equal(a, b), name
     (ppl,) = evaluate(from_dcp, ["perplexity"], [16], samples=2, seed=0)
     assert ppl.name == "ppl_16" and ppl.value > 1
+
+
+def test_sigterm_checkpoints_and_stops_so_that_resume_continues(tiny_run, tmp_path):
+    import os
+    import signal
+
+    class Preempting(RecordingMonitor):
+        def step(self, step):
+            super().step(step)
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler only records it
+
+    cfg = tiny_run(steps=6)
+    previous = signal.getsignal(signal.SIGTERM)
+    stopped = run(cfg, tmp_path, monitor=Preempting())
+    assert signal.getsignal(signal.SIGTERM) is previous  # handler restored
+    assert stopped.steps == 3 and (tmp_path / "checkpoints" / "step-0000003").is_dir()
+    assert not (tmp_path / "model.pt").exists()
+    assert run(cfg, tmp_path, resume=True).steps == 6
