@@ -47,6 +47,9 @@ class ParallelConfig:
     """FSDP2: free gathered parameters after each block's forward (ZeRO-3); False keeps them (ZeRO-2)."""
     timeout_s: float = 600.0
     """Process-group timeout."""
+    cpu_threads: int | None = None
+    """Intra-op threads on the CPU (None: torch's default, all cores). Small models run many tiny
+    kernels whose thread wake-ups cost more than they save, badly so on a busy machine: 1 there."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -57,6 +60,8 @@ class ParallelConfig:
             raise ValueError(f"parallel.reduce_dtype={self.reduce_dtype!r} is not one of float32, bfloat16")
         if self.timeout_s <= 0:
             raise ValueError("parallel.timeout_s must be > 0")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"parallel.cpu_threads must be >= 1 or None, got {self.cpu_threads}")
 
 
 @dataclass
@@ -101,6 +106,8 @@ def init_distributed(config: ParallelConfig) -> Env:
     device = torch.device("cuda", local_rank) if wants_cuda else torch.device("cpu")
     if wants_cuda:
         torch.cuda.set_device(device)
+    if not wants_cuda and config.cpu_threads is not None:
+        torch.set_num_threads(config.cpu_threads)
     param_dtype = DTYPES.get(config.param_dtype) or (torch.bfloat16 if wants_cuda else torch.float32)
     reduce_dtype = DTYPES[config.reduce_dtype]
     if not launched_by_torchrun():

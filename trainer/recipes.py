@@ -45,7 +45,7 @@ def debug_cpu() -> RunConfig:
         data=DataConfig(task_mix=0.1),
         optim=OptimConfig(lr=3e-3, warmup_steps=5),
         train=TrainConfig(steps=60, global_batch_size=8, log_every=5, report_every=5, val_batches=4, qkai_every=20),
-        parallel=ParallelConfig(device="cpu"),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
     )
 
 
@@ -57,10 +57,10 @@ def small_cpu() -> RunConfig:
         init=InitConfig(qk_regime="qk_identical", qk_layers=[2, 3]),
         data=DataConfig(task_mix=0.2),
         optim=OptimConfig(lr=1e-3, warmup_steps=20),
-        train=TrainConfig(steps=400, global_batch_size=8, log_every=10, report_every=10, val_every=100,
+        train=TrainConfig(steps=1000, global_batch_size=8, log_every=10, report_every=10, val_every=200,
                           qkai_every=50),
-        parallel=ParallelConfig(device="cpu"),
-        checkpoint=CheckpointConfig(every=100),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+        checkpoint=CheckpointConfig(every=200),
     )
 
 
