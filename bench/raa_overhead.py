@@ -65,6 +65,7 @@ def config(variant: str, d_model: int, seq_len: int, batch: int):
         cfg, recipe=f"bench-{variant}", raa=raa, init=dataclasses.replace(cfg.init, qk_regime="default"),
         model=ModelConfig(n_layers=N_LAYERS, n_heads=d_model // 64, d_model=d_model, max_seq_len=seq_len),
         data=dataclasses.replace(cfg.data, task_mix=0.0),
+        parallel=dataclasses.replace(cfg.parallel, cpu_threads=None),  # --threads decides
         train=TrainConfig(steps=10_000, global_batch_size=batch, log_every=10_000, report_every=10_000))
 
 
