@@ -1,0 +1,165 @@
+"""RAA: the PAR gradient, the Householder rotation, the schedule hookup, and zero cost when off."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from agent.metrics import householder, principal_overlap, split_heads
+from trainer.model import KeyRotation
+from trainer.raa import PAR, RAAConfig, RAAController, par_penalty
+
+
+def _aligned_pair(n_heads=2, d_model=12, d_head=4, noise=0.3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    wq = torch.randn(n_heads * d_head, d_model, generator=gen, dtype=torch.float64)
+    wk = wq + noise * torch.randn(wq.shape, generator=gen, dtype=torch.float64)  # mostly aligned: PAR > 0
+    return wq, wk
+
+
+def test_par_gradient_matches_finite_differences():
+    wq, wk = _aligned_pair()
+    vectors = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def penalty(wq, wk, vectors):
+        return par_penalty(wq, wk, householder(vectors), n_heads=2, n_kv_heads=2, rank=None, tau_factor=0.45)
+
+    assert penalty(wq, wk, vectors) > 0.1
+    assert torch.autograd.gradcheck(penalty, (wq.requires_grad_(), wk.requires_grad_(), vectors.requires_grad_()))
+
+
+def test_par_gradient_with_gqa_and_top_r_subspaces():
+    wq, _ = _aligned_pair(n_heads=4)
+    wk = wq[:8] + 0.2 * torch.randn(8, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+
+    def penalty(wq, wk):
+        return par_penalty(wq, wk, None, n_heads=4, n_kv_heads=2, rank=3, tau_factor=0.45)
+
+    assert penalty(wq, wk) > 0
+    assert torch.autograd.gradcheck(penalty, (wq.requires_grad_(), wk.requires_grad_()))
+
+
+def test_par_ignores_the_key_rotation_because_the_subspace_is_the_same():
+    """Why ``attention_par`` may leave the rotation out: ``Wk R^T`` spans ``Wk``'s column space."""
+    wq, wk = _aligned_pair()
+    vectors = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    kwargs = {"n_heads": 2, "n_kv_heads": 2, "rank": None, "tau_factor": 0.45}
+    torch.testing.assert_close(par_penalty(wq, wk, householder(vectors), **kwargs), par_penalty(wq, wk, None, **kwargs))
+    top = {**kwargs, "rank": 2}
+    torch.testing.assert_close(par_penalty(wq, wk, householder(vectors), **top), par_penalty(wq, wk, None, **top))
+
+
+def test_par_is_the_seed_formula():
+    wq, wk = _aligned_pair()
+    overlap = principal_overlap(split_heads(wq, 2), split_heads(wk, 2))  # sum_i c_i^2 per head
+    expected = torch.relu(overlap - 0.45 * 4).square().sum()
+    got = par_penalty(wq, wk, None, n_heads=2, n_kv_heads=2, rank=None, tau_factor=0.45)
+    torch.testing.assert_close(got, expected)
+    # a gradient step on PAR alone lowers the overlap: it pushes the subspaces apart
+    wq.requires_grad_(), wk.requires_grad_()
+    par_penalty(wq, wk, None, n_heads=2, n_kv_heads=2, rank=None, tau_factor=0.45).backward()
+    with torch.no_grad():
+        after = principal_overlap(split_heads(wq - 0.01 * wq.grad, 2), split_heads(wk - 0.01 * wk.grad, 2))
+    assert (after < overlap).all()
+
+
+def test_householder_rotation_is_orthogonal_and_the_identity_at_init(tiny_model):
+    model = tiny_model(n_kv_heads=2, key_rotation=4)
+    rotation = model.blocks[0].attn.key_rotation
+    eye = torch.eye(8).expand(2, 8, 8)
+    torch.testing.assert_close(rotation.matrix(), eye, atol=1e-6, rtol=0)
+    k = torch.randn(3, 2, 5, 8)
+    torch.testing.assert_close(rotation(k), k, atol=1e-6, rtol=0)
+
+    free = KeyRotation(n_kv_heads=2, reflections=4, d_head=8)
+    torch.nn.init.normal_(free.vectors)
+    r = free.matrix()
+    torch.testing.assert_close(r.mT @ r, eye, atol=1e-5, rtol=0)
+    torch.testing.assert_close(r @ r.mT, eye, atol=1e-5, rtol=0)
+    assert not torch.allclose(r, eye, atol=1e-2)
+    # applying the reflections to the keys equals k <- R_g k with the matrix
+    torch.testing.assert_close(free(k), k @ r.mT.unsqueeze(0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(free(k).norm(dim=-1), k.norm(dim=-1), atol=1e-5, rtol=1e-5)  # norms kept
+
+
+class _Advice:
+    """A monitor that gives fixed lambdas and counts the calls (the agent gives the real ones)."""
+
+    def __init__(self, lambdas):
+        self.value, self.calls = lambdas, 0
+
+    def lambdas(self):
+        self.calls += 1
+        return self.value
+
+
+def test_lambdas_flag_layers_above_the_floor(tiny_model):
+    model = tiny_model(n_layers=4)
+    config = RAAConfig(enabled=True, lambda_0=1e-3)
+    raa = RAAController(config, model.attentions())
+    lambdas = raa.lambdas(_Advice([0.0, 2e-3, 1e-6, 5e-4]))
+    assert lambdas == [0.0, 2e-3, 1e-6, 5e-4]
+    assert raa.apply(lambdas, step=0) == [False, True, False, True]  # floor: 0.01 * lambda_0
+    assert [PAR in a.weight_penalties for a in model.attentions()] == [False, True, False, True]
+    out = model(torch.randint(0, 256, (1, 8)))
+    assert [PAR in p for p in out.penalties] == [False, True, False, True]
+    total, terms = raa.loss(out.penalties, lambdas)
+    torch.testing.assert_close(total, 2e-3 * out.penalties[1][PAR] + 5e-4 * out.penalties[3][PAR])
+    assert terms[0] == 0.0 and terms[2] == 0.0
+    raa.apply([0.0] * 4, step=1)
+    assert not any(a.weight_penalties for a in model.attentions())
+
+
+def test_no_advice_or_bad_advice_falls_back_to_lambda_0(tiny_model, caplog):
+    raa = RAAController(RAAConfig(enabled=True, lambda_0=1e-3), tiny_model().attentions())
+    assert raa.lambdas(_Advice(None)) == [1e-3, 1e-3]
+    with caplog.at_level(logging.WARNING):
+        assert raa.lambdas(_Advice([float("nan"), 0.0])) == [1e-3, 1e-3]
+        assert raa.lambdas(_Advice([1.0])) == [1e-3, 1e-3]  # wrong length
+    assert sum("ignoring lambdas" in r.message for r in caplog.records) == 1  # warned once
+    unscheduled = RAAController(RAAConfig(enabled=True, schedule=False), tiny_model().attentions())
+    advice = _Advice([0.5, 0.5])
+    assert unscheduled.lambdas(advice) == [1e-4, 1e-4] and advice.calls == 0
+    fixed = RAAController(RAAConfig(enabled=True, fallback_lambdas=[0.0, 3e-4]), tiny_model().attentions())
+    assert fixed.lambdas(_Advice(None)) == [0.0, 3e-4] and fixed.apply([0.0, 3e-4], 0) == [False, True]
+
+
+def test_raa_off_costs_nothing(tiny_run, monkeypatch):
+    """Disabled: no rotation module, the monitor is never asked, principal_overlap never runs."""
+    from trainer import raa as raa_module
+    from trainer.train import run
+
+    cfg = tiny_run(steps=2, raa={"enabled": False})
+    assert cfg.model_config().key_rotation == 0
+    calls = []
+    monkeypatch.setattr(raa_module, "principal_overlap", lambda *a, **k: calls.append(1))
+
+    class Recorder:
+        def __init__(self):
+            self.asked = 0
+            self.layers = []
+
+        def step(self, step): pass
+        def lambdas(self):
+            self.asked += 1
+        def log(self, step, **scalars): pass
+        def log_layers(self, step, values): self.layers.append(values)
+        def close(self, timeout=10.0): pass
+
+    monitor = Recorder()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        run(cfg, out, monitor=monitor)
+    assert monitor.asked == 0 and not calls and not monitor.layers
+
+
+def test_raa_config_errors_name_the_key():
+    with pytest.raises(ValueError, match=r"raa\.reflections"):
+        RAAConfig(reflections=3)
+    with pytest.raises(ValueError, match=r"raa\.lambda_max"):
+        RAAConfig(lambda_0=1.0, lambda_max=0.1)
+    with pytest.raises(ValueError, match=r"raa\.tau_factor"):
+        RAAConfig(tau_factor=1.5)

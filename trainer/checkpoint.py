@@ -1,0 +1,169 @@
+"""Checkpoints: sharded DCP checkpoints for resuming, and a plain-file export for analysis.
+
+* Resume: ``torch.distributed.checkpoint`` (DCP) saves the model and AdamW state as every rank
+  holds them (FSDP2 shards) plus the step, in ``<out>/checkpoints/step-NNNNNNN/``. It is written to
+  a ``.tmp`` folder and renamed once complete, so a crash mid-save leaves the previous checkpoint
+  as the latest. The learning rate and the data are functions of the step, and the initial weights
+  that interventions refer to are functions of the seed, so nothing else needs saving.
+* Analysis: :func:`export_model` writes ``{"format": "qkwatch-gpt", "config": asdict(model.config),
+  "model": full state dict, "meta": {"step", "run", "recipe", "seed"}}`` with ``torch.save`` (what
+  ``qkwatch analyze`` and ``qkwatch eval`` read); :func:`load_exported` builds the GPT back from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import shutil
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "qkwatch-gpt"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class CheckpointConfig:
+    """When to save and what to keep."""
+
+    enabled: bool = True
+    """Save DCP checkpoints at all (False: benchmarks and throwaway runs)."""
+    every: int = 0
+    """Save a DCP checkpoint every this many steps (0: only at the end)."""
+    keep: int = 2
+    """DCP checkpoints kept (the oldest are deleted)."""
+    export: bool = True
+    """Write <out>/model.pt (the qkwatch-gpt export) at the end of the run."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise ValueError(f"checkpoint.every must be >= 0, got {self.every}")
+        if self.keep < 1:
+            raise ValueError(f"checkpoint.keep must be >= 1, got {self.keep}")
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+@contextmanager
+def _single_process_ok():
+    """DCP warns that it assumes a single process when there is no process group: that is intended."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
+        yield
+
+
+class Checkpointer:
+    """Saves and loads the training state of one run folder."""
+
+    def __init__(self, folder: Path, config: CheckpointConfig) -> None:
+        self.folder = Path(folder)
+        self.config = config
+
+    def steps(self) -> list[int]:
+        if not self.folder.is_dir():
+            return []
+        found = (STEP_DIR.match(p.name) for p in self.folder.iterdir() if p.is_dir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest(self) -> Path | None:
+        steps = self.steps()
+        return self.folder / f"step-{steps[-1]:07d}" if steps else None
+
+    def due(self, step: int, last: bool) -> bool:
+        return self.config.enabled and (last or (self.config.every > 0 and step % self.config.every == 0))
+
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> Path:
+        """Collective: every rank calls it. Returns the checkpoint folder."""
+        final = self.folder / f"step-{step:07d}"
+        tmp = self.folder / f"step-{step:07d}.tmp"
+        if _is_main():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        with _single_process_ok():
+            dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": step}}, checkpoint_id=str(tmp))
+        _barrier()
+        if _is_main():
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            for old in self.steps()[: -self.config.keep]:
+                shutil.rmtree(self.folder / f"step-{old:07d}", ignore_errors=True)
+        _barrier()
+        logger.info("saved checkpoint %s", final)
+        return final
+
+    def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Load model and optimizer state in place (collective); returns the step it was saved at."""
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
+        with _single_process_ok():
+            dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        logger.info("resumed from %s (step %d)", path, state["train"]["step"])
+        return int(state["train"]["step"])
+
+
+def load_model_state(path: Path, model: nn.Module) -> int:
+    """Load only the model weights of a DCP checkpoint into an unsharded model; returns its step."""
+    model_sd = get_model_state_dict(model)
+    state = {"model": model_sd, "train": {"step": -1}}
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path))
+    model.load_state_dict(state["model"])
+    return int(state["train"]["step"])
+
+
+def export_model(model: nn.Module, path: str | Path, *, meta: dict | None = None) -> None:
+    """Write the qkwatch-gpt file: full, unsharded tensors on the CPU (collective under FSDP2).
+
+    ``meta`` (optional: step, run, recipe...) is stored under an extra ``"meta"`` key.
+    """
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    if _is_main():
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"format": FORMAT, "config": dataclasses.asdict(model.config), "model": state}
+        if meta:
+            payload["meta"] = meta
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        torch.save(payload, tmp)
+        tmp.replace(path)
+    _barrier()
+
+
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    """The GPT of a qkwatch-gpt file, in eval mode."""
+    from trainer.model import GPT, ModelConfig
+
+    payload = torch.load(path, map_location=device, weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} export (no 'format': '{FORMAT}' key)")
+    model = GPT(ModelConfig(**payload["config"])).to(device)
+    model.load_state_dict(payload["model"])
+    return model.eval()

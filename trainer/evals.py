@@ -1,0 +1,190 @@
+"""Seed 000's evaluations: passkey retrieval (1 and 5 needles), variable binding, perplexity.
+
+``qkwatch eval CHECKPOINT --task passkey|binding|perplexity`` loads a ``model.pt`` export, a run
+folder or a DCP checkpoint folder, runs the tasks at several context lengths, prints a table and
+logs each result through the monitor (to the collector when ``QKWATCH_URL`` / ``--collector`` is
+set, under the checkpoint's run).
+
+Accuracy is greedy: an answer counts when the argmax at every answer position, with the true
+answer's earlier tokens in the context, is the true token (the same as greedy decoding the answer).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trainer.data import DataConfig, TaskSample, TrainData, binding, passkey, passkey_min_length
+
+logger = logging.getLogger(__name__)
+
+TASK_NAMES = ("passkey", "binding", "perplexity")
+
+
+@dataclass
+class EvalResult:
+    task: str
+    """passkey, binding or perplexity."""
+    name: str
+    """Metric name as logged, e.g. ``passkey5_acc_256``."""
+    length: int
+    """Context length in tokens."""
+    value: float
+    n: int
+    """Samples (queries, or windows for perplexity)."""
+
+
+@dataclass
+class Loaded:
+    model: torch.nn.Module
+    step: int | None
+    run: str | None
+    project: str | None
+    corpus: str
+
+
+# --- loading -----------------------------------------------------------------------------------------
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
+    """A model.pt export, a run folder (its model.pt, else its latest checkpoint) or a DCP step folder."""
+    from trainer.checkpoint import load_exported, load_model_state
+
+    path = Path(path)
+    if path.is_dir() and (path / "model.pt").is_file():
+        path = path / "model.pt"
+    if path.is_file():
+        payload_meta = torch.load(path, map_location="cpu", weights_only=True).get("meta", {})
+        model = load_exported(path, device)
+        run_dir = path.parent
+        step = payload_meta.get("step")
+    elif path.is_dir():
+        run_dir, step_dir = _run_and_step_dirs(path)
+        cfg = json.loads((run_dir / "config.json").read_text())
+        from trainer.model import GPT, ModelConfig
+
+        model = GPT(ModelConfig(**cfg["model"]))
+        step = load_model_state(step_dir, model)
+        model = model.to(device).eval()
+    else:
+        raise ValueError(f"{path}: no such checkpoint file or folder")
+    info = _read_json(run_dir / "run.json")
+    corpus = _read_json(run_dir / "config.json").get("data", {}).get("corpus", "pydoc")
+    return Loaded(model, step, info.get("run"), info.get("project"), corpus)
+
+
+def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:
+    if (path / ".metadata").is_file():  # a DCP step folder: <run>/checkpoints/step-N
+        return path.parent.parent, path
+    from trainer.checkpoint import CheckpointConfig, Checkpointer
+
+    latest = Checkpointer(path / "checkpoints", CheckpointConfig()).latest()
+    if latest is None or not (path / "config.json").is_file():
+        raise ValueError(f"{path} is neither a run folder (config.json and checkpoints/) nor a DCP checkpoint")
+    return path, latest
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# --- scoring -------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, samples: list[TaskSample], batch_size: int = 16) -> float:
+    """Fraction of samples whose every answer span is predicted exactly (greedy, teacher-forced)."""
+    device = next(model.parameters()).device
+    correct = 0
+    for i in range(0, len(samples), batch_size):
+        chunk = samples[i:i + batch_size]
+        tokens = torch.tensor([s.tokens for s in chunk], device=device)  # (b, L)
+        pred = model(tokens[:, :-1]).logits.argmax(-1)  # (b, L-1): pred[:, j] guesses tokens[:, j+1]
+        for row, sample in enumerate(chunk):
+            correct += all(bool((pred[row, s - 1:e - 1] == tokens[row, s:e]).all()) for s, e in sample.answers)
+    return correct / max(1, len(samples))
+
+
+def passkey_eval(model, lengths: list[int], samples: int, seed: int) -> list[EvalResult]:
+    out = []
+    for needles in (1, 5):
+        for length in lengths:
+            if length < passkey_min_length(needles):
+                logger.info("passkey with %d needle(s) needs >= %d tokens: skipping length %d",
+                            needles, passkey_min_length(needles), length)
+                continue
+            rng = random.Random(f"passkey:{seed}:{needles}:{length}")
+            contexts = max(1, samples // needles)
+            batch = [s for _ in range(contexts) for s in passkey(rng, length + 1, needles)]
+            out.append(EvalResult("passkey", f"passkey{needles}_acc_{length}", length, accuracy(model, batch),
+                                  len(batch)))
+    return out
+
+
+def binding_eval(model, lengths: list[int], samples: int, seed: int, hops: int = 2) -> list[EvalResult]:
+    out = []
+    for length in lengths:
+        rng = random.Random(f"binding:{seed}:{hops}:{length}")
+        try:
+            batch = [binding(rng, length + 1, hops) for _ in range(samples)]
+        except ValueError as exc:
+            logger.info("binding: %s; skipping length %d", exc, length)
+            continue
+        out.append(EvalResult("binding", f"binding_acc_{length}", length, accuracy(model, batch), len(batch)))
+    return out
+
+
+@torch.no_grad()
+def perplexity_eval(model, corpus: str, lengths: list[int], windows: int) -> list[EvalResult]:
+    """Perplexity on the held-out tail of the corpus (the training run's validation split)."""
+    device = next(model.parameters()).device
+    data = TrainData(DataConfig(corpus=corpus), seq_len=max(lengths), global_batch=1, seed=0)
+    out = []
+    for length in lengths:
+        rows = data.val_windows(windows, length).to(device)
+        nll, count = 0.0, 0
+        for chunk in rows.split(8):
+            logits = model(chunk[:, :-1]).logits
+            nll += F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
+            count += chunk[:, 1:].numel()
+        out.append(EvalResult("perplexity", f"ppl_{length}", length, math.exp(nll / count), len(rows)))
+    return out
+
+
+def default_lengths(task: str, max_len: int) -> list[int]:
+    """Passkey at a quarter, half and all of the context; binding at half and all; perplexity short and long."""
+    fractions = {"passkey": (4, 2, 1), "binding": (2, 1), "perplexity": (4, 1)}[task]
+    return sorted({max(2, max_len // f) for f in fractions})
+
+
+def evaluate(loaded: Loaded, tasks: list[str], lengths: list[int] | None, samples: int, seed: int) -> list[EvalResult]:
+    model = loaded.model.eval()
+    max_len = model.config.max_seq_len
+    results = []
+    for task in tasks:
+        task_lengths = lengths or default_lengths(task, max_len)
+        too_long = [n for n in task_lengths if n > max_len]
+        if too_long:
+            raise ValueError(f"lengths {too_long} exceed the model's max_seq_len={max_len}")
+        if task == "passkey":
+            results += passkey_eval(model, task_lengths, samples, seed)
+        elif task == "binding":
+            results += binding_eval(model, task_lengths, samples, seed)
+        elif task == "perplexity":
+            results += perplexity_eval(model, loaded.corpus, task_lengths, samples)
+        else:
+            raise ValueError(f"unknown task {task!r}; choose from {', '.join(TASK_NAMES)}")
+    return results
+
+
+def format_table(results: list[EvalResult]) -> str:
+    lines = [f"{'task':<12}{'metric':<24}{'length':>8}{'value':>12}{'n':>6}"]
+    lines += [f"{r.task:<12}{r.name:<24}{r.length:>8}{r.value:>12.4f}{r.n:>6}" for r in results]
+    return "\n".join(lines)

@@ -1,0 +1,137 @@
+"""Named run configs, as functions returning a :class:`trainer.config.RunConfig`.
+
+=====================  ==================================================================================
+recipe                 what it is for
+=====================  ==================================================================================
+debug_cpu              the smoke run: 4 layers, 60 steps, a report every 5, full RAA (lambdas read and
+                       applied); well under a minute on 2 CPU cores
+small_cpu              the demo: a collapse band within minutes on a laptop. The band is *induced*:
+                       seed 001's QK-identical initialisation on the middle third of the layers
+                       (QKAI starts at 1 there, about r/d_model elsewhere, and the gap persists, as
+                       seed 001 reports); RAA on, with the collector's entropy-floor lambdas
+seed001_grid           one cell of seed 001's observational grid: d_model 256, 4 heads of 64, MLP 1024,
+                       context 128, 4 layers (``--set model.n_layers=6|8``), AdamW 1e-4 (0.9, 0.95),
+                       weight decay 0.1, clip 1.0, constant lr, batch 64, biases, GELU, no dropout,
+                       learned positions, 45 epochs; ``--set init.qk_regime=...`` and ``--set seed=37``
+seed001_interventions  seed 001's intervention suite: the 8-layer grid model for 15 epochs with
+                       ``--set intervention.kind=...`` (seeds 7, 37, 42, 105, 210)
+gpt_1_3b               seed 000's main model: 24 layers, 16 heads, d_model 2048, head 128, context 4096,
+                       AdamW 3e-4, cosine, 2000 warmup steps, ~2M tokens per step; bf16 FSDP2,
+                       activation checkpointing, compile; RAA with scheduling
+gpt_6_7b               seed 000's replication scale: 32 layers, 32 heads, d_model 4096, head 128
+=====================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainer.checkpoint import CheckpointConfig
+from trainer.config import RunConfig, TrainConfig
+from trainer.data import DataConfig
+from trainer.init import InitConfig
+from trainer.model import ModelConfig
+from trainer.optim import OptimConfig
+from trainer.parallelize import ParallelConfig
+from trainer.raa import RAAConfig
+
+
+def debug_cpu() -> RunConfig:
+    return RunConfig(
+        recipe="debug_cpu",
+        model=ModelConfig(n_layers=4, n_heads=4, d_model=64, max_seq_len=64),
+        raa=RAAConfig(enabled=True, lambda_0=1e-3, lambda_max=1e-1),
+        init=InitConfig(qk_regime="qk_identical", qk_layers=[1, 2]),
+        data=DataConfig(task_mix=0.1),
+        optim=OptimConfig(lr=3e-3, warmup_steps=5),
+        train=TrainConfig(steps=60, global_batch_size=8, log_every=5, report_every=5, val_batches=4, qkai_every=20),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+    )
+
+
+def small_cpu() -> RunConfig:
+    return RunConfig(
+        recipe="small_cpu",
+        model=ModelConfig(n_layers=6, n_heads=4, d_model=128, max_seq_len=128),
+        raa=RAAConfig(enabled=True, lambda_0=1e-3, lambda_max=1e-1),
+        init=InitConfig(qk_regime="qk_identical", qk_layers=[2, 3]),
+        data=DataConfig(task_mix=0.2),
+        optim=OptimConfig(lr=1e-3, warmup_steps=20),
+        train=TrainConfig(steps=1000, global_batch_size=8, log_every=10, report_every=10, val_every=200,
+                          qkai_every=50),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+        checkpoint=CheckpointConfig(every=200),
+    )
+
+
+def _seed001_model(n_layers: int) -> ModelConfig:
+    return ModelConfig(n_layers=n_layers, n_heads=4, d_model=256, d_head=64, d_mlp=1024, max_seq_len=128,
+                       bias=True, position="learned", tie_embeddings=True)
+
+
+def _seed001_optim() -> OptimConfig:
+    return OptimConfig(lr=1e-4, schedule="constant", beta1=0.9, beta2=0.95, weight_decay=0.1, grad_clip=1.0)
+
+
+def seed001_grid() -> RunConfig:
+    return RunConfig(
+        recipe="seed001_grid",
+        seed=42,
+        model=_seed001_model(4),
+        init=InitConfig(qk_regime="independent_xavier"),
+        optim=_seed001_optim(),
+        train=TrainConfig(epochs=45, global_batch_size=64, log_every=50, report_every=50, val_every=500,
+                          qkai_every=500),
+        checkpoint=CheckpointConfig(every=1000),
+    )
+
+
+def seed001_interventions() -> RunConfig:
+    return RunConfig(
+        recipe="seed001_interventions",
+        seed=42,
+        model=_seed001_model(8),
+        init=InitConfig(qk_regime="independent_xavier"),
+        optim=_seed001_optim(),
+        train=TrainConfig(epochs=15, global_batch_size=64, log_every=50, report_every=50, val_every=500,
+                          qkai_every=500),
+        checkpoint=CheckpointConfig(every=1000),
+    )
+
+
+def _seed000(n_layers: int, n_heads: int, d_model: int) -> RunConfig:
+    return RunConfig(
+        model=ModelConfig(n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=128, max_seq_len=4096,
+                          tie_embeddings=False),
+        raa=RAAConfig(enabled=True),
+        optim=OptimConfig(lr=3e-4, schedule="cosine", warmup_steps=2000, weight_decay=0.1, grad_clip=1.0),
+        # 512 sequences of 4096 tokens: ~2.1M tokens per optimizer step (seed 000's global batch)
+        train=TrainConfig(steps=30_000, global_batch_size=512, micro_batch_size=4, log_every=10, report_every=50,
+                          val_every=1000),
+        parallel=ParallelConfig(device="cuda", activation_checkpointing=True, compile=True),
+        checkpoint=CheckpointConfig(every=1000, keep=3),
+    )
+
+
+def gpt_1_3b() -> RunConfig:
+    cfg = _seed000(24, 16, 2048)
+    cfg.recipe = "gpt_1_3b"
+    return cfg
+
+
+def gpt_6_7b() -> RunConfig:
+    cfg = _seed000(32, 32, 4096)
+    cfg.recipe = "gpt_6_7b"
+    return cfg
+
+
+RECIPES: dict[str, Callable[[], RunConfig]] = {
+    f.__name__: f for f in (debug_cpu, small_cpu, seed001_grid, seed001_interventions, gpt_1_3b, gpt_6_7b)
+}
+
+
+def get(name: str) -> RunConfig:
+    """The config of recipe ``name``; ValueError listing the recipes otherwise."""
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
+    return RECIPES[name]()
