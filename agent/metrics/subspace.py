@@ -72,11 +72,20 @@ def qkai(
 
 
 def principal_overlap(
-    wq: Tensor, wk: Tensor, rank: int | None = None, *, method: Method = "auto", dtype: torch.dtype | None = None
+    wq: Tensor,
+    wk: Tensor,
+    rank: int | None = None,
+    *,
+    method: Method = "auto",
+    dtype: torch.dtype | None = None,
+    refine: bool = True,
 ) -> Tensor:
     """``sum_i c_i^2`` per head, differentiable in ``wq`` and ``wk`` (RAA's PAR loss uses it).
 
-    Same arguments and shapes as :func:`qkai`; the range is ``[0, r]``.
+    Same arguments and shapes as :func:`qkai`; the range is ``[0, r]``. ``refine=False`` skips the
+    float64 recomputation of ill-conditioned heads: no data-dependent branch, so no host
+    synchronisation and nothing for ``torch.compile`` to break on, at the price of an error of
+    about ``0.003 u kappa(W)^2`` on those heads (a training loss inside a forward wants that).
     """
     _check_pair(wq, wk)
     r = _rank(wq, rank)
@@ -85,8 +94,8 @@ def principal_overlap(
     if _use_randomized(method, r, d):
         return _overlap_randomized(wq, wk, r, dt)
     if r == d:
-        return _cascade(wq, wk, dt, _full_rank, _householder)[..., 0]
-    return _cascade(wq, wk, dt, partial(_top_r, r=r), partial(_svd_top_r, r=r))
+        return _cascade(wq, wk, dt, _full_rank_overlap, _householder_overlap, refine=refine)
+    return _cascade(wq, wk, dt, partial(_top_r, r=r), partial(_svd_top_r, r=r), refine=refine)
 
 
 def stable_rank(wq: Tensor, wk: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
@@ -134,6 +143,15 @@ def _full_rank(grams: _Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
     return torch.stack([overlap, srank, grams.column_cos()], -1), ok_q & ok_k & grams.finite
 
 
+def _full_rank_overlap(grams: _Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Cholesky QR of both factors: ``sum c_i^2`` alone (no stable rank: nothing to decompose)."""
+    lq, ok_q = _cholesky(grams.q, dt)
+    lk, ok_k = _cholesky(grams.k, dt)
+    c = torch.linalg.solve_triangular(lq, grams.x, upper=False)
+    c = torch.linalg.solve_triangular(lk, c.mT, upper=False).mT
+    return c.square().sum((-2, -1)), ok_q & ok_k & grams.finite
+
+
 def _top_r(grams: _Grams, dt: torch.dtype, r: int) -> tuple[Tensor, Tensor]:
     """Eigenpairs of the Grams: (sum of the top-r c_i^2, trustworthy) per head."""
     bq, ok_q = _top_r_basis(grams.q, r, dt)  # U_Q = Wq Bq, Bq (..., hs, r)
@@ -151,13 +169,13 @@ class _Grams(NamedTuple):
     finite: Tensor
 
     @classmethod
-    def of(cls, wq: Tensor, wk: Tensor, dt: torch.dtype) -> _Grams:
+    def of(cls, wq: Tensor, wk: Tensor, dt: torch.dtype, *, sync: bool = True) -> _Grams:
         wq, wk = wq.to(dt), wk.to(dt)
         gq, gk, x = wq.mT @ wq, wk.mT @ wk, wq.mT @ wk  # (..., hs, hs)
         # A NaN or inf anywhere in a head's weights reaches its Gram: checking the small Grams is
         # enough (a finite head whose Gram overflows is sent on to float64 like any other).
         finite = torch.isfinite(gq.sum((-2, -1)) + gk.sum((-2, -1)) + x.sum((-2, -1)))
-        if not bool(finite.all()):
+        if not sync or not bool(finite.all()):  # without sync: always, instead of asking the device
             eye = torch.eye(gq.shape[-1], dtype=dt, device=gq.device)
             keep = finite[..., None, None]
             gq, gk, x = torch.where(keep, gq, eye), torch.where(keep, gk, eye), torch.where(keep, x, 0 * eye)
@@ -185,6 +203,11 @@ def _householder(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
     nonzero = srank.isfinite()  # the stable rank needs only M != 0
     cos = _Grams.of(wq, wk, torch.float64).column_cos()
     return torch.stack([overlap, srank, cos], -1), torch.stack([full_rank, nonzero, cos.isfinite()], -1)
+
+
+def _householder_overlap(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
+    values, defined = _householder(wq, wk)
+    return values[..., 0], defined[..., 0]
 
 
 def _svd_top_r(wq: Tensor, wk: Tensor, r: int) -> tuple[Tensor, Tensor]:
@@ -234,20 +257,23 @@ def _randomized_top_r(w: Tensor, r: int) -> Tensor:
 # --- the cascade ----------------------------------------------------------------------------
 
 
-def _cascade(wq: Tensor, wk: Tensor, dt: torch.dtype, tier, last_resort) -> Tensor:
+def _cascade(wq: Tensor, wk: Tensor, dt: torch.dtype, tier, last_resort, *, refine: bool = True) -> Tensor:
     """Run ``tier`` on every head in ``dt``, then recompute the untrustworthy heads more carefully.
 
     ``tier(grams, dtype) -> (values, ok)`` with values ``(*heads, ...)``. Heads with ``ok`` false
     are recomputed in float64 with the same tier, and those still not ok by
     ``last_resort(wq, wk) -> (values, defined)``; undefined heads and heads whose weights hold a
-    NaN or inf give NaN.
+    NaN or inf give NaN. ``refine=False`` keeps the first tier's values (non-finite heads: NaN).
     """
     qg, kg, shape = group_heads(wq, wk)
-    values, ok = tier(_Grams.of(qg, kg, dt), dt)
-    if not bool(ok.all()):  # one host sync per call, never one per head
+    grams = _Grams.of(qg, kg, dt, sync=refine)
+    values, ok = tier(grams, dt)
+    if not refine:
+        values = torch.where(_expand_like(grams.finite, values), values, torch.full_like(values, math.nan))
+    elif not bool(ok.all()):  # one host sync per call, never one per head
         values = values.clone()
         values[~ok] = _refine(~ok, qg, kg, tier, last_resort).to(values.dtype)
-    return values.reshape(*shape, *values.shape[ok.ndim :])
+    return values.reshape((*shape, *values.shape[ok.ndim :]))
 
 
 def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier, last_resort) -> Tensor:

@@ -281,3 +281,15 @@ def test_top_r_float32_stays_within_accuracy(kappa: float) -> None:
         for h in range(3)
     ]
     np.testing.assert_allclose(got.numpy(), want, atol=ACCURACY)
+
+
+def test_unrefined_overlap_agrees_on_well_conditioned_heads_and_never_syncs() -> None:
+    wq, wk = torch.randn(2, 3, 4, 64, 16)
+    refined = principal_overlap(wq, wk)
+    quick = principal_overlap(wq, wk, refine=False)
+    assert torch.allclose(refined, quick, atol=1e-4)
+    wq[0, 1, 0, 0] = math.nan
+    assert principal_overlap(wq, wk, refine=False)[0, 1].isnan().all()  # NaN heads still report NaN
+    q = torch.randn(3, 40, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(3, 40, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: principal_overlap(a, b, refine=False), (q, k))
