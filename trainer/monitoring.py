@@ -2,8 +2,7 @@
 
 ``train.py`` talks to a monitor through :class:`Monitor`. The agent provides one with
 ``agent.attach(model, config=..., run=..., project=...)``; :func:`open_monitor` attaches it when
-``QKWATCH_URL`` is set and falls back to :class:`NullMonitor` otherwise (or, with one warning,
-when the installed agent has no ``attach`` yet).
+``QKWATCH_URL`` is set and falls back to :class:`NullMonitor` otherwise.
 
 Per optimizer step the loop calls, in this order: ``step(step)`` before the forward,
 ``lambdas()`` (RAA only), then ``log(step, ...)`` and ``log_layers(step, ...)`` with device
@@ -12,7 +11,6 @@ tensors it does not synchronise; ``close(timeout)`` once at the end (idempotent)
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from typing import Any, Protocol, runtime_checkable
@@ -61,23 +59,14 @@ class NullMonitor:
 
 def open_monitor(model, *, config: dict[str, Any], run: str | None, project: str | None,
                  every: int | None = None) -> Monitor:
-    """The agent when ``QKWATCH_URL`` is set and ``agent.attach`` exists, else a :class:`NullMonitor`.
+    """The agent when ``QKWATCH_URL`` is set, else a :class:`NullMonitor`.
 
-    ``every`` (the report cadence) is passed when ``attach`` takes it; ``run`` and ``project`` only
-    when given, so that the agent's own environment settings (``QKWATCH_RUN``...) apply otherwise.
+    ``run``, ``project`` and ``every`` (the report cadence) are passed only when given, so that
+    the agent's own environment settings (``QKWATCH_RUN``...) apply otherwise.
     """
     if not os.environ.get("QKWATCH_URL"):
         return NullMonitor()
-    try:
-        from agent import attach
-    except ImportError:
-        logger.warning("QKWATCH_URL is set but this agent package has no attach(); training without a monitor")
-        return NullMonitor()
-    kwargs: dict[str, Any] = {"config": config}
-    if run is not None:
-        kwargs["run"] = run
-    if project is not None:
-        kwargs["project"] = project
-    if every is not None and "every" in inspect.signature(attach).parameters:
-        kwargs["every"] = every
-    return attach(model, **kwargs)
+    from agent import attach
+
+    kwargs: dict[str, Any] = {"config": config, "run": run, "project": project, "every": every}
+    return attach(model, **{k: v for k, v in kwargs.items() if v is not None})

@@ -86,16 +86,13 @@ def test_the_loop_calls_the_monitor_in_order_and_applies_its_lambdas(tiny_run, t
         torch.testing.assert_close(scalars["par"], (2e-3 * par[1] / 2e-3 + 5e-3 * par[3] / 5e-3).reshape(()))
 
 
-def test_open_monitor_without_a_collector_or_without_attach(monkeypatch, caplog, tiny_model):
+def test_open_monitor_attaches_the_agent_only_with_a_collector(monkeypatch, tmp_path, tiny_model):
     monkeypatch.delenv("QKWATCH_URL", raising=False)
     assert isinstance(open_monitor(tiny_model(), config={}, run=None, project=None), NullMonitor)
-    import agent
-
-    monkeypatch.setenv("QKWATCH_URL", "http://127.0.0.1:9")
-    monkeypatch.delattr(agent, "attach", raising=False)
-    with caplog.at_level(logging.WARNING):
-        monitor = open_monitor(tiny_model(), config={}, run="r", project="p")
-    assert isinstance(monitor, NullMonitor) and "no attach()" in caplog.text
+    monkeypatch.setenv("QKWATCH_URL", "http://127.0.0.1:9")  # refused: the agent works offline
+    monkeypatch.setenv("QKWATCH_SPOOL", str(tmp_path))
+    monitor = open_monitor(tiny_model(), config={"n_layers": 2}, run="r", project="p", every=3)
+    assert type(monitor).__name__ == "Agent" and monitor.cfg.every == 3 and monitor.run == "r"
     monitor.close(1.0)
     monitor.close(1.0)  # idempotent
 
