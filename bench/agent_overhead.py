@@ -77,8 +77,14 @@ def ab(label, url, args, device, sync):
     a_model, a_opt = make(device)
     b_model, b_opt = make(device)
     spool = tempfile.mkdtemp()
-    monitor = agent.attach(a_model, url=url, project="bench", run=f"overhead-{label.split()[0]}-{time.time_ns()}",
-                           spool=spool, every=args.every)
+    monitor = agent.attach(
+        a_model,
+        url=url,
+        project="bench",
+        run=f"overhead-{label.split()[0]}-{time.time_ns()}",
+        spool=spool,
+        every=args.every,
+    )
     gen = torch.Generator().manual_seed(1)
     with_agent, without = [], []
     for step in range(args.warmup + args.steps):
@@ -97,9 +103,13 @@ def ab(label, url, args, device, sync):
     report_steps = [t for i, t in enumerate(with_agent) if (i + args.warmup) % args.every in (0, 1)]
     plain_steps = [t for i, t in enumerate(with_agent) if (i + args.warmup) % args.every not in (0, 1)]
     return {
-        "label": label, "with": mean_a, "without": mean_b, "overhead": (mean_a - mean_b) / mean_b,
+        "label": label,
+        "with": mean_a,
+        "without": mean_b,
+        "overhead": (mean_a - mean_b) / mean_b,
         "ci": 2 * se / mean_b,
-        "report_pair": statistics.fmean(report_steps), "plain": statistics.median(plain_steps),
+        "report_pair": statistics.fmean(report_steps),
+        "plain": statistics.median(plain_steps),
         "median_overhead": (statistics.median(with_agent) - statistics.median(without)) / statistics.median(without),
         "close": close_s,
     }
@@ -122,16 +132,22 @@ def main() -> None:
         rows.append(ab("collector up", collector.url, args, device, sync))
     rows.append(ab("collector down", f"http://127.0.0.1:{free_port()}", args, device, sync))
     rows.append(ab("offline (no URL)", None, args, device, sync))
-    print(f"\ndevice {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; model: 6 layers, "
-          f"d_model 128, 4 heads, batch {args.batch} x {args.seq} tokens; {args.steps} steps per arm, "
-          f"report every {args.every}\n")
-    print("| agent | step with (ms) | step without (ms) | mean overhead (± 2 SE, paired) | median overhead "
-          "| report step + next (ms) | close (s) |")
+    print(
+        f"\ndevice {device}, torch {torch.__version__}, threads {torch.get_num_threads()}; model: 6 layers, "
+        f"d_model 128, 4 heads, batch {args.batch} x {args.seq} tokens; {args.steps} steps per arm, "
+        f"report every {args.every}\n"
+    )
+    print(
+        "| agent | step with (ms) | step without (ms) | mean overhead (± 2 SE, paired) | median overhead "
+        "| report step + next (ms) | close (s) |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['label']} | {1e3 * r['with']:.2f} | {1e3 * r['without']:.2f} | {100 * r['overhead']:+.2f} % "
-              f"± {100 * r['ci']:.2f} | {100 * r['median_overhead']:+.2f} % | {1e3 * r['report_pair']:.2f} "
-              f"(plain {1e3 * r['plain']:.2f}) | {r['close']:.2f} |")
+        print(
+            f"| {r['label']} | {1e3 * r['with']:.2f} | {1e3 * r['without']:.2f} | {100 * r['overhead']:+.2f} % "
+            f"± {100 * r['ci']:.2f} | {100 * r['median_overhead']:+.2f} % | {1e3 * r['report_pair']:.2f} "
+            f"(plain {1e3 * r['plain']:.2f}) | {r['close']:.2f} |"
+        )
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak RSS of the benchmark process: {peak:.0f} MiB")
     if device.type == "cuda":

@@ -57,8 +57,9 @@ class NullMonitor:
         pass
 
 
-def open_monitor(model, *, config: dict[str, Any], run: str | None, project: str | None,
-                 every: int | None = None) -> Monitor:
+def open_monitor(
+    model, *, config: dict[str, Any], run: str | None, project: str | None, every: int | None = None
+) -> Monitor:
     """The agent when ``QKWATCH_URL`` is set, else a :class:`NullMonitor`.
 
     ``run``, ``project`` and ``every`` (the report cadence) are passed only when given, so that

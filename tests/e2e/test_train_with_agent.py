@@ -24,19 +24,41 @@ def rows_of(collector: LiveCollector, project: str, name: str) -> list[dict]:
         return [json.loads(line) for line in c.export(run["id"], "jsonl")]
 
 
-def test_debug_cpu_under_torchrun_reports_every_layer_and_applies_the_overrides(tmp_path: Path,
-                                                                                collector: LiveCollector) -> None:
+def test_debug_cpu_under_torchrun_reports_every_layer_and_applies_the_overrides(
+    tmp_path: Path, collector: LiveCollector
+) -> None:
     collector.start()
     overrides = {"1": 0.05, "2": 0.02}
     with collector.client() as c:
         run = c.create_run("e2e", "debug", config={"n_layers": N_LAYERS})
         c.set_overrides(run["id"], overrides)
-    env = {**os.environ, "QKWATCH_URL": collector.url, "QKWATCH_PROJECT": "e2e", "QKWATCH_RUN": "debug",
-           "QKWATCH_SPOOL": str(tmp_path / "spool")}
+    env = {
+        **os.environ,
+        "QKWATCH_URL": collector.url,
+        "QKWATCH_PROJECT": "e2e",
+        "QKWATCH_RUN": "debug",
+        "QKWATCH_SPOOL": str(tmp_path / "spool"),
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "trainer.train", "--recipe", "debug_cpu", "--out", str(tmp_path / "run")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "trainer.train",
+            "--recipe",
+            "debug_cpu",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     rows = rows_of(collector, "e2e", "debug")

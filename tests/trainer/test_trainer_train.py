@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 
 import pytest
 import torch
@@ -22,8 +21,7 @@ def _curve(out) -> list[tuple[int, float]]:
 
 def test_resumed_run_has_the_uninterrupted_loss_curve(tiny_run, tmp_path):
     # sigma-Reparam (a persistent power-iteration buffer), RAA with its rotation, GQA, warmup+cosine
-    cfg = tiny_run(steps=8, model={"variant": "sigma_reparam", "n_kv_heads": 2},
-                   checkpoint={"every": 2, "keep": 1})
+    cfg = tiny_run(steps=8, model={"variant": "sigma_reparam", "n_kv_heads": 2}, checkpoint={"every": 2, "keep": 1})
     straight = run(cfg, tmp_path / "straight")
     stopped = run(cfg, tmp_path / "resumed", stop_after=5)
     assert stopped.steps == 5
@@ -101,12 +99,19 @@ def test_with_qk_identical_init_raa_ends_with_lower_mid_layer_qkai(tiny_run, tmp
     """Seed 001's induced alignment on layers 1-2; RAA (fallback lambda_0 on every layer) pulls it down."""
     qkai_by_run = {}
     for enabled in (False, True):
-        cfg = tiny_run(steps=12, raa={"enabled": enabled, "lambda_0": 1e-2, "lambda_max": 0.1},
-                       init={"qk_regime": "qk_identical", "qk_layers": [1, 2]})
+        cfg = tiny_run(
+            steps=12,
+            raa={"enabled": enabled, "lambda_0": 1e-2, "lambda_max": 0.1},
+            init={"qk_regime": "qk_identical", "qk_layers": [1, 2]},
+        )
         run(cfg, tmp_path / str(enabled))
         model = load_exported(tmp_path / str(enabled) / "model.pt")
-        qkai_by_run[enabled] = [qkai(split_heads(b.attn.q_proj.weight.detach(), 4),
-                                     split_heads(b.attn.k_proj.weight.detach(), 4)).mean().item() for b in model.blocks]
+        qkai_by_run[enabled] = [
+            qkai(split_heads(b.attn.q_proj.weight.detach(), 4), split_heads(b.attn.k_proj.weight.detach(), 4))
+            .mean()
+            .item()
+            for b in model.blocks
+        ]
     without, with_raa = qkai_by_run[False], qkai_by_run[True]
     assert min(without[1:3]) > 0.99  # the induced band persists without RAA
     assert max(with_raa[1:3]) < without[1] - 0.03 and max(with_raa[1:3]) < without[2] - 0.03
@@ -132,8 +137,16 @@ def test_qkwatch_train_and_eval_from_the_command_line(tmp_path, capsys, monkeypa
 
     monkeypatch.delenv("QKWATCH_URL", raising=False)
     out = tmp_path / "run"
-    sets = ["init.qk_layers=[1]", "model.n_layers=2", "model.d_model=32", "train.steps=3", "train.log_every=1",
-            "data.task_mix=0.5", "model.variant=outlier_removed", "raa.schedule=false"]
+    sets = [
+        "init.qk_layers=[1]",
+        "model.n_layers=2",
+        "model.d_model=32",
+        "train.steps=3",
+        "train.log_every=1",
+        "data.task_mix=0.5",
+        "model.variant=outlier_removed",
+        "raa.schedule=false",
+    ]
     argv = ["train", "--recipe", "debug_cpu", "--out", str(out)] + [x for s in sets for x in ("--set", s)]
     assert main(argv) == 0
     assert (out / "model.pt").is_file() and len(_curve(out)) == 3
@@ -186,8 +199,7 @@ def test_eval_scores_a_model_that_knows_the_answer():
     assert accuracy(Oracle(), samples) == 1.0
 
 
-@pytest.mark.parametrize("options", [{"activation_checkpointing": True},
-                                     {"compile": True, "compile_backend": "eager"}])
+@pytest.mark.parametrize("options", [{"activation_checkpointing": True}, {"compile": True, "compile_backend": "eager"}])
 def test_activation_checkpointing_and_compile_change_nothing(tiny_run, tmp_path, options):
     """Same losses with the speed options on (PAR included: it is recomputed inside the checkpointed block)."""
     cfg = tiny_run(steps=3, init={"qk_regime": "qk_identical", "qk_layers": [1, 2]})
@@ -206,8 +218,7 @@ def test_eval_reads_a_dcp_checkpoint_folder(tiny_run, tmp_path):
     from_dcp = load_checkpoint(tmp_path / "checkpoints" / "step-0000002")
     from_export = load_checkpoint(tmp_path / "model.pt")
     assert from_dcp.step == from_export.step == 2
-    for (name, a), b in zip(from_dcp.model.state_dict().items(), from_export.model.state_dict().values(),
-                            strict=True):
+    for (name, a), b in zip(from_dcp.model.state_dict().items(), from_export.model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     (ppl,) = evaluate(from_dcp, ["perplexity"], [16], samples=2, seed=0)
     assert ppl.name == "ppl_16" and ppl.value > 1
