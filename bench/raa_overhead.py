@@ -88,12 +88,11 @@ def components(runs, args) -> dict[str, float]:
     rope = (model.rope_cos[: args.seq_len], model.rope_sin[: args.seq_len])
     grad = torch.randn_like(x)
     attn = rotated.attn
-    # the keys as the model holds them: a (B, T, G, d) projection seen as (B, G, T, d)
-    keys = torch.randn(args.batch, args.seq_len, attn.n_kv_heads, attn.d_head, requires_grad=True)
-    key_grad = torch.randn(args.batch, attn.n_kv_heads, args.seq_len, attn.d_head)
+    proj_grad = torch.randn(args.batch, args.seq_len, attn.n_kv_heads * attn.d_head)
     par = attention_par_fn(runs["scheduled"])
     return {"block": _best(lambda: plain(x, rope)[0].backward(grad)),
-            "rotation": _best(lambda: attn.key_rotation(keys.transpose(1, 2)).backward(key_grad)),
+            "rotation": max(0.0, _best(lambda: attn._keys(x).backward(proj_grad))
+                            - _best(lambda: plain.attn.k_proj(x).backward(proj_grad))),
             "PAR": _best(lambda: par(attn).backward())}
 
 

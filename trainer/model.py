@@ -20,7 +20,9 @@ The seams other parts rely on (the agent's adapter, ``qkwatch analyze``, RAA):
 * ``GPT.blocks[i].attn`` is an :class:`Attention` with ``nn.Linear`` ``q_proj``, ``k_proj``,
   ``v_proj``, ``o_proj`` and attributes ``n_heads``, ``n_kv_heads``, ``d_head``.
 * ``Attention.key_rotation`` is RAA's Householder rotation (``vectors``: ``(n_kv_heads, p, d_head)``),
-  applied to the keys after RoPE, or None.
+  or None. It is folded into the key projection (``k = R_g W_k x``, then RoPE): the effective key
+  map of DESIGN.md, ``Wk_h R_h^T`` in math layout, costs weight-sized work instead of passes over
+  every key.
 * ``Attention.qk_tap`` is an identity module called as ``qk_tap(q, k)`` right before attention
   with ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)`` as the model uses them.
 * ``Attention.qk_weights()`` returns the effective query/key weights in ``nn.Linear`` layout and the
@@ -249,6 +251,20 @@ class KeyRotation(nn.Module):
         t_inv = torch.diag_embed(gram.diagonal(dim1=-2, dim2=-1) / 2) + gram.triu(1)
         return v, torch.linalg.solve_triangular(t_inv.mT, v, upper=False)  # T^T V = (T^{-1})^{-T} V
 
+    def fold(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The key projection with the rotation folded in: ``W' = R_g W_g`` and ``b' = R_g b_g`` per head.
+
+        ``weight`` is ``(G * d, d_model)`` (``nn.Linear`` layout). ``G d^2 d_model`` flops on the
+        weights, whatever the number of tokens: cheaper than rotating every key once a step holds
+        more than ``d_model / p`` of them, and one matmul instead of a few memory-bound passes.
+        """
+        r = self.matrix().to(weight.dtype)  # (G, d, d)
+        g, d = r.shape[0], r.shape[-1]
+        folded = (r @ weight.view(g, d, -1)).reshape(g * d, -1)  # (G*d, D)
+        if bias is None:
+            return folded, None
+        return folded, (r @ bias.view(g, d, 1).to(r.dtype)).reshape(-1).to(bias.dtype)
+
     def forward(self, k: Tensor) -> Tensor:
         """``k (B, G, T, d) -> R_g k`` as ``k - (k V^T) (T^T V)``: two skinny products (inner size p).
 
@@ -307,19 +323,26 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, dict[str, Tensor]]:
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, nkv, T, hs)
+        k = self._keys(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, nkv, T, hs)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, nkv, T, hs)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.key_rotation is not None:
-            k = self.key_rotation(k)
         q, k = self.qk_tap(q, k)
         y = self._attend(q, k, v) if self.path == "explicit" else F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, nh*hs)
         return self.o_proj(y), self._penalties()
+
+    def _keys(self, x: Tensor) -> Tensor:
+        """``k = R_g W_k x`` (before RoPE): RAA's rotation folded into the projection's weights."""
+        if self.key_rotation is None:
+            return self.k_proj(x)
+        if isinstance(self.k_proj, SigmaReparamLinear) and self.training and torch.is_grad_enabled():
+            self.k_proj.power_iteration()  # what its own forward would have done
+        weight, bias = self.key_rotation.fold(effective_weight(self.k_proj), self.k_proj.bias)
+        return F.linear(x, weight, bias)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Explicit causal softmax attention; seed 003's variant subtracts the uniform row."""

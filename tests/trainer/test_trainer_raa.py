@@ -163,3 +163,20 @@ def test_raa_config_errors_name_the_key():
         RAAConfig(lambda_0=1.0, lambda_max=0.1)
     with pytest.raises(ValueError, match=r"raa\.tau_factor"):
         RAAConfig(tau_factor=1.5)
+
+
+def test_the_folded_rotation_is_the_effective_key_map(tiny_model):
+    """Keys come out as R_g W_k x: the projection with the rotation folded in, before RoPE."""
+    model = tiny_model(n_kv_heads=2, key_rotation=4)
+    attn = model.blocks[0].attn
+    torch.nn.init.normal_(attn.key_rotation.vectors)
+    x = torch.randn(2, 5, attn.k_proj.in_features)
+    plain = attn.k_proj(x).view(2, 5, 2, attn.d_head)  # (B, T, G, d)
+    r = attn.key_rotation.matrix()
+    torch.testing.assert_close(attn._keys(x).view(2, 5, 2, attn.d_head), torch.einsum("gde,btge->btgd", r, plain),
+                               atol=1e-5, rtol=1e-5)
+    wq, wk, rotation = attn.qk_weights()  # what the agent and analyze use: Wk_h R_h^T in math layout
+    from agent.metrics import effective_key_map, split_heads
+
+    folded, _ = attn.key_rotation.fold(wk, None)
+    torch.testing.assert_close(split_heads(folded, 2), effective_key_map(split_heads(wk, 2), rotation))
