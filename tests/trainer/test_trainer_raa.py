@@ -175,7 +175,7 @@ def test_the_folded_rotation_is_the_effective_key_map(tiny_model):
     r = attn.key_rotation.matrix()
     torch.testing.assert_close(attn._keys(x).view(2, 5, 2, attn.d_head), torch.einsum("gde,btge->btgd", r, plain),
                                atol=1e-5, rtol=1e-5)
-    wq, wk, rotation = attn.qk_weights()  # what the agent and analyze use: Wk_h R_h^T in math layout
+    _, wk, rotation = attn.qk_weights()  # what the agent and analyze use: Wk_h R_h^T in math layout
     from agent.metrics import effective_key_map, split_heads
 
     folded, _ = attn.key_rotation.fold(wk, None)
