@@ -254,16 +254,18 @@ class KeyRotation(nn.Module):
     def fold(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
         """The key projection with the rotation folded in: ``W' = R_g W_g`` and ``b' = R_g b_g`` per head.
 
-        ``weight`` is ``(G * d, d_model)`` (``nn.Linear`` layout). ``G d^2 d_model`` flops on the
-        weights, whatever the number of tokens: cheaper than rotating every key once a step holds
-        more than ``d_model / p`` of them, and one matmul instead of a few memory-bound passes.
+        ``weight`` is ``(G * d, d_model)`` (``nn.Linear`` layout). In the compact WY form that is
+        ``4 p G d d_model`` flops on the weights whatever the number of tokens, instead of the same
+        per token on the keys.
         """
-        r = self.matrix().to(weight.dtype)  # (G, d, d)
-        g, d = r.shape[0], r.shape[-1]
-        folded = (r @ weight.view(g, d, -1)).reshape(g * d, -1)  # (G*d, D)
+        v, tv = (t.to(weight.dtype) for t in self.wy())  # (G, p, d): R = I - V^T T V, tv = T^T V
+        g, _, d = v.shape
+        w = weight.view(g, d, -1)  # (G, d, D)
+        folded = (w - tv.mT @ (v @ w)).reshape(g * d, -1)  # R W = W - (T^T V)^T (V W): inner size p
         if bias is None:
             return folded, None
-        return folded, (r @ bias.view(g, d, 1).to(r.dtype)).reshape(-1).to(bias.dtype)
+        b = bias.view(g, d, 1).to(weight.dtype)
+        return folded, (b - tv.mT @ (v @ b)).reshape(-1).to(bias.dtype)
 
     def forward(self, k: Tensor) -> Tensor:
         """``k (B, G, T, d) -> R_g k`` as ``k - (k V^T) (T^T V)``: two skinny products (inner size p).
