@@ -236,3 +236,32 @@ def test_what_the_spool_caps_drop_is_counted_and_reaches_the_collector(
     assert events  # (events riding on reports that were dropped later are gone with them)
     sent = max(r["value"] for r in rows if r["metric"] == "agent_sent_total")
     assert sent > 0  # the agent's own health travels with the reports
+
+
+def test_shuffled_and_repeated_deliveries_store_each_report_once(tmp_path: Path, collector: LiveCollector) -> None:
+    """A spool's reports delivered out of order, in random batches, several times over."""
+    import random
+
+    from agent.spool import Spool
+
+    model = TinyGPT()
+    a = agent.attach(
+        model, url=None, project="tests", run="shuffled", spool=str(tmp_path / "spool"), every=1, spectra_every=0
+    )
+    train(a, model, 12)
+    a.close(timeout=0.1)
+    spool = Spool(a.spool_path)
+    reports = [r.payload["report"] for r in spool.pending(1000)]
+    spool.close()
+    collector.start()
+    rng = random.Random(0)
+    with collector.client() as c:
+        run = c.create_run("tests", "shuffled")
+        for _ in range(3):
+            order = reports[:]
+            rng.shuffle(order)
+            while order:
+                size = rng.randint(1, 5)
+                c.send_reports(run["id"], order[:size])  # a fresh batch id each time: only the natural key dedups
+                order = order[size:]
+    assert_exactly_once(points(collector, "shuffled"), range(12))
