@@ -5,6 +5,10 @@ activation outlives its hook, and nothing is copied to the host here (the agent 
 scalar of a report and copies it once). Between report steps the hooks return at once: no
 device work, no synchronisation.
 
+Under ``torch.compile`` the hooks trace as no-ops except for one opaque custom op per layer
+(``qkwatch::tap``): the graph keeps it without a break or a guard, and at run time it hands the
+real queries and keys to the same measurement. Weights are then read at the report instead.
+
 Weights are read in a forward pre-hook of the attention module: under FSDP2 its parameters are
 unsharded there, so no extra all-gather is needed; each rank measures only the layers it owns
 (``layer % world == rank``), so a rank pays about 1/world of the cost. Activations come from the
@@ -105,13 +109,22 @@ class Probe:
         return hook
 
     def _activation_hook(self, site: Site):
-        def tap(q: Tensor, k: Tensor) -> None:
-            if torch.compiler.is_compiling():
-                return  # a compiled forward is not observed: the missing-layer event says so
+        def measure(q: Tensor, k: Tensor) -> None:
             plan = self.plan
             if plan is None or not plan.activations or site.layer in self.capture.activations_seen:
                 return
             self._guarded(site, "activations", lambda: self._measure_activations(site, q, k))
+
+        token = _register_tap(measure)
+        self._removers.append(lambda: _TAPS.pop(token, None))
+
+        def tap(q: Tensor, k: Tensor) -> None:
+            if torch.compiler.is_compiling():
+                # one opaque op in the graph: no graph break, no guard on the plan; at run time it
+                # calls ``measure`` with the real tensors, which returns at once off report steps
+                torch.ops.qkwatch.tap(q.detach(), k.detach(), _sink(q.device), token)
+                return
+            measure(q, k)
 
         return tap
 
@@ -180,6 +193,39 @@ class Probe:
         self.capture.layers.setdefault(layer, {}).update(per_layer)
         if per_head:
             self.capture.heads.setdefault(layer, {}).update(per_head)
+
+
+# --- the tap as a custom op, for compiled forwards ------------------------------------------------
+
+_TAPS: dict[int, Callable[[Tensor, Tensor], None]] = {}
+_SINKS: dict[str, Tensor] = {}
+_NEXT = [0]
+
+
+def _register_tap(fn: Callable[[Tensor, Tensor], None]) -> int:
+    _NEXT[0] += 1
+    _TAPS[_NEXT[0]] = fn
+    return _NEXT[0]
+
+
+def _sink(device: torch.device) -> Tensor:
+    """A one-element tensor the op declares it mutates, so that no compiler drops the call."""
+    key = str(device)
+    if key not in _SINKS:
+        _SINKS[key] = torch.zeros(1, device=device)
+    return _SINKS[key]
+
+
+@torch.library.custom_op("qkwatch::tap", mutates_args=("sink",))
+def _tap_op(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
+    fn = _TAPS.get(token)
+    if fn is not None:
+        fn(q, k)
+
+
+@_tap_op.register_fake
+def _(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
+    return None
 
 
 def _full(t: Tensor | None) -> Tensor | None:
