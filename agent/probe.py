@@ -71,11 +71,15 @@ class Probe:
         self._removers: list[Callable[[], None]] = []
         self._warned: set[str] = set()
         self._positions: dict[tuple, Tensor] = {}
+        # Sharded weights (FSDP2's DTensors) are whole only inside the forward: read them there.
+        # Plain ones are read at the report, every layer in one batched call.
+        self.in_forward = any(_sharded(p) for site in sites for p in site.module.parameters())
         for site in sites:
-            # every layer gets the pre-hook (it only notes that the forward ran there, unless owned):
-            # whether a layer's forward was seen is then the same on every rank
-            handle = site.module.register_forward_pre_hook(self._weights_hook(site))
-            self._removers.append(handle.remove)
+            if self.in_forward:
+                # every layer gets the pre-hook (it only notes that the forward ran there, unless
+                # owned): whether a layer's forward was seen is then the same on every rank
+                handle = site.module.register_forward_pre_hook(self._weights_hook(site))
+                self._removers.append(handle.remove)
             if site.layer in owned:
                 self._removers.append(site.install_tap(self._activation_hook(site)))
 
@@ -140,13 +144,17 @@ class Probe:
                 logger.warning("qkwatch could not measure %s of layer %d (%s): %s", what, site.layer, site.name, exc)
 
     def measure_weights_now(self, plan: Plan) -> None:
-        """Weights of the layers whose pre-hook did not run (a compiled forward), read directly.
+        """Weights read at the report: all owned layers batched (plain weights), or the layers whose
+        pre-hook did not run (a compiled forward of a sharded model).
 
         Called at a step chosen by the step number alone, on every rank: a parameter sharded by
         FSDP2 (a DTensor) is gathered with ``full_tensor()``, a collective every rank joins for
         every such layer in the same order, though each measures only its own.
         """
         if not plan.weights:
+            return
+        if not self.in_forward:
+            self._guarded(self.sites[0], "weights", partial(self._weights_batched, plan))
             return
         for site in self.sites:
             if site.layer in self.capture.forward_seen:
@@ -156,6 +164,27 @@ class Probe:
                 self._guarded(site, "weights", partial(self._weights_of, site, wq, wk, rotation, plan))
 
     # --- measurements -----------------------------------------------------------------------
+
+    def _weights_batched(self, plan: Plan) -> None:
+        """Every owned layer in one ``weight_metrics`` call per shape (one, for a uniform model)."""
+        groups: dict[tuple, list[tuple[Site, tuple]]] = {}
+        for site in self.sites:
+            if site.layer in self.owned:
+                wq, wk, rotation = (None if t is None else t.detach() for t in site.weights())
+                key = (wq.shape, wk.shape, None if rotation is None else rotation.shape, wq.device, wq.dtype)
+                groups.setdefault(key, []).append((site, (wq, wk, rotation)))
+        for members in groups.values():
+            wq = torch.stack([w[0] for _, w in members])  # (L, H, D, hs)
+            wk = torch.stack([w[1] for _, w in members])
+            rot = None if members[0][1][2] is None else torch.stack([w[2] for _, w in members])
+            per_layer, per_head = weight_metrics(wq, wk, rot, spectra=plan.spectra)
+            for i, (site, _) in enumerate(members):
+                self._store(
+                    site.layer,
+                    {k: v[i] for k, v in per_layer.items()},
+                    {k: v[i] for k, v in per_head.items()} if self.heads else {},
+                )
+                self.capture.weights_seen.add(site.layer)
 
     def _measure_weights(self, site: Site, plan: Plan) -> None:
         self._weights_of(site, *site.weights(), plan)
@@ -226,6 +255,10 @@ def _tap_op(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
 @_tap_op.register_fake
 def _(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
     return None
+
+
+def _sharded(t: Tensor) -> bool:
+    return hasattr(t, "full_tensor")  # a DTensor (FSDP2, tensor parallelism)
 
 
 def _full(t: Tensor | None) -> Tensor | None:
