@@ -1,7 +1,8 @@
-"""The live page: ``GET /`` (a plotly heatmap of a metric per layer over steps, refreshing).
+"""The live page: ``GET /`` (plotly heatmaps of a metric per layer over steps, one per chosen run, refreshing).
 
 Self-contained: plotly.js is served from the plotly package at ``/ui/plotly.min.js``, so the page
-works without internet access. The page itself needs no token; its data calls do.
+works without internet access. The page and ``/ui/config.json`` (settings the page draws with,
+not run data) need no token; its data calls do.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import hashlib
 from importlib import resources
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+
+from monitor.api.deps import SettingsDep
 
 router = APIRouter(include_in_schema=False)
 
@@ -32,6 +35,12 @@ def _plotly() -> tuple[bytes, str]:
 @router.get("/", response_class=HTMLResponse)
 def page() -> HTMLResponse:
     return HTMLResponse(_page())
+
+
+@router.get("/ui/config.json")
+def config(settings: SettingsDep) -> JSONResponse:
+    """The collapse threshold, where the page's QKAI colour scale breaks from cool to hot."""
+    return JSONResponse({"collapse_threshold": settings.collapse_threshold}, headers={"Cache-Control": "no-store"})
 
 
 @router.get("/ui/plotly.min.js")
