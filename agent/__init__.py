@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Agent", "AgentConfig", "Mapping", "attach"]
+__all__ = ["Agent", "AgentConfig", "Mapping", "ScheduleConfig", "attach"]
 
 
 def attach(model: Any, **kwargs: Any) -> Any:
@@ -33,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from agent.config import AgentConfig
 
         return AgentConfig
+    if name == "ScheduleConfig":  # the entropy-floor schedule's parameters, shared with the collector
+        from monitor.scheduling import ScheduleConfig
+
+        return ScheduleConfig
     if name == "Mapping":
         from agent.adapters import Mapping
 

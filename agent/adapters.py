@@ -7,7 +7,8 @@ key rotation) without changing how it attends.
 
 Known models:
 
-* qkwatch's own GPT (``trainer.model``): ``Attention.qk_weights()`` and the identity ``qk_tap``.
+* qkwatch's own GPT (``trainer.model``): ``Attention.qk_weights()`` and the identity ``qk_tap``;
+  ``Attention.remove_outlier`` (the ``outlier_removed`` variant) is carried on the site.
 * HuggingFace ``transformers`` models whose attention goes through ``AttentionInterface``
   (Llama, Mistral, Qwen2/3 with GQA and RoPE; BERT; GPT-2 with its fused Conv1D): a wrapper
   registered as ``qkwatch_<impl>`` sees (module, q, k) and calls the model's own implementation
@@ -51,6 +52,9 @@ class Site:
     """Per-head ``wq (H, D, hs)``, ``wk (G, D, hs)`` and the key rotation ``(G, hs, hs)`` or None."""
     install_tap: Callable[[TapFn], Callable[[], None]]
     """Installs a tap; returns the function that removes it."""
+    remove_outlier: bool = False
+    """The model attends with ``A - U`` (seed 003's ``A - 1 1^T / T``, ``U`` the uniform row over the
+    visible keys) instead of ``A``: the spectrum is then measured on ``A - U``."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,7 @@ def _qkwatch_gpt(model: nn.Module) -> list[Site]:
                 causal=True,
                 weights=_gpt_weights(module),
                 install_tap=lambda fn, m=module: _forward_hook_tap(m.qk_tap, lambda args: fn(args[0], args[1])),
+                remove_outlier=bool(getattr(module, "remove_outlier", False)),
             )
         )
     return sites

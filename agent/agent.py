@@ -9,6 +9,7 @@ Per optimizer step the loop calls, in this order::
     agent.log_layers(step, {"lambda": lams, "par": par})
     ...
     agent.close(timeout=10)     # once; idempotent; also on exit via the context manager
+                                # (status="finished"; "crashed" with a reason on an exception)
 
 On a report step, the forward fills the probe; the next ``step`` call (or ``close``) stacks
 every scalar of the report into one tensor and copies it to the host once. On the CPU the
@@ -43,12 +44,14 @@ from agent.shipper import Health, LambdaPoller, Sender
 from agent.spool import Spool
 from agent.transport import HttpTransport, TransportError
 from monitor.scheduling import ScheduleConfig
-from monitor.wire import encode_value
+from monitor.wire import STATUS_REASON_MAX, encode_value
 
 logger = logging.getLogger(__name__)
 
 INITIAL_FETCH_SECONDS = 2.0
 """How long attach() may spend getting the run's lambdas before the first step (collector up)."""
+END_STATUSES = ("finished", "crashed")
+"""What ``close(status=...)`` may say about how the run ended (None: say nothing)."""
 
 
 @dataclass
@@ -119,7 +122,15 @@ class Agent:
             stale_seconds=cfg.lambda_stale_seconds,
             group=self._group,
         )
-        self.probe = Probe(sites, self.owned, sample_rows=cfg.sample_rows, heads=cfg.heads)
+        self.probe = Probe(
+            sites,
+            self.owned,
+            sample_rows=cfg.sample_rows,
+            sample_seqs=cfg.sample_seqs,
+            heads=cfg.heads,
+            pr_rows=cfg.pr_rows,
+            spectrum_window=cfg.spectrum_window,
+        )
         factory = self._transport_factory()
         self.sender = Sender(
             self.spool,
@@ -209,26 +220,41 @@ class Agent:
         for name, value in values.items():
             self._layer_values[name] = (step, value.detach() if isinstance(value, Tensor) else value)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Finish the last report, deliver what can be delivered within ``timeout``; idempotent.
+    def close(self, timeout: float = 10.0, *, status: str | None = "finished", reason: str | None = None) -> None:
+        """Finish the last report, say how the run ended, deliver what can be delivered within ``timeout``.
 
-        Returns within ``timeout`` (plus a few milliseconds) even when the collector is down;
-        what is not delivered stays in the spool for the next run or ``qkwatch sync``.
+        Idempotent. Returns within ``timeout`` (plus a few milliseconds) even when the collector is
+        down; what is not delivered stays in the spool for the next run or ``qkwatch sync``.
+
+        Args:
+            timeout: seconds to spend delivering.
+            status: "finished" (said by rank 0 only: the job is done when rank 0 is), "crashed" (any
+                rank: its own exception, a preemption), or None to leave the run's status alone. It is
+                spooled after the last report and sent after it, so it is never lost and never
+                overtaken by a report.
+            reason: why, stored as the run's ``status_reason`` (cut to 200 characters).
+
+        Raises:
+            ValueError: an unknown status.
         """
+        if status is not None and status not in END_STATUSES:
+            raise ValueError(f"close(status={status!r}): status must be one of {END_STATUSES} or None")
         if self._closed or os.getpid() != self._pid:
             return
         self._closed = True
         deadline = time.monotonic() + max(0.0, timeout)
         try:
-            if self._plan is not None or self._unsent_scalars():
+            if self._plan is not None or self._unsent_scalars() or self.lambdas_state.has_events():
                 self._finish_report()
         finally:
             self.probe.close()
+            self._spool_status(status, reason)
             if self._spooler is not None:
                 self._spooler.close(max(0.0, deadline - time.monotonic()))
             if self.poller is not None:
                 self.poller.close(0.1)
-            finished = self.sender.close(max(0.0, deadline - time.monotonic()))
+            # offline (no URL) nothing can be delivered: do not spend the timeout trying
+            finished = self.sender.close(max(0.0, deadline - time.monotonic()) if self.cfg.url else 0.0)
             if finished:
                 self.spool.close()
             left = self.spool.bytes_pending() if finished else None
@@ -244,12 +270,56 @@ class Agent:
     def __enter__(self) -> Agent:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """A ``with`` block that raises marks the run crashed, with the exception as the reason."""
+        if exc is None:
+            self.close()
+        else:
+            self.close(status="crashed", reason=exception_reason(exc))
+
+    def _spool_status(self, status: str | None, reason: str | None) -> None:
+        """Spool how the run ended as the record after the last report (in order through the GPU spooler)."""
+        if status is None or (status == "finished" and self.rank != 0):
+            return
+        end: dict[str, Any] = {"status": status}
+        if reason and reason.strip():
+            end["reason"] = _bounded(reason.strip())
+        record = {"attempt_key": self.attempt_key, "status": end}
+        if self._spooler is not None:
+            self._spooler.put(record)
+        else:
+            self._append_status(record)
+
+    def _append_status(self, record: dict[str, Any]) -> None:
+        try:
+            self.spool.append(record)
+        except (OSError, ValueError) as exc:
+            logger.warning("qkwatch: could not spool the run's status %s: %s", record["status"], exc)
+            return
+        self.sender.notify()
 
     @property
     def spool_path(self) -> Path:
         return self.spool.path
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state a resumed run needs (the local schedule's), as plain JSON.
+
+        Called where the trainer checkpoints, after the step's forward: the report of that step is
+        finished first, so its entropies are in the state as they would be in an uninterrupted run.
+        """
+        if self._plan is not None and not self._skip():
+            self._finish_report()
+        return {"lambdas": self.lambdas_state.state_dict()}
+
+    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
+        """Restore from what every rank's :meth:`state_dict` returned at the checkpoint."""
+        self.lambdas_state.load_state_dict([s["lambdas"] for s in states if "lambdas" in s])
+
+    @property
+    def lambda_source(self) -> str:
+        """Where the lambdas of the current step come from: "collector", or "local" (the agent's own schedule)."""
+        return self.lambdas_state.source
 
     # --- reports ------------------------------------------------------------------------------
 
@@ -404,7 +474,7 @@ class Agent:
             )
 
     def _events(self, plan: Plan, capture: Capture) -> list[dict[str, Any]]:
-        events = []
+        events = self.lambdas_state.take_events()  # clipped or refused collector lambdas (rank 0 fetches)
         if self._first_report and (plan.weights or plan.activations):
             self._first_report = False
             missing = sorted(
@@ -473,12 +543,13 @@ class _Spooler:
 
     def __init__(self, agent: Agent):
         self.agent = agent
-        self.queue: queue.Queue[_Pending | None] = queue.Queue()
+        self.queue: queue.Queue[_Pending | dict[str, Any] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="qkwatch-spooler", daemon=True)
         self.thread.start()
 
-    def put(self, pending: _Pending) -> None:
-        self.queue.put(pending)
+    def put(self, item: _Pending | dict[str, Any]) -> None:
+        """A report on its way to the host, or the run's status record (spooled after what precedes it)."""
+        self.queue.put(item)
 
     def close(self, timeout: float) -> None:
         self.queue.put(None)
@@ -486,6 +557,9 @@ class _Spooler:
 
     def _run(self) -> None:
         while (pending := self.queue.get()) is not None:
+            if isinstance(pending, dict):
+                self.agent._append_status(pending)
+                continue
             try:
                 pending.ready.synchronize()
                 self.agent._write(pending)
@@ -524,6 +598,16 @@ def attach(
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+
+def exception_reason(exc: BaseException) -> str:
+    """``"RuntimeError: <message>"`` (first line), the status reason of a run that raised."""
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
+
+
+def _bounded(reason: str) -> str:
+    return reason if len(reason) <= STATUS_REASON_MAX else reason[: STATUS_REASON_MAX - 3] + "..."
 
 
 def _due(step: int, every: int | None) -> bool:

@@ -1,7 +1,11 @@
 """The PAR weights (lambdas) the trainer applies: the collector's, or the same schedule computed here.
 
-Rank 0's poller thread offers what the collector serves (validated: the right length, finite, in
-``[0, lambda_max]``; anything else is refused and the last good values stay). Every rank keeps
+Rank 0's poller thread offers what the collector serves, validated value by value so that an
+operator's override is never silently lost: a vector of the wrong length cannot be mapped to
+layers and is refused (the last good values stay); a value above ``lambda_max`` is clipped to it;
+a non-finite or negative one gives way to the local schedule's value for that layer; every other
+value applies. Each clip or refusal is logged once (per layer and requested value) and becomes an
+event of the next report (``lambda_clipped``, ``lambda_invalid``, ``lambdas_refused``). Every rank keeps
 the running entropy of the layers it measures. On steps divisible by ``sync_every`` every rank
 takes part in one small all-reduce on a CPU (gloo) group carrying rank 0's collector values and
 each rank's local schedule for its own layers; all ranks then switch to the same values at the
@@ -11,17 +15,24 @@ fetched: no rank ever waits on the network.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from monitor.scheduling import ScheduleConfig, ema_update, entropy_floor
+from monitor.wire import decode_value, encode_value
+
+logger = logging.getLogger(__name__)
 
 SOURCES = ("collector", "local")
+LOCAL = -1.0
+"""In the exchanged vector, a collector value that gave way to the local schedule (valid ones are >= 0)."""
 
 
 class Lambdas:
@@ -40,7 +51,10 @@ class Lambdas:
         self.stale_seconds = stale_seconds
         self.group = group
         self._lock = threading.Lock()
-        self._collector: tuple[list[float], int, float] | None = None  # values, version, fetched at
+        # values (LOCAL where the local schedule applies), version, fetched at
+        self._collector: tuple[list[float], int, float] | None = None
+        self._noted: set[tuple] = set()  # (kind, layer, requested) already warned about
+        self._events: dict[str, list[dict[str, Any]]] = {}  # kind -> items, for the next report
         self._entropy: list[float | None] = [None] * n_layers
         self.applied: list[float] = [0.0] * n_layers
         self.source = "local"
@@ -50,24 +64,70 @@ class Lambdas:
     # --- inputs -----------------------------------------------------------------------------
 
     def offer(self, answer: dict, now: float | None = None) -> bool:
-        """A ``GET /v1/runs/{id}/lambdas`` answer; True if it was valid and taken."""
+        """A ``GET /v1/runs/{id}/lambdas`` answer; True if taken (possibly with values clipped or replaced).
+
+        Only a vector that cannot be mapped to the layers (not a list of ``n_layers``) is refused.
+        """
         values = answer.get("lambdas")
         if not isinstance(values, list) or len(values) != self.n_layers:
+            self._refuse(values)
             return False
-        try:
-            values = [float(v) for v in values]
-        except (TypeError, ValueError):
-            return False
-        if not all(math.isfinite(v) and 0.0 <= v <= self.schedule.lambda_max for v in values):
-            return False
+        checked = [self._checked(layer, value) for layer, value in enumerate(values)]
         version = answer.get("version")
         with self._lock:
             self._collector = (
-                values,
-                int(version) if isinstance(version, int) else 0,
+                checked,
+                int(version) if isinstance(version, int) and not isinstance(version, bool) else 0,
                 time.monotonic() if now is None else now,
             )
         return True
+
+    def has_events(self) -> bool:
+        with self._lock:
+            return bool(self._events)
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """Events about clipped, replaced or refused collector lambdas since the last call (for a report).
+
+        One event per kind (the collector keeps one per run, attempt, step and kind), listing the layers.
+        """
+        with self._lock:
+            pending, self._events = self._events, {}
+        return [_event(kind, items, self.schedule.lambda_max) for kind, items in pending.items()]
+
+    def _checked(self, layer: int, value: Any) -> float:
+        """The value to apply for ``layer``: as served, clipped to lambda_max, or LOCAL."""
+        try:
+            v = decode_value(value)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or not math.isfinite(v) or v < 0:
+            self._note("lambda_invalid", layer, value, "local schedule")
+            return LOCAL
+        if v > self.schedule.lambda_max:
+            self._note("lambda_clipped", layer, v, self.schedule.lambda_max)
+            return self.schedule.lambda_max
+        return v
+
+    def _refuse(self, values: Any) -> None:
+        got = len(values) if isinstance(values, list) else type(values).__name__
+        self._note("lambdas_refused", None, got, "last good values")
+
+    def _note(self, kind: str, layer: int | None, requested: Any, applied: Any) -> None:
+        """Warn once per (kind, layer, requested value) and queue it for the next report's events."""
+        requested = encode_value(requested) if isinstance(requested, float) else requested
+        key = (kind, layer, repr(requested))
+        if key in self._noted:
+            return
+        self._noted.add(key)
+        logger.warning("qkwatch: %s", _describe(kind, layer, requested, applied, self.n_layers, self.schedule))
+        item = (
+            {"requested": requested, "applied": applied}
+            if layer is None
+            else {"layer": layer, "requested": requested, "applied": applied}
+        )
+        with self._lock:
+            self._events.setdefault(kind, []).append(item)
 
     def observe(self, layer_entropy: dict[int, float]) -> None:
         """Running entropy of this rank's layers from a report (host floats)."""
@@ -99,11 +159,66 @@ class Lambdas:
                 vec[: 2 + n] = 0.0  # only rank 0 speaks for the collector
             dist.all_reduce(vec, group=self.group)  # layers are owned by one rank each: the sum assembles them
         values = vec.tolist()
-        if values[0] > 0:
-            self.applied, self.source, self.version = values[2 : 2 + n], "collector", int(values[1])
+        local_all = values[2 + n :]
+        if values[0] > 0:  # a value that gave way (LOCAL) takes the local schedule's, assembled above
+            served = [lo if v == LOCAL else v for v, lo in zip(values[2 : 2 + n], local_all, strict=True)]
+            self.applied, self.source, self.version = served, "collector", int(values[1])
         else:
-            self.applied, self.source, self.version = values[2 + n :], "local", -1
+            self.applied, self.source, self.version = local_all, "local", -1
 
     def local_values(self) -> Sequence[float]:
         with self._lock:
             return entropy_floor(self._entropy, self.schedule)
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to apply the same lambdas: this rank's running entropies, the
+        values applied since the last exchange and that exchange's step (plain JSON)."""
+        with self._lock:
+            return {"entropy": list(self._entropy), "applied": list(self.applied), "synced_at": self._synced_at}
+
+    def load_state_dict(self, states: Sequence[dict[str, Any]]) -> None:
+        """Restore from the states every rank saved (each knows the layers it measured; merged by layer).
+
+        With the same world size every rank gets back exactly what it had; with another, each still
+        gets every layer's running entropy. A state of another layer count is ignored.
+        """
+        states = [s for s in states if len(s.get("entropy", [])) == self.n_layers]
+        if not states:
+            return
+        with self._lock:
+            for layer in range(self.n_layers):
+                known = [s["entropy"][layer] for s in states if s["entropy"][layer] is not None]
+                self._entropy[layer] = known[0] if known else None
+            self.applied = [float(v) for v in states[0]["applied"]]
+            self._synced_at = states[0]["synced_at"]
+
+
+def _describe(
+    kind: str, layer: int | None, requested: Any, applied: Any, n_layers: int, schedule: ScheduleConfig
+) -> str:
+    if kind == "lambdas_refused":
+        return (
+            f"refusing the collector's lambdas: {requested} values for {n_layers} layers cannot be mapped "
+            "to layers; keeping the last good values"
+        )
+    if kind == "lambda_clipped":
+        return (
+            f"the collector's lambda {requested!r} for layer {layer} is above lambda_max={schedule.lambda_max}; "
+            f"clipped to {applied!r}"
+        )
+    return (
+        f"the collector's lambda {requested!r} for layer {layer} is not a finite number >= 0; "
+        "using the local schedule's value"
+    )
+
+
+def _event(kind: str, items: list[dict[str, Any]], lambda_max: float) -> dict[str, Any]:
+    if kind == "lambdas_refused":
+        message = f"collector lambdas refused: wrong length ({', '.join(str(i['requested']) for i in items)})"
+        return {"kind": kind, "message": message, "data": {"refused": items}}
+    layers = [i["layer"] for i in items]
+    what = "clipped to lambda_max" if kind == "lambda_clipped" else "replaced by the local schedule"
+    message = f"collector lambdas of layers {layers} {what}"
+    return {"kind": kind, "message": message, "data": {"layers": items, "lambda_max": lambda_max}}

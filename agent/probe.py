@@ -12,8 +12,15 @@ real queries and keys to the same measurement. Weights are then read at the repo
 Weights are read in a forward pre-hook of the attention module: under FSDP2 its parameters are
 unsharded there, so no extra all-gather is needed; each rank measures only the layers it owns
 (``layer % world == rank``), so a rank pays about 1/world of the cost. Activations come from the
-site's tap: one sequence of the batch, ``sample_rows`` query rows evenly spaced over its
-positions, against all keys of that sequence.
+site's tap, the queries and keys of the whole micro-batch:
+
+* row statistics (entropy, top-k, logits, ``qk_erank``): the first ``sample_seqs`` sequences,
+  ``sample_rows`` query rows of each, evenly spaced over its positions, against all keys of the
+  same sequence; averaged over sequences and heads;
+* seed 003's ``attn_srank`` and ``attn_gap1``: the square attention matrix of the first
+  sequence's first ``spectrum_window`` tokens (``A - U`` where the model removes the outlier);
+* ``pr_q``, ``pr_k``: every position of the micro-batch, evenly strided down to ``pr_rows`` rows
+  (the participation ratio reads low from few rows: see ``participation_ratio``).
 """
 
 from __future__ import annotations
@@ -27,12 +34,12 @@ import torch
 from torch import Tensor
 
 from agent.adapters import Site
-from agent.metrics import attention_stats, participation_ratio
+from agent.metrics import attention_spectrum, attention_stats, participation_ratio
 from agent.metrics.summary import weight_metrics
 
 logger = logging.getLogger(__name__)
 
-ACTIVATION_HEAD_METRICS = ("attn_entropy", "attn_top1", "logit_std", "qk_erank")
+ACTIVATION_HEAD_METRICS = ("attn_entropy", "attn_entropy_nats", "attn_top1", "logit_std", "qk_erank")
 
 
 @dataclass
@@ -61,10 +68,23 @@ class Capture:
 
 
 class Probe:
-    def __init__(self, sites: list[Site], owned: set[int], *, sample_rows: int, heads: bool):
+    def __init__(
+        self,
+        sites: list[Site],
+        owned: set[int],
+        *,
+        sample_rows: int,
+        heads: bool,
+        sample_seqs: int = 1,
+        pr_rows: int = 4096,
+        spectrum_window: int = 256,
+    ):
         self.sites = sites
         self.owned = owned
         self.sample_rows = sample_rows
+        self.sample_seqs = sample_seqs
+        self.pr_rows = pr_rows
+        self.spectrum_window = spectrum_window
         self.heads = heads
         self.plan: Plan | None = None
         self.capture = Capture()
@@ -196,20 +216,38 @@ class Probe:
         self.capture.weights_seen.add(site.layer)
 
     def _measure_activations(self, site: Site, q: Tensor, k: Tensor) -> None:
-        q, k = q[0].detach(), k[0].detach()  # one sequence: (H, T, hs), (G, T, hs)
-        t = k.shape[-2]
-        n = min(self.sample_rows, t)
-        pos = self._rows(t, n, k.device)
-        rows = q[:, pos]  # (H, n, hs)
-        stats = attention_stats(rows, k, causal=site.causal, q_pos=pos if site.causal else None)
+        q, k = q.detach(), k.detach()  # (B, H, T, hs), (B, G, T, hs)
+        seqs_q, seqs_k = q[: self.sample_seqs], k[: self.sample_seqs]  # (S, H, T, hs), (S, G, T, hs)
+        seq_q, seq_k = q[0], k[0]  # one sequence: (H, T, hs), (G, T, hs)
+        t = seq_k.shape[-2]
+        pos = self._rows(t, min(self.sample_rows, t), k.device)
+        stats = attention_stats(seqs_q[:, :, pos], seqs_k, causal=site.causal, q_pos=pos if site.causal else None)
+        stats = {name: value.mean(0) for name, value in stats.items()}  # (H,): the sequences averaged
+        if seq_q.shape[-2] == t:  # self-attention: the square matrix exists
+            w = min(t, self.spectrum_window)
+            stats.update(
+                attention_spectrum(seq_q[:, :w], seq_k[:, :w], causal=site.causal, remove_outlier=site.remove_outlier)
+            )
         per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
-        if len(pos) >= 2:
-            pr_q = participation_ratio(rows.transpose(0, 1).flatten(-2).float())  # (n, H*hs): heads concatenated
-            pr_k = participation_ratio(k[:, pos].transpose(0, 1).flatten(-2).float())  # keys at the same rows
-            per_layer.update(pr_q=pr_q, pr_k=pr_k, pr_gap=pr_q - pr_k)
+        per_layer.update(self._participation(q, k))
         heads = {name: stats[name].float() for name in ACTIVATION_HEAD_METRICS} if self.heads else {}
         self._store(site.layer, per_layer, heads)
         self.capture.activations_seen.add(site.layer)
+
+    def _participation(self, q: Tensor, k: Tensor) -> dict[str, Tensor]:
+        """``pr_q``, ``pr_k`` from up to ``pr_rows`` positions of the whole micro-batch, heads concatenated."""
+        if q.shape[0] * q.shape[-2] < 2 or k.shape[0] * k.shape[-2] < 2:
+            return {}
+        pr_q = participation_ratio(self._strided(q).float())  # (n, H*hs)
+        pr_k = participation_ratio(self._strided(k).float())  # (n, G*hs)
+        return {"pr_q": pr_q, "pr_k": pr_k, "pr_gap": pr_q - pr_k}
+
+    def _strided(self, x: Tensor) -> Tensor:
+        """Up to ``pr_rows`` rows of ``x (B, heads, T, hs)``, evenly spaced over its B*T positions."""
+        b, _, t, _ = x.shape
+        flat = self._rows(b * t, min(self.pr_rows, b * t), x.device)  # (n,) indices into the B*T rows
+        # advanced indices on either side of a slice put the row dim first: (n, heads, hs)
+        return x[flat // t, :, flat % t].flatten(-2)  # (n, heads*hs): heads side by side
 
     def _rows(self, t: int, n: int, device: torch.device) -> Tensor:
         """Evenly spaced row positions, made once per (length, device): no host-to-device copy per report."""

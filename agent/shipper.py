@@ -13,6 +13,11 @@ exactly-once. Failures:
 
 Records carry the attempt key of the process that wrote them, so a spool holding reports of an
 earlier (crashed) attempt delivers them to that attempt.
+
+A record is a report (``{"attempt_key", "report"}``) or, last, how the attempt ended
+(``{"attempt_key", "status": {"status", "reason"}}``, written by ``Agent.close``). A status is
+sent alone, as ``PATCH /v1/runs/{id}`` with its attempt, once every report before it is stored;
+the PATCH is idempotent, so a replay is harmless.
 """
 
 from __future__ import annotations
@@ -133,25 +138,37 @@ class Sender:
                 return
 
     def _send_some(self) -> bool | None:
-        """Send one batch: True sent (or dead-lettered), False failed retryably, None nothing to do."""
+        """Send one batch of reports, or one status: True sent (or dead-lettered), False failed
+        retryably, None nothing to do."""
         records = self.spool.pending(self._batch)
         if not records:
             return None
-        key = records[0].payload.get("attempt_key", "")
-        records = list(_same_key(records, key))
+        head = records[0]
+        key = head.payload.get("attempt_key", "")
+        batch = [head] if "status" in head.payload else list(_reports(records, key))
+        if not batch:
+            return self._unknown(head)
         try:
-            attempt = self._attempt(key, records[0].payload)
-            body = {
-                "batch_id": str(_batch_id(self.spool, records)),
-                "attempt": attempt,
-                "reports": [r.payload["report"] for r in records],
-            }
-            self._client().post_reports(self.run_id, body)
+            attempt = self._attempt(key, head.payload)
+            self._post(batch, attempt)
         except TransportError as exc:
             self.spool.release()
-            return self._failed(exc, records)
-        self._delivered(records)
+            return self._failed(exc, batch)
+        self._delivered(batch)
         return True
+
+    def _post(self, records: list[Record], attempt: int) -> None:
+        status = records[0].payload.get("status")
+        if status is not None:
+            self._client().set_status(self.run_id, {**status, "attempt": attempt})
+            logger.info("run %s (attempt %d) marked %s", self.run_id, attempt, status.get("status"))
+            return
+        body = {
+            "batch_id": str(_batch_id(self.spool, records)),
+            "attempt": attempt,
+            "reports": [r.payload["report"] for r in records],
+        }
+        self._client().post_reports(self.run_id, body)
 
     def _attempt(self, key: str, payload: dict[str, Any]) -> int:
         if key not in self._attempts:
@@ -173,8 +190,8 @@ class Sender:
 
     def _delivered(self, records: list[Record]) -> None:
         self.spool.ack(_after(records))
-        self.health.sent += len(records)
-        self.health.acked += len(records)
+        self.health.sent += _count_reports(records)
+        self.health.acked += _count_reports(records)
         self._failures = 0
         self._batch = self.batch_max
 
@@ -199,7 +216,7 @@ class Sender:
         )
         self.health.dead_lettered += len(records)
         self.spool.ack(_after(records))
-        self.health.acked += len(records)
+        self.health.acked += _count_reports(records)
         if not self._warned_dead:
             self._warned_dead = True
             logger.warning(
@@ -210,6 +227,24 @@ class Sender:
                 exc.body[:300],
                 self.spool.path / "dead-letter.jsonl",
             )
+        return True
+
+    def _unknown(self, record: Record) -> bool:
+        """A record neither a report nor a status (a newer agent's spool?): set aside, not sent."""
+        self.spool.dead_letter(
+            {
+                "status": None,
+                "response": "not a report or a status record",
+                "reports": [record.payload],
+                "time": time.time(),
+            }
+        )
+        self.spool.ack(record.end)
+        logger.warning(
+            "spool %s: a record of unknown kind (keys %s) moved to dead-letter.jsonl",
+            self.spool.path,
+            sorted(record.payload),
+        )
         return True
 
     def _sleep_backoff(self, deadline: float | None) -> None:
@@ -239,7 +274,6 @@ class LambdaPoller:
         self.period = period
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="qkwatch-lambdas", daemon=True)
-        self._warned = False
 
     def start(self) -> None:
         self._thread.start()
@@ -252,11 +286,7 @@ class LambdaPoller:
         except TransportError as exc:
             logger.debug("lambdas not fetched: %s", exc)
             return False
-        taken = self.offer(answer)
-        if not taken and not self._warned:
-            self._warned = True
-            logger.warning("the collector's lambdas were refused (wrong length or out of range): %s", answer)
-        return taken
+        return self.offer(answer)  # what it refuses or clips, it warns about (once) and reports
 
     def close(self, timeout: float = 1.0) -> None:
         self._stop.set()
@@ -273,11 +303,16 @@ class LambdaPoller:
             transport.close()
 
 
-def _same_key(records: list[Record], key: str):
+def _reports(records: list[Record], key: str):
+    """The leading reports of one attempt key; a status record ends the batch (it is sent after them)."""
     for record in records:
-        if record.payload.get("attempt_key", "") != key:
+        if record.payload.get("attempt_key", "") != key or "report" not in record.payload:
             return
         yield record
+
+
+def _count_reports(records: list[Record]) -> int:
+    return sum("report" in r.payload for r in records)
 
 
 def _after(records: list[Record]) -> Position:

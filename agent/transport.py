@@ -1,4 +1,4 @@
-"""The agent's only HTTP code: three calls to the collector behind a small protocol.
+"""The agent's only HTTP code: four calls to the collector behind a small protocol.
 
 Every failure becomes a :class:`TransportError` that says whether retrying can help: connection
 errors, timeouts, 408, 429 and 5xx can; any other 4xx cannot (the request itself is wrong).
@@ -39,6 +39,8 @@ class Transport(Protocol):
 
     def get_lambdas(self, run_id: str) -> dict[str, Any]: ...
 
+    def set_status(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 
@@ -59,6 +61,10 @@ class HttpTransport:
 
     def get_lambdas(self, run_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/runs/{run_id}/lambdas")
+
+    def set_status(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``PATCH /v1/runs/{id}``: how the run (attempt) ended; idempotent, so safe to retry."""
+        return self._call("PATCH", f"/v1/runs/{run_id}", json=body)
 
     def close(self) -> None:
         self._client.close()

@@ -1,16 +1,23 @@
 """Step time of RAA with scheduling, RAA on every layer every step, and vanilla, interleaved on the CPU.
 
-    .venv/bin/python bench/raa_overhead.py [--rounds 6] [--steps 3] [--threads 1] [--json out.json]
+    .venv/bin/python bench/raa_overhead.py [--model gpt24|collapse_cpu] [--rounds 6] [--steps 3] [--threads 1]
 
-One process builds three 24-layer GPTs from the same seed and trains them in turn, a few full
+One process builds the GPTs of the variants from the same seed and trains them in turn, a few full
 optimizer steps each per round (forward, loss, backward, clipping, AdamW: ``trainer.train.train_step``),
-the order shuffled every round, so that a busy machine slows all three alike:
+the order shuffled every round, so that a busy machine slows all of them alike. Models:
+
+* ``gpt24`` (default): 24 layers, ``--d-model`` wide (heads of 64), the band of seed 000 (layers
+  9-15: "the full penalty on only about 7 of 24 layers for most of training").
+* ``collapse_cpu``: that recipe's model and batch (8 layers, d_model 128, 4 heads of 32, 8 x 128
+  tokens) without its induced collapse (the same in every variant, so left out), the band its
+  schedule flags in the second half of the demo (layers 3-5).
+
+Variants:
 
 * ``vanilla``: RAA off (no rotation, no penalty, no lambdas read).
-* ``scheduled``: RAA on, the Householder rotation on every layer, PAR on the 7 of 24 layers whose
-  lambda is above the floor (layers 9-15, the band seed 000 reports: "the full penalty on only
-  about 7 of 24 layers for most of training"); the lambdas come through the monitor seam.
-* ``every_layer``: RAA on, PAR on all 24 layers every step (``raa.schedule=false``).
+* ``scheduled``: RAA on, the Householder rotation on every layer, PAR on the band's layers (their
+  lambda above the floor); the lambdas come through the monitor seam.
+* ``every_layer``: RAA on, PAR on every layer every step (``raa.scheduling=false``).
 * ``scheduled_every4``: as ``scheduled`` with ``raa.every=4``: PAR on the flagged layers every 4th
   step, weighted by 4 (seed 000's mitigation: "computed every k steps rather than every step").
 
@@ -36,37 +43,50 @@ import torch
 
 from trainer import recipes
 from trainer.config import TrainConfig
+from trainer.interventions import InterventionConfig
 from trainer.model import ModelConfig
 from trainer.parallelize import init_distributed
 from trainer.train import apply_lambdas, setup, train_step
 
-N_LAYERS = 24
-BAND = range(9, 16)  # 7 of 24 layers
+BANDS = {"gpt24": range(9, 16), "collapse_cpu": range(3, 6)}
 
 
 class BandLambdas:
     """The monitor seam giving lambda_0 on the band and 0 elsewhere (what the collector's schedule sends)."""
 
-    def __init__(self, lambda_0: float) -> None:
-        self.value = [lambda_0 if i in BAND else 0.0 for i in range(N_LAYERS)]
+    lambda_source = "collector"
+
+    def __init__(self, lambda_0: float, n_layers: int, band: range) -> None:
+        self.value = [lambda_0 if i in band else 0.0 for i in range(n_layers)]
 
     def step(self, step): pass
     def lambdas(self): return self.value
     def log(self, step, **scalars): pass
     def log_layers(self, step, values): pass
-    def close(self, timeout=10.0): pass
+    def close(self, timeout=10.0, *, status="finished", reason=None): pass
+    def state_dict(self): return {}
+    def load_state_dict(self, states): pass
 
 
-def config(variant: str, d_model: int, seq_len: int, batch: int):
-    cfg = recipes.debug_cpu()
-    raa = dataclasses.replace(cfg.raa, enabled=variant != "vanilla", schedule=variant.startswith("scheduled"),
+def config(variant: str, args):
+    """The run config of one variant: the model of ``--model``, RAA as the variant says."""
+    if args.model == "collapse_cpu":
+        cfg = recipes.collapse_cpu()
+        cfg = dataclasses.replace(cfg, intervention=InterventionConfig())
+    else:
+        cfg = recipes.debug_cpu()
+        cfg = dataclasses.replace(
+            cfg, init=dataclasses.replace(cfg.init, qk_regime="default"),
+            model=ModelConfig(n_layers=24, n_heads=args.d_model // 64, d_model=args.d_model,
+                              max_seq_len=args.seq_len),
+            train=dataclasses.replace(cfg.train, global_batch_size=args.batch))
+    raa = dataclasses.replace(cfg.raa, enabled=variant != "vanilla", scheduling=variant.startswith("scheduled"),
                               every=4 if variant == "scheduled_every4" else 1)
     return dataclasses.replace(
-        cfg, recipe=f"bench-{variant}", raa=raa, init=dataclasses.replace(cfg.init, qk_regime="default"),
-        model=ModelConfig(n_layers=N_LAYERS, n_heads=d_model // 64, d_model=d_model, max_seq_len=seq_len),
-        data=dataclasses.replace(cfg.data, task_mix=0.0),
+        cfg, recipe=f"bench-{variant}", raa=raa, data=dataclasses.replace(cfg.data, task_mix=0.0),
         parallel=dataclasses.replace(cfg.parallel, cpu_threads=None),  # --threads decides
-        train=TrainConfig(steps=10_000, global_batch_size=batch, log_every=10_000, report_every=10_000))
+        train=TrainConfig(steps=10_000, global_batch_size=cfg.train.global_batch_size, log_every=10_000,
+                          report_every=10_000))
 
 
 def _best(fn, reps: int = 30) -> float:
@@ -84,11 +104,13 @@ def components(runs, args) -> dict[str, float]:
     """Best-of-N costs of one vanilla block, of the key rotation of one layer, and of one layer's PAR."""
     plain, rotated = runs["vanilla"].model.blocks[0], runs["scheduled"].model.blocks[0]
     model = runs["vanilla"].model
-    x = torch.randn(args.batch, args.seq_len, args.d_model, requires_grad=True)
-    rope = (model.rope_cos[: args.seq_len], model.rope_sin[: args.seq_len])
+    batch, seq_len, d_model = runs["vanilla"].cfg.train.global_batch_size, runs["vanilla"].cfg.seq_len, \
+        model.config.d_model
+    x = torch.randn(batch, seq_len, d_model, requires_grad=True)
+    rope = (model.rope_cos[:seq_len], model.rope_sin[:seq_len])
     grad = torch.randn_like(x)
     attn = rotated.attn
-    proj_grad = torch.randn(args.batch, args.seq_len, attn.n_kv_heads * attn.d_head)
+    proj_grad = torch.randn(batch, seq_len, attn.n_kv_heads * attn.d_head)
     par = attention_par_fn(runs["scheduled"])
     return {"block": _best(lambda: plain(x, rope)[0].backward(grad)),
             "rotation": max(0.0, _best(lambda: attn._keys(x).backward(proj_grad))
@@ -107,6 +129,7 @@ def attention_par_fn(r):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(BANDS), default="gpt24")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")
     parser.add_argument("--threads", type=int, default=1)
@@ -118,12 +141,15 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
     variants = ["vanilla", "scheduled", "every_layer", "scheduled_every4"]
+    if args.model == "collapse_cpu":
+        variants = variants[:3]
     runs, steps, times = {}, {}, {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for v in variants:
-            cfg = config(v, args.d_model, args.seq_len, args.batch)
+            cfg = config(v, args)
             env = init_distributed(cfg.parallel)
-            runs[v] = setup(cfg, env, Path(tmp) / v, False, BandLambdas(cfg.raa.lambda_0))
+            lambdas = BandLambdas(cfg.raa.schedule.lambda_0, cfg.model.n_layers, BANDS[args.model])
+            runs[v] = setup(cfg, env, Path(tmp) / v, False, lambdas)
             steps[v] = 0
 
         def one_step(v: str) -> tuple[float, float]:
@@ -143,8 +169,10 @@ def main() -> None:
             rng.shuffle(order)
             for v in order:
                 times[v].append([one_step(v) for _ in range(args.steps)])
-    print(f"model: {N_LAYERS} layers, d_model {args.d_model}, {args.d_model // 64} heads of 64, "
-          f"{args.batch} x {args.seq_len} tokens per step, {args.threads} thread(s), "
+    m, t = runs["vanilla"].model.config, runs["vanilla"].cfg
+    n_layers = m.n_layers
+    print(f"model {args.model}: {n_layers} layers, d_model {m.d_model}, {m.n_heads} heads of {m.d_head}, "
+          f"{t.train.global_batch_size} x {t.seq_len} tokens per step, {args.threads} thread(s), "
           f"{args.rounds} rounds x {args.steps} steps per variant, order shuffled per round")
     print(f"{'variant':<18}{'PAR layers':>10}{'best cpu s':>12}{'overhead':>10}{'median cpu s':>14}"
           f"{'paired overhead [quartiles]':>30}{'median wall s':>15}")
@@ -166,8 +194,11 @@ def main() -> None:
     print("\nper-layer costs (best of many, thread CPU ms, forward + backward): "
           + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in parts.items()))
     vanilla_step = min(t[1] for rnd in times["vanilla"] for t in rnd)
-    rotation = N_LAYERS * parts["rotation"]
-    for v, n_par in (("scheduled", len(BAND)), ("every_layer", N_LAYERS), ("scheduled_every4", len(BAND) / 4)):
+    rotation = n_layers * parts["rotation"]
+    band = len(BANDS[args.model])
+    for v, n_par in (("scheduled", band), ("every_layer", n_layers), ("scheduled_every4", band / 4)):
+        if v not in variants:
+            continue
         extra = rotation + n_par * parts["PAR"]
         print(f"  {v:<18} predicted overhead {extra / vanilla_step * 100:+.1f}% "
               f"(rotation {rotation / vanilla_step * 100:.1f}% + PAR {n_par * parts['PAR'] / vanilla_step * 100:.1f}%)")

@@ -95,8 +95,10 @@ class Client:
     def run(self, run_id: str) -> dict:
         return self._json("GET", f"/v1/runs/{run_id}")
 
-    def set_status(self, run_id: str, status: str) -> dict:
-        return self._json("PATCH", f"/v1/runs/{run_id}", json={"status": status})
+    def set_status(self, run_id: str, status: str, reason: str | None = None, attempt: int | None = None) -> dict:
+        """Say how the run ended ("finished", "crashed"); ``reason`` is stored as ``status_reason``."""
+        body = {"status": status, "reason": reason, "attempt": attempt}
+        return self._json("PATCH", f"/v1/runs/{run_id}", json={k: v for k, v in body.items() if v is not None})
 
     def delete_run(self, run_id: str) -> None:
         self._request("DELETE", f"/v1/runs/{run_id}")

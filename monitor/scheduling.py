@@ -20,23 +20,50 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """Parameters of the schedule; read from a run config's ``"schedule"`` object."""
+    """Parameters of the entropy-floor schedule: the one definition, with the one set of defaults.
 
-    lambda_0: float = 0.1
+    The collector reads them from a run config's ``"schedule"`` object; the trainer holds them as
+    ``raa.schedule`` and sends them in that object; the agent's local schedule uses the same ones.
+    Seed 000 gives no values for any of them, so the defaults are reasoned from what it does report:
+
+    * ``h_star`` (0.85) lies midway between the normalised mid-layer entropy of seed 000's collapsed
+      vanilla model (0.94) and of the same layers kept healthy by RAA (0.71-0.76).
+    * ``beta`` (0.04) makes that split sharp: a healthy layer at 0.76 gets ``sigmoid(-2.25)`` =
+      0.095 ``lambda_0`` (at most a tenth), a collapsed one at 0.94 gets 0.905 ``lambda_0``.
+    * ``ema`` (0.8): the running entropy follows a drift within about 5 reports (time constant
+      ``1 / (1 - ema)``) while averaging the report-to-report noise of the sampled rows (a standard
+      deviation of 0.02-0.03 on the trained collapse_cpu model with the agent's 4 sequences of 64
+      rows) down by ``sqrt((1 - ema) / (1 + ema))`` = 1/3, well inside ``beta``.
+    * ``lambda_0`` (1e-4) is sized so that PAR of a layer at the alert threshold is about one nat,
+      the scale of the language-model loss: every head at QKAI 0.70 is an excess of ``0.25 r`` over
+      ``tau = 0.45 r``, so ``lambda_0 = 1 / (n_heads (0.25 r)^2)``; for seed 000's 1.3B model (16
+      heads, r = 128) that is 6e-5, rounded to 1e-4. Small models set their own the same way.
+    * ``lambda_max`` (by default a hundred times ``lambda_0``) bounds every lambda, operator overrides
+      included: room to lean hard on one layer without letting a typo swamp the loss.
+    * ``floor`` (0.1): PAR is computed only on layers whose lambda exceeds a tenth of ``lambda_0``
+      (the "flagged" layers); below that the penalty would be too weak to matter, and skipping it
+      is where scheduling saves its time (seed 000: 9 % overhead down to 3 %).
+    """
+
+    lambda_0: float = 1e-4
     """Largest scheduled weight (the sigmoid's ceiling)."""
-    h_star: float = 0.75
+    h_star: float = 0.85
     """Target normalised entropy H*; at H_l = H* a layer gets lambda_0 / 2."""
-    beta: float = 0.05
+    beta: float = 0.04
     """Temperature of the sigmoid, > 0; smaller is a sharper switch."""
-    ema: float = 0.9
+    ema: float = 0.8
     """Weight of the previous running entropy in the EMA, in [0, 1)."""
-    lambda_max: float = 1.0
-    """Upper bound of any lambda, operator overrides included."""
+    lambda_max: float | None = None
+    """Upper bound of any lambda, operator overrides included; None: 100 x lambda_0."""
+    floor: float = 0.1
+    """A layer is flagged (PAR computed) when its lambda exceeds floor * lambda_0; in [0, 1)."""
 
     def __post_init__(self) -> None:
+        if self.lambda_max is None and _number(self.lambda_0):
+            object.__setattr__(self, "lambda_max", 100.0 * self.lambda_0)  # frozen: set once, here
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if not _number(value):
                 raise ValueError(f"schedule.{f.name} must be a finite number, got {value!r}")
         if self.beta <= 0:
             raise ValueError(f"schedule.beta must be > 0, got {self.beta!r}")
@@ -46,6 +73,12 @@ class ScheduleConfig:
             raise ValueError(f"schedule.lambda_max must be >= 0, got {self.lambda_max!r}")
         if not 0 <= self.lambda_0 <= self.lambda_max:
             raise ValueError(f"schedule.lambda_0 must be in [0, lambda_max={self.lambda_max}], got {self.lambda_0!r}")
+        if not 0 <= self.floor < 1:
+            raise ValueError(f"schedule.floor must be in [0, 1), got {self.floor!r}")
+
+    def flagged(self, lambdas: Sequence[float]) -> list[bool]:
+        """Which layers carry PAR: ``lambda_l > floor * lambda_0``."""
+        return [value > self.floor * self.lambda_0 for value in lambdas]
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any] | None) -> ScheduleConfig:
@@ -60,6 +93,10 @@ class ScheduleConfig:
         if unknown:
             raise ValueError(f"schedule.{unknown[0]} is not a schedule parameter (known: {', '.join(sorted(known))})")
         return cls(**mapping)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def sigmoid(x: float) -> float:

@@ -128,10 +128,27 @@ class RunCreate(_Wire):
 RunStatus = Literal["running", "finished", "crashed"]
 
 
+STATUS_REASON_MAX = 200
+"""Longest status reason the collector stores (the agent truncates longer ones)."""
+
+
 class StatusPatch(_Wire):
-    """``PATCH /v1/runs/{id}``."""
+    """``PATCH /v1/runs/{id}``: how the run ended, e.g. ``{"status": "crashed", "reason": "RuntimeError: ..."}``.
+
+    The agent sends it after the run's last report; it is idempotent, so a replay (``qkwatch sync``)
+    is harmless. ``attempt`` names the attempt that ended: a status of an attempt older than the
+    run's latest (a resumed run's earlier process, delivered late) is ignored, so it cannot mark
+    the running attempt crashed.
+    """
 
     status: RunStatus
+    reason: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=STATUS_REASON_MAX,
+        description="Stored as status_reason (default: patch).",
+    )
+    attempt: int | None = Field(default=None, ge=1, le=2**31 - 1, description="Default: the run's latest attempt.")
 
 
 class OverridesPut(RootModel[dict[str, Number | None]]):

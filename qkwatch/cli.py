@@ -51,11 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        quiet_http_logs()
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
         return 2 if args.command else 0
     return int(handler(args) or 0)
+
+
+def quiet_http_logs() -> None:
+    """httpx logs every request at INFO: a line per report and per poll would bury what matters."""
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _commands(parser: argparse.ArgumentParser) -> set[str]:

@@ -1,89 +1,288 @@
-"""``qkwatch demo``: a collector and a small CPU training run with the agent, on this machine.
+"""``qkwatch demo``: the collapse band forming in a vanilla run and held back by RAA, side by side, live.
 
-Starts ``qkwatch serve --open`` on a loopback port over ``.qkwatch/demo/collector.db``, prints the
-URL of the live page, and trains the ``small_cpu`` recipe (seed 001's QK-identical init on two
-middle layers induces the collapse band; RAA's entropy-floor schedule pulls it back) with the
-agent attached. Ctrl-C stops both; ``--keep-serving`` leaves the collector up after training.
+Starts ``qkwatch serve --open`` on a loopback port over ``.qkwatch/demo/collector.db`` and trains
+the ``collapse_cpu`` recipe twice at once, one CPU thread each, both reporting to it: ``vanilla``
+(RAA off) and ``raa`` (``--set raa.enabled=true``: the entropy-floor schedule, PAR and the key
+rotation). In both, the ``qk_collapse`` intervention induces seed 000's collapse on layers 3-5 from
+step 150 on; the demo prints the live page's link (both runs side by side), a progress line every
+few seconds, and at the end a table read back from the collector: the band's QKAI, entropy and
+stable rank in both runs, the fraction of layers RAA's schedule flagged, the final losses, and the
+alerts that fired. The runs' own logs go to ``.qkwatch/demo/<run>.log``. Ctrl-C stops everything;
+``--keep-serving`` leaves the collector up after training.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+VARIANTS = {"vanilla": [], "raa": ["raa.enabled=true"]}
+"""The two runs of the demo and the overrides that make them differ."""
+PROGRESS_SECONDS = 15.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="collector + a small CPU training run with the agent; prints the URL",
+    p = sub.add_parser("demo", help="the collapse band forming without RAA and held with it, live, side by side",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", default="small_cpu", help="trainer recipe (default small_cpu)")
+    p.add_argument("--recipe", default="collapse_cpu", help="trainer recipe (default collapse_cpu)")
     p.add_argument("--port", type=int, default=0, help="collector port (default: a free one)")
-    p.add_argument("--dir", default=".qkwatch/demo", help="where the database, spool and run live")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe overrides")
+    p.add_argument("--dir", default=".qkwatch/demo", help="where the database, spools, runs and logs live")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe overrides for both runs")
     p.add_argument("--keep-serving", action="store_true", help="leave the collector running after training")
     p.set_defaults(handler=run_demo)
 
 
+@dataclass
+class Trainee:
+    """One training subprocess of the demo."""
+
+    variant: str
+    name: str
+    process: subprocess.Popen
+    log: Path
+    run_id: str | None = None
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    from trainer.train import resolve_config
+
+    try:
+        cfg = resolve_config(args.recipe, args.set)
+    except ValueError as exc:
+        print(f"qkwatch demo: {exc}", file=sys.stderr)
+        return 2
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     port = args.port or _free_port()
     url = f"http://127.0.0.1:{port}"
-    collector = subprocess.Popen(
-        [sys.executable, "-m", "qkwatch.cli", "serve", "--open", "--host", "127.0.0.1", "--port", str(port),
-         "--database-url", f"sqlite:///{workdir / 'collector.db'}"],
-        stdout=open(workdir / "collector.log", "a"), stderr=subprocess.STDOUT,  # noqa: SIM115
-    )
+    collector = _start_collector(workdir, port)
+    trainees: list[Trainee] = []
     try:
         if not _wait_healthy(url, collector):
             print(f"qkwatch demo: the collector did not start; see {workdir / 'collector.log'}", file=sys.stderr)
             return 1
-        run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
-        print(f"\n  collector:  {url}\n  metrics:    {url}/metrics\n", flush=True)
-        env = {**os.environ, "QKWATCH_URL": url, "QKWATCH_PROJECT": "demo", "QKWATCH_RUN": run,
-               "QKWATCH_SPOOL": str(workdir / "spool")}
-        sets = [item for kv in args.set for item in ("--set", kv)]
-        out = workdir / "runs" / run
-        train = subprocess.Popen([sys.executable, "-m", "qkwatch.cli", "train", "--recipe", args.recipe,
-                                  "--out", str(out), *sets], env=env)
-        _announce_page(url, run, train)
-        if train.wait() != 0:
-            return train.returncode
-        print(f"\ntraining finished; its reports are in {workdir / 'collector.db'}. The trained model:", flush=True)
-        subprocess.run([sys.executable, "-m", "qkwatch.cli", "analyze", str(out / "model.pt"), "--no-spectra"])
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        trainees = [_start_run(variant, f"{variant}-{stamp}", args, url, workdir) for variant in VARIANTS]
+        band = band_layers(cfg)
+        print(f"\nqkwatch demo: {args.recipe} twice, vanilla and with RAA, into the collector at {url}\n"
+              f"  (about {cfg.train.steps} steps each; the band is induced on layers {_layers(band)}; "
+              f"logs in {workdir})", flush=True)
+        with _client(url) as client:
+            _announce_page(client, url, trainees)
+            _follow(client, trainees, band, cfg.train.steps)
+            failed = [t for t in trainees if t.process.returncode != 0]
+            for t in failed:
+                print(f"qkwatch demo: the {t.variant} run failed (exit {t.process.returncode}); see {t.log}",
+                      file=sys.stderr)
+            if all(t.run_id for t in trainees):
+                print(summary_table(client, trainees, band, onset(cfg)), flush=True)
+        if failed:
+            return 1
         if args.keep_serving:
-            print(f"collector still serving on {url}; Ctrl-C to stop it", flush=True)
+            print(f"the collector is still serving at {url}; Ctrl-C stops it", flush=True)
             collector.wait()
+        else:
+            print(f"the collector stops now; to look again: qkwatch serve --open --database-url "
+                  f"sqlite:///{workdir / 'collector.db'}", flush=True)
         return 0
     except KeyboardInterrupt:
         return 130
     finally:
+        for t in trainees:
+            if t.process.poll() is None:
+                t.process.send_signal(signal.SIGTERM)
+                t.process.wait(timeout=60)
         if collector.poll() is None:
             collector.send_signal(signal.SIGTERM)
             collector.wait(timeout=30)
 
 
-def _announce_page(url: str, run: str, train: subprocess.Popen, timeout: float = 120.0) -> None:
-    """Print the live page's link once the agent has created the run."""
-    from monitor.client import Client, CollectorError
+def onset(cfg) -> int:
+    """The step the recipe's induced collapse begins at (0 without one)."""
+    return cfg.intervention.collapse_start if cfg.intervention.kind == "qk_collapse" else 0
+
+
+def band_layers(cfg) -> list[int]:
+    """The layers the recipe's intervention collapses (none for a recipe without one)."""
+    if cfg.intervention.kind == "qk_collapse" and cfg.intervention.layers:
+        return list(cfg.intervention.layers)
+    return []
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+def _start_collector(workdir: Path, port: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "qkwatch.cli", "serve", "--open", "--host", "127.0.0.1", "--port", str(port),
+         "--database-url", f"sqlite:///{workdir / 'collector.db'}"],
+        stdout=open(workdir / "collector.log", "a"), stderr=subprocess.STDOUT,
+    )
+
+
+def _start_run(variant: str, name: str, args: argparse.Namespace, url: str, workdir: Path) -> Trainee:
+    env = {**os.environ, "QKWATCH_URL": url, "QKWATCH_PROJECT": "demo", "QKWATCH_RUN": name,
+           "QKWATCH_SPOOL": str(workdir / "spool")}
+    sets = [item for kv in [*args.set, *VARIANTS[variant]] for item in ("--set", kv)]
+    log = workdir / f"{name}.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "qkwatch.cli", "train", "--recipe", args.recipe, "--out", str(workdir / "runs" / name),
+         *sets],
+        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+    )
+    return Trainee(variant, name, process, log)
+
+
+def _client(url: str):
+    from monitor.client import Client
+
+    return Client(url, timeout=10.0)
+
+
+def _announce_page(client, url: str, trainees: list[Trainee], timeout: float = 180.0) -> None:
+    """Print the live page's link, with both runs selected, once the agents have created them."""
+    from monitor.client import CollectorError
 
     deadline = time.monotonic() + timeout
-    with Client(url) as client:
-        while time.monotonic() < deadline and train.poll() is None:
-            try:
-                runs = client.runs(project="demo", name=run)["data"]
-            except CollectorError:
-                runs = []
-            if runs:
-                print(f"\n  live page:  {url}/?run={runs[0]['id']}   (the collapse band forms in layers 2-3, "
-                      "then RAA pulls it back)\n", flush=True)
-                return
-            time.sleep(0.5)
+    while time.monotonic() < deadline and any(t.run_id is None and t.process.poll() is None for t in trainees):
+        for t in trainees:
+            if t.run_id is None:
+                try:
+                    found = client.runs(project="demo", name=t.name)["data"]
+                except CollectorError:
+                    found = []
+                t.run_id = found[0]["id"] if found else None
+        time.sleep(0.5)
+    if not all(t.run_id for t in trainees):
+        return
+    link = f"{url}/?" + "&".join(f"run={t.run_id}" for t in trainees)
+    rule = "=" * max(60, len(link) + 4)
+    print(f"\n{rule}\n  live page:  {link}\n"
+          f"  (the vanilla and the RAA run side by side; refreshes every 5 s)\n{rule}\n", flush=True)
+
+
+def _follow(client, trainees: list[Trainee], band: list[int], steps: int) -> None:
+    """Until every run ends: a progress line every PROGRESS_SECONDS, read from the collector."""
+    from monitor.client import CollectorError
+
+    last = 0.0
+    while any(t.process.poll() is None for t in trainees):
+        time.sleep(0.5)
+        if time.monotonic() - last < PROGRESS_SECONDS:
+            continue
+        last = time.monotonic()
+        try:
+            parts = [_progress(client, t, band) for t in trainees if t.run_id]
+        except CollectorError:
+            continue
+        print("  " + "   |   ".join(parts), flush=True)
+
+
+def _progress(client, t: Trainee, band: list[int]) -> str:
+    last = client.run(t.run_id)["last_step"]
+    h = client.heatmap(t.run_id, "qkai", start=max(0, last - 500)) if last is not None else {"steps": []}
+    if not h["steps"]:
+        return f"{t.variant}: starting"
+    row = h["values"][-1]
+    text = f"{t.variant}: step {h['steps'][-1]:>4}  band QKAI {_mean(row, band):.2f}" if band else \
+        f"{t.variant}: step {h['steps'][-1]:>4}  QKAI max {max(_finite(row), default=math.nan):.2f}"
+    firing = {a["rule"] for a in client.alerts(run=t.run_id, state="firing")["data"]}
+    return text + (f"  ALERT {', '.join(sorted(firing))}" if firing else "")
+
+
+# --- the summary ----------------------------------------------------------------------------------
+
+
+def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any]:
+    """What the demo's table says about one run, every figure read back from the collector.
+
+    ``(at onset, last)`` pairs compare the band at the first report from step ``onset`` on (where
+    the induced collapse begins) with the last report; ``*_outside`` is the mean of the other layers.
+    """
+    facts: dict[str, Any] = {"status": client.run(run_id)["status"]}
+    for metric in ("qkai", "attn_entropy", "stable_rank"):
+        h = client.heatmap(run_id, metric, max_steps=20_000)
+        if not h["steps"]:
+            continue
+        outside = [i for i in h["layers"] if i not in band]
+        start = next((row for step, row in zip(h["steps"], h["values"], strict=True) if step >= onset), h["values"][0])
+        facts[metric] = (_mean(start, band), _mean(h["values"][-1], band))
+        facts[f"{metric}_outside"] = _mean(h["values"][-1], outside)
+        if metric == "qkai":
+            facts["qkai_outside_max"] = max((max(_finite([row[i] for i in outside]), default=math.nan)
+                                             for row in h["values"]), default=math.nan)
+            facts["qkai_band_peak"] = max(_mean(row, band) for row in h["values"])
+    flagged = client.series(run_id, "raa_flagged_fraction", max_points=100_000)
+    values = _finite(flagged["values"])
+    if values:
+        facts["flagged"] = (sum(values) / len(values), sum(values[len(values) // 2:]) / len(values[len(values) // 2:]))
+    for name in ("loss", "val_loss"):
+        values = _finite(client.series(run_id, name, max_points=100_000)["values"])
+        facts[name] = values[-1] if values else math.nan
+    facts["alerts"] = sorted({a["rule"] for a in client.alerts(run=run_id)["data"]})
+    return facts
+
+
+def summary_table(client, trainees: list[Trainee], band: list[int], onset: int) -> str:
+    facts = {t.variant: run_facts(client, t.run_id, band, onset) for t in trainees}
+    rows = [
+        (f"band QKAI, step {onset} -> last", lambda f: _pair(f.get("qkai"))),
+        ("band QKAI, highest report", lambda f: _num(f.get("qkai_band_peak"))),
+        ("QKAI outside the band, highest", lambda f: _num(f.get("qkai_outside_max"))),
+        (f"band entropy, step {onset} -> last", lambda f: _pair(f.get("attn_entropy"))),
+        ("entropy outside the band, last", lambda f: _num(f.get("attn_entropy_outside"))),
+        (f"band stable rank, step {onset} -> last", lambda f: _pair(f.get("stable_rank"), "{:.1f}")),
+        ("layers flagged by RAA (all / 2nd half)", lambda f: _fraction(f.get("flagged"))),
+        ("final train loss", lambda f: _num(f.get("loss"), "{:.3f}")),
+        ("final validation loss", lambda f: _num(f.get("val_loss"), "{:.3f}")),
+        ("alerts that fired", lambda f: ", ".join(f["alerts"]) or "none"),
+        ("status", lambda f: f["status"]),
+    ]
+    names = [t.variant for t in trainees]
+    width = max(len(label) for label, _ in rows) + 2
+    lines = [f"\nthe band is layers {_layers(band)}; every figure is read back from the collector",
+             "".ljust(width) + "".join(n.rjust(18) for n in names)]
+    lines += [label.ljust(width) + "".join(cell(facts[n]).rjust(18) for n in names) for label, cell in rows]
+    return "\n".join(lines) + "\n"
+
+
+# --- small helpers --------------------------------------------------------------------------------
+
+
+def _finite(values) -> list[float]:
+    return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def _mean(row: list, layers: list[int]) -> float:
+    values = _finite([row[i] for i in layers if i < len(row)])
+    return sum(values) / len(values) if values else math.nan
+
+
+def _num(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None or not math.isfinite(value) else fmt.format(value)
+
+
+def _pair(pair: tuple[float, float] | None, fmt: str = "{:.2f}") -> str:
+    return "-" if pair is None else f"{_num(pair[0], fmt)} -> {_num(pair[1], fmt)}"
+
+
+def _fraction(pair: tuple[float, float] | None) -> str:
+    return "-" if pair is None else f"{pair[0]:.0%} / {pair[1]:.0%}"
+
+
+def _layers(band: list[int]) -> str:
+    if not band:
+        return "none"
+    return f"{band[0]}-{band[-1]}" if band == list(range(band[0], band[-1] + 1)) else ", ".join(map(str, band))
 
 
 def _free_port() -> int:

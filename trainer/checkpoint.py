@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import shutil
@@ -96,8 +97,13 @@ class Checkpointer:
     def due(self, step: int, last: bool) -> bool:
         return self.config.enabled and (last or (self.config.every > 0 and step % self.config.every == 0))
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> Path:
-        """Collective: every rank calls it. Returns the checkpoint folder."""
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+             local_state: dict | None = None) -> Path:
+        """Collective: every rank calls it. Returns the checkpoint folder.
+
+        ``local_state`` is this rank's own small JSON state (the monitor's), written beside the
+        DCP files as ``local-rank<r>.json``; :meth:`local_states` reads every rank's back.
+        """
         final = self.folder / f"step-{step:07d}"
         tmp = self.folder / f"step-{step:07d}.tmp"
         if _is_main():
@@ -107,6 +113,9 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(model, optimizer)
         with _single_process_ok():
             dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": step}}, checkpoint_id=str(tmp))
+        if local_state is not None:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            (tmp / f"local-rank{rank}.json").write_text(json.dumps(local_state))
         _barrier()
         if _is_main():
             shutil.rmtree(final, ignore_errors=True)
@@ -126,6 +135,12 @@ class Checkpointer:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         logger.info("resumed from %s (step %d)", path, state["train"]["step"])
         return int(state["train"]["step"])
+
+
+    @staticmethod
+    def local_states(path: Path) -> list[dict]:
+        """Every rank's ``local_state`` saved in checkpoint ``path`` (none for an older checkpoint)."""
+        return [json.loads(p.read_text()) for p in sorted(Path(path).glob("local-rank*.json"))]
 
 
 def load_model_state(path: Path, model: nn.Module) -> int:

@@ -132,7 +132,7 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["model"] = dataclasses.asdict(self.model_config())
         out["variant"] = self.model.variant
-        out["schedule"] = self.raa.schedule_config()
+        out["schedule"] = dataclasses.asdict(self.raa.schedule)
         return out
 
 

@@ -16,23 +16,25 @@ the model has no rotation, no penalty is computed and no lambdas are read.
 * Householder key rotation: ``trainer.model.KeyRotation`` (``p`` reflections per key head,
   identity at initialisation); the model has one when ``enabled and rotation``.
 * Entropy-floor scheduling: ``lambda_l = lambda_0 * sigmoid((H_l - H_star) / beta)`` is computed by
-  the collector (or the agent, when the collector is away) from each layer's running entropy and
-  read through the monitor's ``lambdas()``; a layer is flagged when ``lambda_l > floor * lambda_0``.
-  Without advice (no monitor, or no lambdas yet) the fallback is ``raa.fallback_lambdas``, by
-  default ``lambda_0`` on every layer.
+  the collector from each layer's running entropy, or, with no collector or an unreachable one, by
+  the agent from its own measured entropies with the same code (``monitor.scheduling``) and the
+  same parameters (``raa.schedule``); it is read through the monitor's ``lambdas()``. A layer is
+  flagged (PAR computed) when ``lambda_l > floor * lambda_0``. With scheduling off the weights are
+  ``raa.fallback_lambdas``, by default ``lambda_0`` on every layer (seed 000's ablation).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agent import ScheduleConfig
 from agent.metrics import effective_key_map, principal_overlap, split_heads
 from trainer.model import effective_weight
 
@@ -54,16 +56,16 @@ class RAAConfig:
     """Householder key rotation."""
     reflections: int = 4
     """p, the Householder reflections per key head (even: they start as equal pairs)."""
-    schedule: bool = True
-    """Read per-layer lambdas from the monitor (entropy-floor schedule); False: always the fallback lambdas."""
-    lambda_0: float = 1e-4
-    """PAR weight scale (seed 000's lambda_0); also the fallback weight on every layer."""
-    lambda_max: float = 1e-2
-    """Largest lambda accepted from the monitor (the collector validates overrides against it)."""
+    scheduling: bool = True
+    """Entropy-floor scheduling: per-layer lambdas from the collector, or from the same schedule
+    computed by the agent from its own measured entropies when there is no collector (or it is
+    away). False: ``fallback_lambdas`` on every step (seed 000's "no scheduling" ablation)."""
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """The schedule's parameters (``lambda_0``, ``h_star``, ``beta``, ``ema``, ``lambda_max``,
+    ``floor``); the collector and the agent read the same ones from the run's config. The
+    defaults and the reasoning behind them are in ``monitor.scheduling.ScheduleConfig``."""
     fallback_lambdas: list[float] | None = None
-    """Per-layer lambdas when the monitor gives none, or when schedule is off (None: lambda_0 on every layer)."""
-    floor: float = 0.01
-    """A layer is flagged (PAR computed) when its lambda exceeds floor * lambda_0."""
+    """Per-layer lambdas when scheduling is off, or when the monitor gives none (None: lambda_0 on every layer)."""
     tau_factor: float = 0.45
     """tau = tau_factor * r (seed 000: 0.45)."""
     rank: int | None = None
@@ -72,24 +74,12 @@ class RAAConfig:
     """principal_overlap method: exact, randomized (svd_lowrank) or auto."""
     every: int = 1
     """Compute PAR every k steps on flagged layers, weighted by k (k > 1 trades accuracy for time)."""
-    h_star: float = 0.85
-    """Entropy target H* of the schedule (normalised attention entropy)."""
-    beta: float = 0.05
-    """Temperature of the schedule's sigmoid."""
-    ema: float = 0.9
-    """Smoothing of the running per-layer entropy the schedule reads."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.schedule, dict):  # from a config file or a run's JSON
+            self.schedule = ScheduleConfig.from_mapping(self.schedule)
         if self.reflections < 2 or self.reflections % 2:
             raise ValueError(f"raa.reflections={self.reflections} must be an even number >= 2")
-        for key in ("lambda_0", "lambda_max", "floor", "beta"):
-            value = getattr(self, key)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"raa.{key} must be a finite number >= 0, got {value!r}")
-        if self.beta == 0:
-            raise ValueError("raa.beta must be > 0")
-        if self.lambda_max < self.lambda_0:
-            raise ValueError(f"raa.lambda_max={self.lambda_max} is below raa.lambda_0={self.lambda_0}")
         if not 0 < self.tau_factor < 1:
             raise ValueError(f"raa.tau_factor must lie in (0, 1), got {self.tau_factor}")
         if self.rank is not None and self.rank < 1:
@@ -100,8 +90,6 @@ class RAAConfig:
             raise ValueError(f"raa.every must be >= 1, got {self.every}")
         if self.fallback_lambdas is not None and not all(math.isfinite(v) and v >= 0 for v in self.fallback_lambdas):
             raise ValueError(f"raa.fallback_lambdas must be finite and >= 0, got {self.fallback_lambdas}")
-        if not 0 <= self.ema < 1:
-            raise ValueError(f"raa.ema must lie in [0, 1), got {self.ema}")
 
     @property
     def uses_par(self) -> bool:
@@ -111,10 +99,10 @@ class RAAConfig:
     def uses_rotation(self) -> bool:
         return self.enabled and self.rotation
 
-    def schedule_config(self) -> dict[str, float]:
-        """The collector's entropy-floor schedule parameters (sent with the run's config)."""
-        return {"lambda_0": self.lambda_0, "h_star": self.h_star, "beta": self.beta, "ema": self.ema,
-                "lambda_max": self.lambda_max}
+    @property
+    def uses_schedule(self) -> bool:
+        """PAR weighted by the entropy-floor schedule (so the agent must measure entropies)."""
+        return self.uses_par and self.scheduling
 
 
 def par_penalty(wq: Tensor, wk: Tensor, rotation: Tensor | None, *, n_heads: int, n_kv_heads: int,
@@ -165,30 +153,37 @@ class RAAController:
         self._warned = False
 
     def lambdas(self, monitor) -> list[float]:
-        """This step's per-layer lambdas: the monitor's advice when valid, else ``lambda_0`` everywhere."""
+        """This step's per-layer lambdas: the schedule's (through the monitor), else the fallback.
+
+        With scheduling on, the monitor (the agent) serves the collector's lambdas or, without a
+        collector, the same schedule computed from its own entropies: it has already validated them
+        value by value. A monitor that gives none (``NullMonitor``) leaves the fallback, loudly.
+        """
         c = self.config
-        fallback = [c.lambda_0] * self.n_layers if c.fallback_lambdas is None else list(c.fallback_lambdas)
         if not c.uses_par:
             return [0.0] * self.n_layers
-        if not c.schedule:
+        fallback = self._fallback()
+        if not c.scheduling:
             return fallback
         advice = monitor.lambdas()
-        if advice is None:
-            return fallback
-        advice = [float(v) for v in advice]
-        if len(advice) != self.n_layers or not all(math.isfinite(v) and 0 <= v <= c.lambda_max for v in advice):
+        if advice is None or len(advice) != self.n_layers:
             if not self._warned:
-                logger.warning("ignoring lambdas %s from the monitor: need %d finite values in [0, %g]",
-                               advice[:8], self.n_layers, c.lambda_max)
+                logger.warning("raa: the monitor gives %s lambdas for %d layers; applying raa.fallback_lambdas "
+                               "(lambda_0 on every layer unless set): seed 000's no-scheduling ablation, not RAA",
+                               "no" if advice is None else len(advice), self.n_layers)
                 self._warned = True
             return fallback
-        return advice
+        return [min(max(float(v), 0.0), c.schedule.lambda_max) if math.isfinite(v) else 0.0 for v in advice]
+
+    def _fallback(self) -> list[float]:
+        c = self.config
+        return [c.schedule.lambda_0] * self.n_layers if c.fallback_lambdas is None else list(c.fallback_lambdas)
 
     def apply(self, lambdas: list[float], step: int) -> list[bool]:
         """Install PAR on the flagged layers for this step; returns the flags."""
         c = self.config
         due = c.uses_par and step % c.every == 0
-        flags = [due and lam > c.floor * c.lambda_0 for lam in lambdas]
+        flags = [due and flag for flag in c.schedule.flagged(lambdas)]
         for attn, flag, was in zip(self.attentions, flags, self._flags, strict=True):
             if flag and not was:
                 attn.weight_penalties[PAR] = partial(attention_par, rank=c.rank, tau_factor=c.tau_factor,

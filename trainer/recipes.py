@@ -5,10 +5,12 @@ recipe                 what it is for
 =====================  ==================================================================================
 debug_cpu              the smoke run: 4 layers, 60 steps, a report every 5, full RAA (lambdas read and
                        applied); well under a minute on 2 CPU cores
-small_cpu              the demo: a collapse band within minutes on a laptop. The band is *induced*:
-                       seed 001's QK-identical initialisation on the middle third of the layers
-                       (QKAI starts at 1 there, about r/d_model elsewhere, and the gap persists, as
-                       seed 001 reports); RAA on, with the collector's entropy-floor lambdas
+small_cpu              seed 001's QK-identical initialisation on two middle layers (QKAI starts at 1
+                       there, about r/d_model elsewhere, and the gap persists, as seed 001 reports);
+                       RAA on, with the entropy-floor lambdas
+collapse_cpu           the demo: seed 000's collapse band forming during a few CPU minutes, vanilla
+                       by default (``--set raa.enabled=true`` for full RAA). The band is *induced* on
+                       layers 3-5 of 8 by the ``qk_collapse`` intervention (trainer.interventions)
 seed001_grid           one cell of seed 001's observational grid: d_model 256, 4 heads of 64, MLP 1024,
                        context 128, 4 layers (``--set model.n_layers=6|8``), AdamW 1e-4 (0.9, 0.95),
                        weight decay 0.1, clip 1.0, constant lr, batch 64, biases, GELU, no dropout,
@@ -30,17 +32,18 @@ from trainer.checkpoint import CheckpointConfig
 from trainer.config import RunConfig, TrainConfig
 from trainer.data import DataConfig
 from trainer.init import InitConfig
+from trainer.interventions import InterventionConfig
 from trainer.model import ModelConfig
 from trainer.optim import OptimConfig
 from trainer.parallelize import ParallelConfig
-from trainer.raa import RAAConfig
+from trainer.raa import RAAConfig, ScheduleConfig
 
 
 def debug_cpu() -> RunConfig:
     return RunConfig(
         recipe="debug_cpu",
         model=ModelConfig(n_layers=4, n_heads=4, d_model=64, max_seq_len=64),
-        raa=RAAConfig(enabled=True, lambda_0=1e-3, lambda_max=1e-1),
+        raa=RAAConfig(enabled=True, schedule=ScheduleConfig(lambda_0=1e-3, lambda_max=1e-1)),
         init=InitConfig(qk_regime="qk_identical", qk_layers=[1, 2]),
         data=DataConfig(task_mix=0.1),
         optim=OptimConfig(lr=3e-3, warmup_steps=5),
@@ -53,7 +56,7 @@ def small_cpu() -> RunConfig:
     return RunConfig(
         recipe="small_cpu",
         model=ModelConfig(n_layers=6, n_heads=4, d_model=128, max_seq_len=128),
-        raa=RAAConfig(enabled=True, lambda_0=1e-3, lambda_max=1e-1),
+        raa=RAAConfig(enabled=True, schedule=ScheduleConfig(lambda_0=1e-3, lambda_max=1e-1)),
         init=InitConfig(qk_regime="qk_identical", qk_layers=[2, 3]),
         data=DataConfig(task_mix=0.2),
         optim=OptimConfig(lr=1e-3, warmup_steps=20),
@@ -61,6 +64,37 @@ def small_cpu() -> RunConfig:
                           qkai_every=50),
         parallel=ParallelConfig(device="cpu", cpu_threads=1),
         checkpoint=CheckpointConfig(every=200),
+    )
+
+
+def collapse_cpu() -> RunConfig:
+    """Seed 000's phenotype in about three CPU minutes: a middle band whose QKAI rises past 0.70.
+
+    Eight layers of d_model 128 (4 heads of 32) train normally for 150 steps; then the
+    ``qk_collapse`` intervention ramps up over 500 steps on layers 3-5 (45-70 % of the depth, where
+    seed 000 finds its band): their query and key subspaces are pulled into alignment and their
+    keys contracted toward rank one, so QKAI climbs from ~0.3 to ~0.9, the stable rank of
+    ``W_Q W_K^T`` falls to ~1 and the normalised entropy rises toward 1, while layers 0-2 and 6-7
+    stay at QKAI ~0.3. Vanilla by default; ``--set raa.enabled=true`` gives full RAA, whose
+    schedule flags the band and whose PAR holds its QKAI near 0.5.
+
+    ``lambda_0`` follows ``ScheduleConfig``'s rule, PAR of a layer at the alert threshold ~ 1 nat:
+    ``1 / (4 heads x (0.25 x 32)^2)`` ~ 4e-3, rounded up to 5e-3 so that ``lambda >= 3 mu`` (the
+    intervention's ``mu = 1e-3``) holds the band at QKAI <= 0.55 with the band's lambda at 0.9
+    lambda_0. The report cadence (every 25 steps: 32 reports) shows the band forming.
+    """
+    return RunConfig(
+        recipe="collapse_cpu",
+        model=ModelConfig(n_layers=8, n_heads=4, d_model=128, max_seq_len=128),
+        raa=RAAConfig(enabled=False, schedule=ScheduleConfig(lambda_0=5e-3)),
+        intervention=InterventionConfig(kind="qk_collapse", layers=[3, 4, 5], collapse_start=150, collapse_ramp=500,
+                                        collapse_target=0.9, collapse_align=1e-3, collapse_every=5,
+                                        collapse_shrink=0.25, collapse_tail=0.5),
+        data=DataConfig(task_mix=0.2),
+        optim=OptimConfig(lr=1e-3, warmup_steps=20),
+        train=TrainConfig(steps=800, global_batch_size=8, log_every=25, report_every=25, val_every=200),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+        checkpoint=CheckpointConfig(every=400),
     )
 
 
@@ -126,7 +160,8 @@ def gpt_6_7b() -> RunConfig:
 
 
 RECIPES: dict[str, Callable[[], RunConfig]] = {
-    f.__name__: f for f in (debug_cpu, small_cpu, seed001_grid, seed001_interventions, gpt_1_3b, gpt_6_7b)
+    f.__name__: f for f in (debug_cpu, small_cpu, collapse_cpu, seed001_grid, seed001_interventions, gpt_1_3b,
+                            gpt_6_7b)
 }
 
 

@@ -2,8 +2,9 @@
 
     torchrun --nproc_per_node 2 -m trainer.train --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
 
-Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``train_step`` (forward,
-loss with the RAA penalty, backward, clip, AdamW) -> ``maybe_intervene`` (seed 001) ->
+Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``interventions.before_step``
+-> ``train_step`` (forward, loss with the RAA penalty and any intervention's term, backward, clip,
+AdamW) -> ``maybe_intervene`` (seed 001's weight surgery) ->
 ``log_step`` -> ``maybe_log_qkai`` -> ``maybe_validate`` -> ``maybe_checkpoint``. A SIGTERM
 (preemption) makes every rank checkpoint and stop at the next log step. What a run writes, in ``--out``:
 ``run.json`` (the collector run's name and attempts), ``config.json``, ``metrics.jsonl`` (rank 0,
@@ -31,12 +32,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from agent.agent import exception_reason
 from agent.metrics import qkai, split_heads
 from trainer.checkpoint import Checkpointer, export_model
 from trainer.config import RunConfig
 from trainer.data import TrainData
 from trainer.init import full_tensor
-from trainer.interventions import QK_ALIGN, Interventions
+from trainer.interventions import Interventions
 from trainer.monitoring import Monitor, open_monitor
 from trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from trainer.parallelize import Env, build_model, close_distributed, init_distributed
@@ -45,6 +47,12 @@ from trainer.raa import RAAController
 logger = logging.getLogger(__name__)
 
 MONITOR_CLOSE_TIMEOUT_S = 10.0
+LAMBDA_SOURCES = {
+    "collector": "the collector's entropy-floor schedule",
+    "local": "the agent's local entropy-floor schedule (no collector, or it is away)",
+    "fixed": "raa.fallback_lambdas (scheduling off)",
+    None: "raa.fallback_lambdas: the monitor gives none",
+}
 
 
 @dataclass
@@ -96,6 +104,8 @@ class Run:
     """Some rank got SIGTERM: every rank learns it at the same log step, checkpoints and stops."""
     last_loss: float = math.nan
     last_val: float | None = None
+    lambda_source: str | None = "unset"
+    """Where RAA's lambdas came from at the last step (see ``note_lambda_source``)."""
     tick: float = field(default_factory=time.perf_counter)
     tick_step: int = 0
 
@@ -114,6 +124,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
     """
     env = init_distributed(cfg.parallel)
     r = None
+    end: tuple[str, str | None] = ("crashed", None)
     try:
         r = setup(cfg, env, Path(out_dir), resume, monitor)
         r.preemption = Preemption()
@@ -121,6 +132,7 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
         while step < r.total_steps:
             r.monitor.step(step)
             lambdas = apply_lambdas(r, step)
+            r.interventions.before_step(step)
             stats = train_step(r, step, lambdas)
             maybe_intervene(r, step + 1)
             log_step(r, step, stats, lambdas)
@@ -134,12 +146,32 @@ def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: M
             if stopping:
                 break
         finish(r, step)
+        end = end_status(r, step, stop_after)
         return TrainResult(r.out_dir, r.run_name, step, r.last_loss, r.last_val)
+    except BaseException as exc:
+        end = ("crashed", crash_reason(exc))
+        raise
     finally:
         if r is not None:
             r.preemption.close()
-            r.monitor.close(MONITOR_CLOSE_TIMEOUT_S)
+            r.monitor.close(MONITOR_CLOSE_TIMEOUT_S, status=end[0], reason=end[1])
         close_distributed(env)
+
+
+def end_status(r: Run, steps_done: int, stop_after: int | None) -> tuple[str, str | None]:
+    """How a run that returned ended: finished when every step is done, else why it stopped early."""
+    if steps_done >= r.total_steps:
+        return "finished", f"all {r.total_steps} steps done"
+    if r.stop_requested:
+        return "crashed", f"preempted: SIGTERM at step {steps_done}, checkpointed; continue with --resume"
+    return "crashed", f"stopped: stop_after={stop_after} at step {steps_done}, checkpointed; continue with --resume"
+
+
+def crash_reason(exc: BaseException) -> str:
+    """The status reason of a run that raised (the agent cuts it to what the collector keeps)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted: KeyboardInterrupt; continue from the last checkpoint with --resume"
+    return exception_reason(exc)
 
 
 def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monitor | None) -> Run:
@@ -159,7 +191,10 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
     run_name = resolve_run_name(cfg, out_dir, env, resumed=latest is not None)
     write_run_files(cfg, out_dir, env, run_name, start)
     monitor = monitor or open_monitor(model, config=cfg.to_dict(), run=run_name, project=cfg.project,
-                                      every=cfg.train.report_every)
+                                      every=cfg.train.report_every,
+                                      offline_spool=out_dir / "spool" if cfg.raa.uses_schedule else None)
+    if latest is not None:
+        monitor.load_state_dict(checkpointer.local_states(latest))
     raa = RAAController(cfg.raa, [block.attn for block in model.blocks])
     logger.info("%s: %s params, %d layers, variant %s, RAA %s, %d steps of %d x %d tokens on %d rank(s), out %s",
                 cfg.recipe, f"{sum(p.numel() for p in model.parameters()):,}", cfg.model.n_layers, cfg.model.variant,
@@ -175,7 +210,18 @@ def apply_lambdas(r: Run, step: int) -> list[float]:
         return [0.0] * r.raa.n_layers
     lambdas = r.raa.lambdas(r.monitor)
     r.raa.apply(lambdas, step)
+    note_lambda_source(r, step)
     return lambdas
+
+
+def note_lambda_source(r: Run, step: int) -> None:
+    """Say in the log where RAA's lambdas come from, at the start and whenever that changes."""
+    source = r.monitor.lambda_source if r.cfg.raa.scheduling else "fixed"
+    if source == r.lambda_source:
+        return
+    r.lambda_source = source
+    if r.env.is_main:
+        logger.info("step %d  RAA lambdas from %s", step, LAMBDA_SOURCES.get(source, source))
 
 
 def train_step(r: Run, step: int, lambdas: list[float]) -> StepStats:
@@ -205,8 +251,9 @@ def train_step(r: Run, step: int, lambdas: list[float]) -> StepStats:
             par_layers = torch.stack([t.detach().float() if isinstance(t, Tensor) else ce.new_zeros(()) for t in terms])
             if par is not None:
                 loss = loss + par
-            if r.interventions.weight:
-                loss = loss + r.interventions.weight * sum(p[QK_ALIGN] for p in out.penalties if QK_ALIGN in p)
+            extra = r.interventions.loss(out.penalties)
+            if extra is not None:
+                loss = loss + extra
         loss.backward()
         ce_sum += ce.detach()
     for a, pens in zip(attentions, installed, strict=True):
@@ -226,7 +273,9 @@ def maybe_intervene(r: Run, steps_done: int) -> None:
 def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
     """Hand the step's values to the monitor (device tensors, no sync); every log_every, one sync and a line."""
     r.monitor.log(step, loss=stats.loss, lr=stats.lr, grad_norm=stats.grad_norm, par=stats.par)
+    flagged = sum(r.cfg.raa.schedule.flagged(lambdas)) if r.cfg.raa.uses_par else 0
     if r.cfg.raa.uses_par:
+        r.monitor.log(step, raa_flagged_fraction=flagged / len(lambdas))
         r.monitor.log_layers(step, {"lambda": list(lambdas), "par": stats.par_layers})
     last = step + 1 == r.total_steps
     if (step + 1) % r.cfg.train.log_every and not last and step != r.start_step:
@@ -246,11 +295,11 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
     r.tick, r.tick_step = now, step + 1
     if not r.env.is_main:
         return
-    flagged = sum(lam > r.cfg.raa.floor * r.cfg.raa.lambda_0 for lam in lambdas) if r.cfg.raa.uses_par else 0
     logger.info("step %d/%d  loss %.4f  par %.3g  grad_norm %.3f  lr %.2e  flagged %d/%d  %.0f tok/s",
                 step, r.total_steps, loss, par, grad_norm, stats.lr, flagged, len(lambdas), tokens_per_s)
     record = {"step": step, "loss": loss, "par": par, "grad_norm": grad_norm, "lr": stats.lr,
-              "lambda": list(lambdas), "tokens_per_s": tokens_per_s, "time": time.time()}
+              "lambda": list(lambdas), "flagged": flagged, "lambda_source": r.lambda_source,
+              "tokens_per_s": tokens_per_s, "time": time.time()}
     if r.env.device.type == "cuda":
         record["max_memory_gib"] = torch.cuda.max_memory_allocated(r.env.device) / 2**30
     with open(r.out_dir / "metrics.jsonl", "a") as f:
@@ -313,7 +362,7 @@ def validation_loss(r: Run) -> float:
 
 def maybe_checkpoint(r: Run, steps_done: int, last: bool) -> None:
     if r.checkpointer.due(steps_done, last) and steps_done > r.start_step:
-        r.checkpointer.save(steps_done, r.model, r.optimizer)
+        r.checkpointer.save(steps_done, r.model, r.optimizer, local_state=r.monitor.state_dict())
 
 
 def finish(r: Run, steps_done: int) -> None:
@@ -433,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
     if rank != "0":  # one voice per job: other ranks only warn
         logging.getLogger().setLevel(logging.WARNING)
+    if not args.verbose:  # the agent's httpx logs every request at INFO
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     return train_command(args)
 
 

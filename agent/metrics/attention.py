@@ -1,7 +1,9 @@
-"""Attention statistics of sampled query rows against all keys.
+"""Attention statistics: sampled query rows against all keys, and the spectrum of the square matrix.
 
-Only ``(sample x keys)`` is ever built per head: the probe hands over a few query rows (after
-RoPE, as the model uses them) and the keys of the same sequence.
+``attention_stats`` builds only ``(sample x keys)`` per head: the probe hands over a few query
+rows (after RoPE, as the model uses them) and the keys of the same sequence.
+``attention_spectrum`` measures seed 003's quantities on a square attention matrix (the first
+``W`` tokens of a sequence): ``W x W`` per head.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from agent.metrics.spectra import effective_rank
 
 STAT_NAMES = (
     "attn_entropy",
+    "attn_entropy_nats",
     "attn_top1",
     "attn_top5",
     "attn_gap",
@@ -23,9 +26,8 @@ STAT_NAMES = (
     "logit_std",
     "logit_max",
     "qk_erank",
-    "attn_srank",
-    "attn_gap1",
 )
+SPECTRUM_NAMES = ("attn_srank", "attn_gap1")
 
 
 def attention_stats(
@@ -37,12 +39,15 @@ def attention_stats(
     own position, ``n_i = pos_i + 1``; otherwise all ``T_k``).
 
     * ``attn_entropy``: ``H(p_i) / log(n_i)``, rows with ``n_i = 1`` skipped, mean over rows; 1 = uniform.
+    * ``attn_entropy_nats``: ``H(p_i) = -sum_j p_ij log p_ij`` in nats over the same rows, mean over
+      rows (seed 001's unnormalised entropy); in ``[0, log n_i]``, 0 = one-hot.
     * ``attn_top1``, ``attn_top5``, ``attn_gap``: mean largest probability, mass of the 5
       largest, ``p(1) - p(2)``.
     * ``logit_mean``, ``logit_std`` (population), ``logit_max``: over all allowed (row, key) pairs.
     * ``qk_erank``: effective rank of the singular values of the raw ``Q K^T`` on the sample.
-    * ``attn_srank``, ``attn_gap1``: stable rank ``||A||_F^2 / ||A||_2^2`` of the sampled
-      attention matrix ``A`` and ``sigma_1(A) - sigma_2(A)`` (seed 003's spectral gap).
+
+    Seed 003's spectral gap and stable rank need the square attention matrix: see
+    :func:`attention_spectrum`.
 
     Args:
         q: ``(..., T_q, d_head)`` sampled query rows.
@@ -69,21 +74,78 @@ def attention_stats(
     out = _row_stats(p, logp, n_keys)
     out.update(_logit_stats(logits, allowed))
     out["qk_erank"] = effective_rank(_singular_values(raw))
-    sv = _singular_values(p)
-    out["attn_srank"] = sv.square().sum(-1) / sv[..., 0].square()
-    out["attn_gap1"] = sv[..., 0] - (sv[..., 1] if sv.shape[-1] > 1 else 0.0)
     return {name: out[name].reshape(shape) for name in STAT_NAMES}
 
 
+def attention_spectrum(
+    q: Tensor, k: Tensor, causal: bool = True, remove_outlier: bool = False, *, dtype: torch.dtype | None = None
+) -> dict[str, Tensor]:
+    """Seed 003's stable rank and spectral gap of the square ``T x T`` attention matrix, per head.
+
+    ``A = softmax(q k^T / sqrt(d_head))`` row by row (causal: row ``i`` sees keys ``j <= i``), a
+    row-stochastic ``T x T`` matrix, or ``A - U`` with ``remove_outlier`` (seed 003's ``A - 1 1^T / T``
+    as the model applies it: ``U_ij = 1 / n_i`` on the ``n_i`` keys row ``i`` sees, i.e.
+    ``1 / (i + 1)`` for ``j <= i`` when causal, ``1 / T`` everywhere otherwise).
+
+    * ``attn_srank``: ``||A||_F^2 / sigma_1(A)^2``, in ``[1, T]``: 1 for the uniform non-causal
+      ``1 1^T / T``, ``T`` for ``A = I``.
+    * ``attn_gap1``: ``sigma_1(A) - sigma_2(A)`` (``sigma_2 = 0`` when ``T = 1``), in ``[0, sqrt(T)]``
+      (a row-stochastic ``A`` has ``1 <= sigma_1 <= sqrt(T)``): 1 for ``1 1^T / T``, 0 for ``I``.
+
+    An all-zero matrix (``A = U`` exactly, with ``remove_outlier``) gives NaN for both.
+
+    Causal attention of a prefix is a leading block: the ``W x W`` top-left block of the ``T x T``
+    causal ``A`` is exactly the attention matrix of the first ``W`` tokens, so the probe passes
+    the first ``W`` queries and keys of a sequence. Without the mask the first ``W`` tokens' softmax
+    runs over those ``W`` keys only: the attention matrix of the ``W``-token prefix taken as a
+    sequence of its own, not a block of the full one.
+
+    Singular values come from the ``T x T`` Gram ``A A^T``, formed in the compute dtype and
+    decomposed in float64 (values below the Gram's rounding count as zero); ``||A||_F^2`` is summed
+    from the entries.
+
+    Args:
+        q: ``(..., T, d_head)`` queries of one sequence (after RoPE, as the model uses them).
+        k: ``(..., T, d_head)`` keys; ``k`` may have fewer heads than ``q`` at dim -3 (GQA).
+        causal: apply the causal mask.
+        remove_outlier: measure ``A - U`` instead of ``A``.
+        dtype: compute dtype, float32 by default (float64 on request or for float64 inputs).
+
+    Returns:
+        ``{"attn_srank", "attn_gap1"}`` -> ``(...)`` tensors, one value per head.
+    """
+    if q.ndim < 2 or k.ndim < 2 or q.shape[-1] != k.shape[-1] or q.shape[-2] != k.shape[-2] or q.shape[-2] < 1:
+        raise ValueError(
+            f"attention_spectrum needs q and k of one shape (..., T >= 1, d_head) but for GQA heads; "
+            f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    dt = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
+    qg, kg, shape = group_heads(q.to(dt), k.to(dt))
+    t = q.shape[-2]
+    logits = (qg @ kg.mT) * (1.0 / math.sqrt(q.shape[-1]))  # (..., T, T)
+    allowed, n_keys = _visible(t, t, causal, None, q.device)  # (T, T), (T,)
+    a = torch.softmax(logits.masked_fill(~allowed, -math.inf), -1)
+    if remove_outlier:
+        a = a - allowed / n_keys.to(dt)[:, None]  # U: the uniform row over each row's visible keys
+    sv = _singular_values(a)  # (..., T) descending
+    fro2 = a.square().sum((-2, -1))
+    second = sv[..., 1] if t > 1 else torch.zeros_like(sv[..., 0])
+    out = {"attn_srank": fro2 / sv[..., 0].square(), "attn_gap1": sv[..., 0] - second}
+    empty = sv[..., 0] == 0  # A = U exactly: no spectrum to speak of
+    return {name: torch.where(empty, torch.full_like(v, math.nan), v).reshape(shape) for name, v in out.items()}
+
+
 def _row_stats(p: Tensor, logp: Tensor, n_keys: Tensor) -> dict[str, Tensor]:
-    entropy = torch.special.entr(p).sum(-1)  # -sum p log p with 0 log 0 = 0, (..., Tq)
+    nats = torch.special.entr(p).sum(-1)  # -sum p log p with 0 log 0 = 0, (..., Tq)
     multi = n_keys > 1
+    rows = multi.sum().clamp_min(1)
     norm = torch.where(multi, n_keys.to(p.dtype).clamp_min(2).log(), torch.ones_like(n_keys, dtype=p.dtype))
-    entropy = (entropy / norm * multi).sum(-1) / multi.sum().clamp_min(1)
+    entropy = (nats / norm * multi).sum(-1) / rows
     top = p.topk(min(5, p.shape[-1]), dim=-1).values  # (..., Tq, <=5)
     second = top[..., 1] if top.shape[-1] > 1 else torch.zeros_like(top[..., 0])
     return {
         "attn_entropy": entropy,
+        "attn_entropy_nats": (nats * multi).sum(-1) / rows,
         "attn_top1": top[..., 0].mean(-1),
         "attn_top5": top.sum(-1).mean(-1),
         "attn_gap": (top[..., 0] - second).mean(-1),

@@ -26,17 +26,27 @@ def effective_rank(s: Tensor) -> Tensor:
 
 
 def participation_ratio(x: Tensor) -> Tensor:
-    """Participation ratio ``(sum l)^2 / sum l^2 = tr(C)^2 / tr(C^2)`` of the sample covariance.
+    """Participation ratio ``(sum l)^2 / sum l^2 = tr(S)^2 / tr(S^2)`` of the sample covariance ``S``.
 
-    ``C`` is the covariance of the rows of ``x`` (centred). Works with the smaller of the two
-    Grams (``n x n`` or ``width x width``), which share their nonzero eigenvalues; no
-    eigendecomposition is needed.
+    ``S`` is the covariance of the rows of ``x`` (centred), ``l`` its eigenvalues. Works with the
+    smaller of the two Grams (``n x n`` or ``width x width``), which share their nonzero
+    eigenvalues; no eigendecomposition is needed.
+
+    This is the plug-in estimator (seed 001's): it reads low from few rows. For Gaussian rows
+    with covariance ``Sigma`` and ``n' = n - 1`` degrees of freedom, ``E tr(S) = tr(Sigma)`` and
+    ``E tr(S^2) = tr(Sigma^2) (1 + 1/n') + tr(Sigma)^2 / n'``, so with ``PR = tr(Sigma)^2 / tr(Sigma^2)``::
+
+        PR_hat ~ PR / (1 + (1 + PR) / n')
+
+    For isotropic width ``w`` that is ``w n' / (n' + w + 1)``: about 50 from 64 rows of width 256,
+    241 from 4,096 rows. The estimate is also capped at ``min(n - 1, width)``.
 
     Args:
         x: ``(..., n_samples, width)``, ``n_samples >= 2``.
 
     Returns:
-        ``(...)`` in ``[1, min(n_samples - 1, width)]``; isotropic data gives about ``width``.
+        ``(...)`` in ``[1, min(n_samples - 1, width)]``; isotropic data gives about ``width``
+        (less the bias above).
     """
     if x.ndim < 2 or x.shape[-2] < 2:
         raise ValueError(f"participation_ratio expects (..., n_samples >= 2, width), got {tuple(x.shape)}")

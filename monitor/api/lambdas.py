@@ -18,14 +18,18 @@ router = APIRouter(prefix="/v1/runs", tags=["lambdas"], route_class=StrictJSONRo
 
 
 def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
-    """lambda_l = lambda_0 * sigmoid((H_l - H*) / beta) per layer (0 before any entropy), then overrides."""
+    """lambda_l = lambda_0 * sigmoid((H_l - H*) / beta) per layer (0 before any entropy), then overrides.
+
+    Nothing above the run's ``lambda_max`` is served: the store clips overrides when a config
+    lowers it, and this clips again, so that no path can hand the trainer a value it must refuse.
+    """
     cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
     n = state.n_layers or 0
     h = [state.h.get(layer) for layer in range(n)]
-    lambdas = scheduling.apply_overrides(scheduling.entropy_floor(h, cfg), state.overrides)
+    overrides = {layer: min(value, cfg.lambda_max) for layer, value in sorted(state.overrides.items())}
+    lambdas = scheduling.apply_overrides(scheduling.entropy_floor(h, cfg), overrides)
     return LambdasPublic(version=state.version, step=state.step, lambdas=lambdas,
-                         overrides={str(k): v for k, v in sorted(state.overrides.items())}, h=h,
-                         schedule=dataclasses.asdict(cfg))
+                         overrides={str(k): v for k, v in overrides.items()}, h=h, schedule=dataclasses.asdict(cfg))
 
 
 @router.get("/{run_id}/lambdas", response_model=LambdasPublic)

@@ -40,9 +40,10 @@ def get_run(run_id: str, store: StoreDep, principal: Reader) -> RunPublic:
 
 @router.patch("/{run_id}", response_model=RunPublic)
 def patch_run(run_id: str, body: StatusPatch, store: StoreDep, principal: Ingester) -> RunPublic:
-    """Set the status: the agent says "finished" at the end, "crashed" from its exception hook."""
+    """Set the status: the agent says "finished" at the end, "crashed" (with the reason) on an exception
+    or a preemption. Idempotent; a status of an attempt older than the latest is ignored."""
     load_run(store, run_id, principal)
-    return RunPublic.of(store.set_status(run_id, body.status))
+    return RunPublic.of(store.set_status(run_id, body.status, body.reason, body.attempt))
 
 
 @router.delete("/{run_id}", status_code=204)

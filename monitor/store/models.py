@@ -32,7 +32,7 @@ runs = sa.Table(
     sa.Column("project", sa.String(200), nullable=False),
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("status_reason", sa.String(32)),
+    sa.Column("status_reason", sa.String(200)),  # monitor.wire.STATUS_REASON_MAX
     sa.Column("config", sa.Text, nullable=False),
     sa.Column("created_at", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),

@@ -30,6 +30,8 @@ from monitor.wire import ReportBatch, RunCreate
 logger = logging.getLogger(__name__)
 
 TERMINAL = ("finished", "crashed")
+CLIP_WHO = "collector: lambda_max of the run's config"
+"""The audit trail's ``who`` of an override clipped because the run's config lowered lambda_max."""
 
 
 class NotFound(LookupError):
@@ -94,24 +96,50 @@ class Store:
         """Create the run (attempt 1) or resume it; returns the run and the attempt to report under.
 
         An unseen ``attempt_key`` starts attempt latest+1; a known one returns its attempt; no key
-        returns the latest attempt. A finished or crashed run is set back to running.
+        returns the latest attempt. A finished or crashed run is set back to running, unless a
+        known key re-registers an attempt whose end was already reported (see :meth:`_keeps_status`).
+        A new config whose ``lambda_max`` is below existing overrides clips them (audited).
         """
         now = time.time() if now is None else now
-        try:
-            scheduling.ScheduleConfig.from_mapping(body.config.get("schedule"))
-        except (ValueError, TypeError) as exc:
-            raise Invalid(f"config.{exc}" if str(exc).startswith("schedule") else f"config.schedule: {exc}") from None
+        schedule = self._check_schedule(body.config)
         with self._write() as conn:
             row = self._lock_run_by_name(conn, body.project, body.name)
             if row is None:
                 row = self._insert_run(conn, body, now)
-            attempt = self._resolve_attempt(conn, row, body.attempt_key, now)
-            values: dict[str, Any] = {"status": "running", "status_reason": None, "updated_at": now,
-                                      "latest_attempt": max(attempt, row.latest_attempt)}
+            known = self._known_attempt(conn, row, body.attempt_key)
+            attempt = known if known is not None else self._resolve_attempt(conn, row, body.attempt_key, now)
+            values: dict[str, Any] = {"updated_at": now, "latest_attempt": max(attempt, row.latest_attempt)}
+            if not (known is not None and self._keeps_status(row)):
+                values.update(status="running", status_reason=None)
             if body.config:
                 values["config"] = json.dumps(body.config)
             conn.execute(sa.update(m.runs).where(m.runs.c.pk == row.pk).values(**values))
+            if body.config:
+                self._clip_overrides(conn, self._get(conn, m.runs.c.pk == row.pk), schedule, attempt, now)
             return self._get(conn, m.runs.c.pk == row.pk), attempt
+
+    @staticmethod
+    def _check_schedule(config: dict[str, Any]) -> scheduling.ScheduleConfig:
+        try:
+            return scheduling.ScheduleConfig.from_mapping(config.get("schedule"))
+        except (ValueError, TypeError) as exc:
+            raise Invalid(f"config.{exc}" if str(exc).startswith("schedule") else f"config.schedule: {exc}") from None
+
+    @staticmethod
+    def _keeps_status(run: m.RunRow) -> bool:
+        """A run the agent ended (PATCH) stays ended when one of that attempt's processes registers again.
+
+        Another rank's sender, or ``qkwatch sync`` delivering a spool, creates the run again with
+        the attempt key it already has; that must not undo the status. A stale guess
+        (crashed, reason "stale") does not count: the run revives as on reports.
+        """
+        return run.status in TERMINAL and run.status_reason != "stale"
+
+    def _known_attempt(self, conn: sa.Connection, run: m.RunRow, key: str | None) -> int | None:
+        if key is None:
+            return None
+        return conn.execute(sa.select(m.attempts.c.attempt).where(
+            m.attempts.c.run_pk == run.pk, m.attempts.c.attempt_key == key)).scalar()
 
     def _lock_run_by_name(self, conn: sa.Connection, project: str, name: str) -> m.RunRow | None:
         q = sa.select(m.runs).where(m.runs.c.project == project, m.runs.c.name == name)
@@ -132,12 +160,9 @@ class Store:
         return row
 
     def _resolve_attempt(self, conn: sa.Connection, run: m.RunRow, key: str | None, now: float) -> int:
+        """No key: the latest attempt; a key not seen before: a new attempt, latest+1."""
         if key is None:
             return run.latest_attempt
-        known = conn.execute(sa.select(m.attempts.c.attempt).where(
-            m.attempts.c.run_pk == run.pk, m.attempts.c.attempt_key == key)).scalar()
-        if known is not None:
-            return known
         attempt = run.latest_attempt + 1
         conn.execute(sa.insert(m.attempts).values(run_pk=run.pk, attempt=attempt, attempt_key=key, created_at=now))
         return attempt
@@ -168,12 +193,27 @@ class Store:
                                 .limit(limit).offset(offset)).all()
         return [_run_row(r) for r in rows], int(count or 0)
 
-    def set_status(self, run_id: str, status: str, now: float | None = None) -> m.RunRow:
+    def set_status(self, run_id: str, status: str, reason: str | None = None, attempt: int | None = None,
+                   now: float | None = None) -> m.RunRow:
+        """Set how the run ended (idempotent); ``reason`` defaults to "patch".
+
+        A status for an ``attempt`` older than the run's latest is ignored: it is an earlier
+        process's end, delivered late, and the run has been resumed since.
+
+        Raises:
+            NotFound: unknown run. Invalid: an attempt the run does not have.
+        """
         now = time.time() if now is None else now
         with self._write() as conn:
-            run = self._get(conn, m.runs.c.id == run_id)
+            run = _run_row(self._locked(conn, run_id))
+            if attempt is not None and attempt > run.latest_attempt:
+                raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt})")
+            if attempt is not None and attempt < run.latest_attempt:
+                logger.info("run %s: ignoring status %s of attempt %d (latest is %d)", run.id, status, attempt,
+                            run.latest_attempt)
+                return run
             conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk)
-                         .values(status=status, status_reason="patch", updated_at=now))
+                         .values(status=status, status_reason=reason or "patch", updated_at=now))
             return self._get(conn, m.runs.c.pk == run.pk)
 
     def delete_run(self, run_id: str) -> None:
@@ -621,6 +661,28 @@ class Store:
                 self._write_overrides(conn, run, changes, state.step, run.lambda_version + 1, who, now)
             run = self._get(conn, m.runs.c.pk == run.pk)
             return run, self._lambda_state(conn, run)
+
+    def _clip_overrides(self, conn: sa.Connection, run: m.RunRow, cfg: scheduling.ScheduleConfig, attempt: int,
+                        now: float) -> None:
+        """Clip overrides above the (new) config's ``lambda_max``: audited, and an event on the run.
+
+        An operator may set overrides before the trainer sends its config, or a resume may lower
+        ``lambda_max``; the trainer refuses values above its bound, so they are clipped here
+        rather than lost there.
+        """
+        o = m.lambda_overrides
+        rows = conn.execute(sa.select(o.c.layer, o.c.value).where(o.c.run_pk == run.pk, o.c.value > cfg.lambda_max)
+                            .order_by(o.c.layer)).all()
+        if not rows:
+            return
+        changes = [(r.layer, r.value, cfg.lambda_max) for r in rows]
+        self._write_overrides(conn, run, changes, run.lambda_step, run.lambda_version + 1, CLIP_WHO, now)
+        clipped = [{"layer": layer, "requested": old, "applied": new} for layer, old, new in changes]
+        message = (f"overrides of layers {[c['layer'] for c in clipped]} clipped to the run config's "
+                   f"lambda_max={cfg.lambda_max}")
+        logger.info("run %s: %s", run.id, message)
+        self._insert_events(conn, run.pk, attempt, [(max(run.last_step or 0, 0), "overrides_clipped", message,
+                                                     {"layers": clipped, "lambda_max": cfg.lambda_max}, now)])
 
     def _write_overrides(self, conn: sa.Connection, run: m.RunRow, changes: list, step: int | None, version: int,
                          who: str, now: float) -> None:

@@ -77,7 +77,7 @@ def main() -> None:
         ref.step(0)
         with torch.no_grad():
             reference(batch(0)[:, :-1])
-        ref.close(timeout=0.1)
+        ref.close(timeout=0.1, status=None)  # a measurement, not a run: no status record
         s = Spool(ref.spool_path)
         (record,) = s.pending(10)
         out.write_text(json.dumps({"reference": record.payload["report"], "applied": every_rank}))

@@ -163,12 +163,16 @@ def test_close_returns_within_its_timeout_when_the_collector_hangs(tmp_path: Pat
     assert a.spool_path.exists() and list(a.spool_path.glob("seg-*.log"))  # the reports stay spooled
 
 
+STEERED = {"lambda_0": 0.1}
+"""A schedule whose lambda_max (100 x lambda_0) admits the overrides below."""
+
+
 def test_operator_overrides_set_before_the_run_are_applied_from_step_zero(
     tmp_path: Path, collector: LiveCollector
 ) -> None:
     collector.start()
     with collector.client() as c:
-        run = c.create_run("tests", "steered", config={"n_layers": N_LAYERS})
+        run = c.create_run("tests", "steered", config={"n_layers": N_LAYERS, "schedule": STEERED})
         c.set_overrides(run["id"], {"1": 0.5, "3": 0.25})
     model = TinyGPT()
     a = agent.attach(
@@ -176,6 +180,7 @@ def test_operator_overrides_set_before_the_run_are_applied_from_step_zero(
         url=collector.url,
         project="tests",
         run="steered",
+        config={"schedule": STEERED},
         spool=str(tmp_path / "spool"),
         every=2,
         lambda_sync_every=2,
@@ -251,8 +256,10 @@ def test_shuffled_and_repeated_deliveries_store_each_report_once(tmp_path: Path,
     train(a, model, 12)
     a.close(timeout=0.1)
     spool = Spool(a.spool_path)
-    reports = [r.payload["report"] for r in spool.pending(1000)]
+    records = [r.payload for r in spool.pending(1000)]
     spool.close()
+    assert records[-1]["status"] == {"status": "finished"}  # how the run ended comes last
+    reports = [r["report"] for r in records[:-1]]
     collector.start()
     rng = random.Random(0)
     with collector.client() as c:

@@ -8,6 +8,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ def spooled(a) -> list[dict]:
     a.close(timeout=0.2)
     spool = Spool(a.spool_path)
     try:
-        return [r.payload["report"] for r in spool.pending(10_000)]
+        return [r.payload["report"] for r in spool.pending(10_000) if "report" in r.payload]  # not the end status
     finally:
         spool.close()
 
@@ -256,3 +257,106 @@ def test_dataloader_workers(tmp_path: Path) -> None:
     reports = spooled(a)
     assert [r["step"] for r in reports] == [0, 1]
     assert all("loss" not in r["scalars"] for r in reports)
+
+
+def qk_of(model) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], list]:
+    """The (q, k) each qkwatch GPT layer attends with, seen through its own hook on ``qk_tap``."""
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    handles = [
+        block.attn.qk_tap.register_forward_hook(lambda mod, args, out, i=i: seen.__setitem__(i, args))
+        for i, block in enumerate(model.blocks)
+    ]
+    return seen, handles
+
+
+def numpy_spectrum(q, k, remove_outlier: bool) -> tuple[float, float]:
+    """Mean over heads of seed 003's stable rank and gap of the causal A (or A - U), float64 numpy."""
+    q, k = q.double().numpy(), k.double().numpy()  # (H, W, hs)
+    w = q.shape[-2]
+    causal = np.tril(np.ones((w, w), dtype=bool))
+    sranks, gaps = [], []
+    for h in range(q.shape[0]):
+        s = np.where(causal, q[h] @ k[h].T / math.sqrt(q.shape[-1]), -np.inf)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        if remove_outlier:
+            a = a - causal / np.arange(1, w + 1)[:, None]
+        sv = np.linalg.svd(a, compute_uv=False)
+        sranks.append((sv**2).sum() / sv[0] ** 2)
+        gaps.append(sv[0] - sv[1])
+    return float(np.mean(sranks)), float(np.mean(gaps))
+
+
+def test_outlier_removed_gpt_reports_the_spectrum_of_a_minus_u(tmp_path: Path) -> None:
+    """Seed 003's variant attends with A - U: the probe measures that matrix, on the first
+    ``spectrum_window`` tokens of the first sequence."""
+    from trainer.model import GPT, ModelConfig
+
+    small = {"n_layers": 2, "n_heads": 2, "d_model": 32, "max_seq_len": 48, "vocab_size": 64}
+    assert not any(site.remove_outlier for site in find_sites(GPT(ModelConfig(**small))))
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(variant="outlier_removed", **small)).eval()
+    assert all(site.remove_outlier for site in find_sites(model))
+    seen, handles = qk_of(model)
+    a = agent.attach(model, spool=str(tmp_path), run="outlier", every=1, spectrum_window=32, **OFFLINE)
+    a.step(0)
+    with torch.no_grad():
+        model(torch.randint(0, 64, (2, 48), generator=torch.Generator().manual_seed(1)))
+    (report,) = spooled(a)
+    for handle in handles:
+        handle.remove()
+    for layer, (q, k) in seen.items():
+        srank, gap = numpy_spectrum(q[0, :, :32], k[0, :, :32], remove_outlier=True)
+        assert report["layers"]["attn_srank"][layer] == pytest.approx(srank, rel=1e-4)
+        assert report["layers"]["attn_gap1"][layer] == pytest.approx(gap, rel=1e-4, abs=1e-6)
+        plain_srank, _ = numpy_spectrum(q[0, :, :32], k[0, :, :32], remove_outlier=False)
+        assert abs(plain_srank - srank) > 0.1 * plain_srank  # A's value would be a different number
+
+
+def test_participation_ratio_reads_rows_of_the_whole_micro_batch(tmp_path: Path) -> None:
+    """pr_q and pr_k come from every position of the micro-batch (8 x 64 = 512 rows), or ``pr_rows``
+    of them evenly strided; from 64 rows of one sequence PR could not exceed 63."""
+    from trainer.model import GPT, ModelConfig
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=128, max_seq_len=64)).eval()
+    x = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(1))
+    seen, handles = qk_of(model)
+    full = agent.attach(model, spool=str(tmp_path / "a"), run="all", every=1, sample_rows=64, **OFFLINE)
+    full.step(0)
+    with torch.no_grad():
+        model(x)
+    (report,) = spooled(full)
+    strided = agent.attach(model, spool=str(tmp_path / "b"), run="strided", every=1, pr_rows=100, **OFFLINE)
+    strided.step(0)
+    with torch.no_grad():
+        model(x)
+    (report_strided,) = spooled(strided)
+    for handle in handles:
+        handle.remove()
+
+    def numpy_pr(rows: np.ndarray) -> float:
+        eig = np.linalg.eigvalsh(np.cov(rows.T))
+        return float(eig.sum() ** 2 / (eig**2).sum())
+
+    picked = np.round(np.linspace(0, 511, 100)).astype(int)
+    for layer, (q, k) in seen.items():
+        q_rows = q.transpose(1, 2).reshape(512, 128).double().numpy()  # (B*T, H*hs): heads side by side
+        k_rows = k.transpose(1, 2).reshape(512, 64).double().numpy()  # (B*T, G*hs)
+        pr_q = report["layers"]["pr_q"][layer]
+        assert pr_q == pytest.approx(numpy_pr(q_rows), rel=1e-4)
+        assert report["layers"]["pr_k"][layer] == pytest.approx(numpy_pr(k_rows), rel=1e-4)
+        assert report_strided["layers"]["pr_q"][layer] == pytest.approx(numpy_pr(q_rows[picked]), rel=1e-4)
+        one_sequence = numpy_pr(q_rows[np.round(np.linspace(0, 63, 64)).astype(int)])  # the old path
+        assert one_sequence <= 63 and pr_q > 1.3 * one_sequence, (pr_q, one_sequence)
+
+
+@pytest.mark.parametrize(
+    ("setting", "match"),
+    [({"pr_rows": 1}, r"pr_rows must be an integer >= 2"), ({"spectrum_window": 0}, r"spectrum_window must be")],
+)
+def test_spectrum_and_pr_settings_are_validated(setting: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        agent.AgentConfig(**setting)
+    defaults = agent.AgentConfig()
+    assert (defaults.pr_rows, defaults.spectrum_window) == (4096, 256)

@@ -34,8 +34,17 @@ def test_ema_initialises_then_smooths_and_ignores_nan():
 
 def test_defaults_are_documented_values():
     assert ScheduleConfig.from_mapping(None) == ScheduleConfig(
-        lambda_0=0.1, h_star=0.75, beta=0.05, ema=0.9, lambda_max=1.0
+        lambda_0=1e-4, h_star=0.85, beta=0.04, ema=0.8, lambda_max=1e-2, floor=0.1
     )
+    assert ScheduleConfig(lambda_0=0.3).lambda_max == pytest.approx(30.0)  # 100 x lambda_0 unless given
+
+
+def test_default_split_between_seed_000s_healthy_and_collapsed_entropies():
+    """The reasoning in ScheduleConfig's docstring, held: healthy 0.76 gets <= 0.1 lambda_0, collapsed 0.94 >= 0.9."""
+    cfg = ScheduleConfig()
+    healthy, collapsed = entropy_floor([0.71, 0.76, 0.94], cfg)[1:], entropy_floor([0.94], cfg)[0]
+    assert healthy[0] <= 0.1 * cfg.lambda_0 and collapsed >= 0.9 * cfg.lambda_0
+    assert cfg.flagged([collapsed, 0.1 * cfg.lambda_0, 0.0]) == [True, False, False]
 
 
 @pytest.mark.parametrize(
@@ -43,9 +52,10 @@ def test_defaults_are_documented_values():
     [
         ({"beta": 0}, "beta"),
         ({"ema": 1.0}, "ema"),
-        ({"lambda_0": 2.0}, "lambda_0"),
+        ({"lambda_0": 0.02, "lambda_max": 0.01}, "lambda_0"),
         ({"h_star": "x"}, "h_star"),
         ({"lambda_max": -1}, "lambda_max"),
+        ({"floor": 1.0}, "floor"),
         ({"gamma": 1}, "gamma"),
         ({"beta": math.inf}, "beta"),
     ],

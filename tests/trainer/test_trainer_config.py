@@ -18,13 +18,13 @@ from trainer.optim import OptimConfig, lr_at
 def test_every_recipe_is_a_valid_config(name):
     cfg = recipes.get(name)
     assert cfg.recipe == name
-    assert cfg.to_dict()["schedule"].keys() == {"lambda_0", "h_star", "beta", "ema", "lambda_max"}
+    assert cfg.to_dict()["schedule"].keys() == {"lambda_0", "h_star", "beta", "ema", "lambda_max", "floor"}
 
 
 def test_recipes_match_their_papers():
     debug = recipes.debug_cpu()
     assert debug.model.n_layers >= 4 and debug.train.steps == 60 and debug.train.report_every == 5
-    assert debug.raa.enabled and debug.raa.par and debug.raa.rotation and debug.raa.schedule
+    assert debug.raa.enabled and debug.raa.par and debug.raa.rotation and debug.raa.scheduling
     grid = recipes.seed001_grid()
     m = grid.model_config()
     assert (m.d_model, m.n_heads, m.d_head, m.d_mlp, m.max_seq_len, m.bias) == (256, 4, 64, 1024, 128, True)

@@ -9,7 +9,7 @@ import torch
 
 from agent.metrics import householder, principal_overlap, split_heads
 from trainer.model import KeyRotation
-from trainer.raa import PAR, RAAConfig, RAAController, par_penalty
+from trainer.raa import PAR, RAAConfig, RAAController, ScheduleConfig, par_penalty
 
 
 def _aligned_pair(n_heads=2, d_model=12, d_head=4, noise=0.3, seed=0):
@@ -97,11 +97,11 @@ class _Advice:
 
 def test_lambdas_flag_layers_above_the_floor(tiny_model):
     model = tiny_model(n_layers=4)
-    config = RAAConfig(enabled=True, lambda_0=1e-3)
+    config = RAAConfig(enabled=True, schedule=ScheduleConfig(lambda_0=1e-3, floor=0.1))
     raa = RAAController(config, model.attentions())
-    lambdas = raa.lambdas(_Advice([0.0, 2e-3, 1e-6, 5e-4]))
-    assert lambdas == [0.0, 2e-3, 1e-6, 5e-4]
-    assert raa.apply(lambdas, step=0) == [False, True, False, True]  # floor: 0.01 * lambda_0
+    lambdas = raa.lambdas(_Advice([0.0, 2e-3, 1e-4, 5e-4]))
+    assert lambdas == [0.0, 2e-3, 1e-4, 5e-4]
+    assert raa.apply(lambdas, step=0) == [False, True, False, True]  # floor: 0.1 * lambda_0, exclusive
     assert [PAR in a.weight_penalties for a in model.attentions()] == [False, True, False, True]
     out = model(torch.randint(0, 256, (1, 8)))
     assert [PAR in p for p in out.penalties] == [False, True, False, True]
@@ -112,14 +112,14 @@ def test_lambdas_flag_layers_above_the_floor(tiny_model):
     assert not any(a.weight_penalties for a in model.attentions())
 
 
-def test_no_advice_or_bad_advice_falls_back_to_lambda_0(tiny_model, caplog):
-    raa = RAAController(RAAConfig(enabled=True, lambda_0=1e-3), tiny_model().attentions())
-    assert raa.lambdas(_Advice(None)) == [1e-3, 1e-3]
+def test_no_advice_falls_back_to_lambda_0_loudly_and_bad_values_are_bounded(tiny_model, caplog):
+    raa = RAAController(RAAConfig(enabled=True, schedule=ScheduleConfig(lambda_0=1e-3)), tiny_model().attentions())
     with caplog.at_level(logging.WARNING):
-        assert raa.lambdas(_Advice([float("nan"), 0.0])) == [1e-3, 1e-3]
+        assert raa.lambdas(_Advice(None)) == [1e-3, 1e-3]
         assert raa.lambdas(_Advice([1.0])) == [1e-3, 1e-3]  # wrong length
-    assert sum("ignoring lambdas" in r.message for r in caplog.records) == 1  # warned once
-    unscheduled = RAAController(RAAConfig(enabled=True, schedule=False), tiny_model().attentions())
+    assert sum("no-scheduling ablation" in r.message for r in caplog.records) == 1  # warned once
+    assert raa.lambdas(_Advice([float("nan"), 1.0])) == [0.0, 0.1]  # per value: NaN -> 0, clipped to lambda_max
+    unscheduled = RAAController(RAAConfig(enabled=True, scheduling=False), tiny_model().attentions())
     advice = _Advice([0.5, 0.5])
     assert unscheduled.lambdas(advice) == [1e-4, 1e-4] and advice.calls == 0
     fixed = RAAController(RAAConfig(enabled=True, fallback_lambdas=[0.0, 3e-4]), tiny_model().attentions())
@@ -137,6 +137,8 @@ def test_raa_off_costs_nothing(tiny_run, monkeypatch):
     monkeypatch.setattr(raa_module, "principal_overlap", lambda *a, **k: calls.append(1))
 
     class Recorder:
+        lambda_source = None
+
         def __init__(self):
             self.asked = 0
             self.layers = []
@@ -146,7 +148,9 @@ def test_raa_off_costs_nothing(tiny_run, monkeypatch):
             self.asked += 1
         def log(self, step, **scalars): pass
         def log_layers(self, step, values): self.layers.append(values)
-        def close(self, timeout=10.0): pass
+        def close(self, timeout=10.0, *, status="finished", reason=None): pass
+        def state_dict(self): return {}
+        def load_state_dict(self, states): pass
 
     monitor = Recorder()
     import tempfile
@@ -159,8 +163,8 @@ def test_raa_off_costs_nothing(tiny_run, monkeypatch):
 def test_raa_config_errors_name_the_key():
     with pytest.raises(ValueError, match=r"raa\.reflections"):
         RAAConfig(reflections=3)
-    with pytest.raises(ValueError, match=r"raa\.lambda_max"):
-        RAAConfig(lambda_0=1.0, lambda_max=0.1)
+    with pytest.raises(ValueError, match=r"schedule\.lambda_0"):
+        RAAConfig(schedule=ScheduleConfig(lambda_0=1.0, lambda_max=0.1))
     with pytest.raises(ValueError, match=r"raa\.tau_factor"):
         RAAConfig(tau_factor=1.5)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from agent.metrics import qkai, split_heads
 from trainer.checkpoint import FORMAT, export_model, load_exported
 from trainer.monitoring import NullMonitor, open_monitor
+from trainer.raa import ScheduleConfig
 from trainer.train import run
 
 
@@ -36,6 +38,28 @@ def test_resumed_run_has_the_uninterrupted_loss_curve(tiny_run, tmp_path):
     assert [x["start_step"] for x in info["attempts"]] == [0, 5]  # the same collector run, a new attempt
 
 
+def test_without_a_collector_the_local_schedule_steers_raa_and_resumes_bit_for_bit(tiny_run, tmp_path, monkeypatch,
+                                                                                  caplog):
+    """No QKWATCH_URL: the agent attaches offline, its entropy-floor lambdas are what RAA applies
+    (not lambda_0 everywhere), the log says so, and a resume restores the schedule's state."""
+    monkeypatch.delenv("QKWATCH_URL", raising=False)
+    monkeypatch.delenv("QKWATCH_SPOOL", raising=False)
+    cfg = tiny_run(steps=24, init={"qk_regime": "qk_identical", "qk_layers": [1, 2]}, checkpoint={"every": 4})
+    with caplog.at_level(logging.INFO, logger="trainer.train"):
+        run(cfg, tmp_path / "straight")
+    assert any("RAA lambdas from the agent's local entropy-floor schedule" in r.message for r in caplog.records)
+    records = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in records if "lambda" in x]
+    assert {x["lambda_source"] for x in steps} == {"local"}
+    schedule = ScheduleConfig(**cfg.to_dict()["schedule"])
+    late = steps[-1]["lambda"]
+    assert 0 < max(late) <= schedule.lambda_0 and late != [schedule.lambda_0] * 4  # the schedule, not the fallback
+    assert list((tmp_path / "straight" / "spool").rglob("seg-*.log"))  # reports kept for `qkwatch sync`
+    run(cfg, tmp_path / "resumed", stop_after=14)  # between two lambda exchanges (every 10 steps)
+    run(cfg, tmp_path / "resumed", resume=True)
+    assert _curve(tmp_path / "straight") == _curve(tmp_path / "resumed")
+
+
 def test_a_finished_run_folder_is_not_overwritten(tiny_run, tmp_path):
     cfg = tiny_run(steps=1)
     run(cfg, tmp_path)
@@ -44,6 +68,7 @@ def test_a_finished_run_folder_is_not_overwritten(tiny_run, tmp_path):
 
 
 class RecordingMonitor:
+    lambda_source = "collector"
     """Implements the monitor protocol and records the calls (the agent replaces it in production)."""
 
     def __init__(self, lambdas=None):
@@ -62,8 +87,15 @@ class RecordingMonitor:
     def log_layers(self, step, values):
         self.calls.append(("log_layers", step, values))
 
-    def close(self, timeout=10.0):
+    def close(self, timeout=10.0, *, status="finished", reason=None):
         self.closed += 1
+        self.status = (status, reason)
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, states):
+        pass
 
 
 def test_the_loop_calls_the_monitor_in_order_and_applies_its_lambdas(tiny_run, tmp_path):
@@ -73,7 +105,9 @@ def test_the_loop_calls_the_monitor_in_order_and_applies_its_lambdas(tiny_run, t
     run(cfg, tmp_path, monitor=monitor)
     assert monitor.closed == 1
     kinds = [c[0] for c in monitor.calls if c[0] != "log" or "val_loss" not in c[2]]
-    assert kinds == ["step", "lambdas", "log", "log_layers"] * 3
+    assert kinds == ["step", "lambdas", "log", "log", "log_layers"] * 3
+    assert [c[2] for c in monitor.calls if c[0] == "log" and "raa_flagged_fraction" in c[2]] == [
+        {"raa_flagged_fraction": 0.5}] * 3  # layers 1 and 3 of 4 above the floor
     for step in range(3):
         layers = next(c[2] for c in monitor.calls if c[0] == "log_layers" and c[1] == step)
         assert layers["lambda"] == advice  # the lambda metric shows what was applied
@@ -101,7 +135,7 @@ def test_with_qk_identical_init_raa_ends_with_lower_mid_layer_qkai(tiny_run, tmp
     for enabled in (False, True):
         cfg = tiny_run(
             steps=12,
-            raa={"enabled": enabled, "lambda_0": 1e-2, "lambda_max": 0.1},
+            raa={"enabled": enabled, "scheduling": False, "schedule": {"lambda_0": 1e-2, "lambda_max": 0.1}},
             init={"qk_regime": "qk_identical", "qk_layers": [1, 2]},
         )
         run(cfg, tmp_path / str(enabled))
@@ -145,14 +179,14 @@ def test_qkwatch_train_and_eval_from_the_command_line(tmp_path, capsys, monkeypa
         "train.log_every=1",
         "data.task_mix=0.5",
         "model.variant=outlier_removed",
-        "raa.schedule=false",
+        "raa.scheduling=false",
     ]
     argv = ["train", "--recipe", "debug_cpu", "--out", str(out)] + [x for s in sets for x in ("--set", s)]
     assert main(argv) == 0
     assert (out / "model.pt").is_file() and len(_curve(out)) == 3
     config = json.loads((out / "config.json").read_text())
     assert config["recipe"] == "debug_cpu" and config["variant"] == "outlier_removed" and config["seed"] == 0
-    assert config["model"]["n_layers"] == 2 and config["schedule"]["lambda_0"] == config["raa"]["lambda_0"]
+    assert config["model"]["n_layers"] == 2 and config["schedule"] == config["raa"]["schedule"]
     capsys.readouterr()
     assert main(["eval", str(out), "--task", "binding", "--task", "perplexity", "--samples", "4", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)

@@ -18,25 +18,24 @@ def reference(q: np.ndarray, k: np.ndarray, causal: bool, q_pos: np.ndarray) -> 
     d = q.shape[-1]
     rows = []
     logits_allowed = []
-    attn = np.zeros((q.shape[0], k.shape[0]))
     for i, pos in enumerate(q_pos):
         n = pos + 1 if causal else k.shape[0]
         s = np.array([q[i] @ k[j] / math.sqrt(d) for j in range(n)])
         logits_allowed.extend(s)
         p = np.exp(s - s.max())
         p /= p.sum()
-        attn[i, :n] = p
         ps = np.sort(p)[::-1]
-        ent = -sum(x * math.log(x) for x in p if x > 0) / math.log(n) if n > 1 else None
+        nats = -sum(x * math.log(x) for x in p if x > 0)
+        ent = (nats / math.log(n), nats) if n > 1 else None
         rows.append((ent, ps[0], ps[:5].sum(), ps[0] - (ps[1] if n > 1 else 0.0)))
     ents = [r[0] for r in rows if r[0] is not None]
     raw = q @ k.T
     s_raw = np.linalg.svd(raw, compute_uv=False)
     p_sv = s_raw / s_raw.sum()
-    s_a = np.linalg.svd(attn, compute_uv=False)
     la = np.array(logits_allowed)
     return {
-        "attn_entropy": float(np.mean(ents)),
+        "attn_entropy": float(np.mean([e[0] for e in ents])),
+        "attn_entropy_nats": float(np.mean([e[1] for e in ents])),
         "attn_top1": float(np.mean([r[1] for r in rows])),
         "attn_top5": float(np.mean([r[2] for r in rows])),
         "attn_gap": float(np.mean([r[3] for r in rows])),
@@ -44,8 +43,6 @@ def reference(q: np.ndarray, k: np.ndarray, causal: bool, q_pos: np.ndarray) -> 
         "logit_std": float(la.std()),
         "logit_max": float(la.max()),
         "qk_erank": float(np.exp(-(p_sv[p_sv > 0] * np.log(p_sv[p_sv > 0])).sum())),
-        "attn_srank": float((s_a**2).sum() / s_a[0] ** 2),
-        "attn_gap1": float(s_a[0] - s_a[1]),
     }
 
 
@@ -79,13 +76,37 @@ def test_uniform_rows_have_entropy_one_and_one_hot_rows_zero() -> None:
     k = torch.randn(1, t_k, d, dtype=torch.float64)
     uniform = attention_stats(torch.zeros(1, 8, d, dtype=torch.float64), k)  # equal logits per row
     assert uniform["attn_entropy"].item() == pytest.approx(1.0, abs=1e-12)
+    # in nats a uniform row over n_i keys has H = log n_i: rows 12..19 see 13..20 keys
+    assert uniform["attn_entropy_nats"].item() == pytest.approx(np.mean(np.log(np.arange(13, 21))), abs=1e-12)
     # causal rows 12..19 see 13..20 keys: top1 = mean of 1/n
     assert uniform["attn_top1"].item() == pytest.approx(np.mean([1 / n for n in range(13, 21)]), abs=1e-12)
     keys = torch.zeros(1, t_k, d, dtype=torch.float64)
     keys[0, 0, 0] = 1.0
     one_hot = attention_stats(torch.full((1, 8, d), 1e4, dtype=torch.float64), keys)
     assert one_hot["attn_entropy"].item() == pytest.approx(0.0, abs=1e-9)
+    assert one_hot["attn_entropy_nats"].item() == pytest.approx(0.0, abs=1e-9)
     assert one_hot["attn_top1"].item() == pytest.approx(1.0) and one_hot["attn_gap"].item() == pytest.approx(1.0)
+
+
+def test_entropy_in_nats_skips_single_key_rows_and_matches_numpy() -> None:
+    """Uniform rows at explicit positions (row 0 sees one key: skipped), then a random case in float32."""
+    k = torch.randn(1, 30, 8, dtype=torch.float64)
+    q_pos = torch.tensor([0, 1, 4, 9, 29])
+    uniform = attention_stats(torch.zeros(1, 5, 8, dtype=torch.float64), k, q_pos=q_pos)
+    assert uniform["attn_entropy_nats"].item() == pytest.approx(np.mean(np.log([2, 5, 10, 30])), abs=1e-12)
+    non_causal = attention_stats(torch.zeros(1, 5, 8, dtype=torch.float64), k, causal=False)
+    assert non_causal["attn_entropy_nats"].item() == pytest.approx(math.log(30), abs=1e-12)
+    q = RNG.standard_normal((3, 10, 8)) * 2
+    keys = RNG.standard_normal((3, 50, 8))
+    got = attention_stats(torch.from_numpy(q).float(), torch.from_numpy(keys).float())["attn_entropy_nats"]
+    for h in range(3):  # rows 40..49 see 41..50 keys
+        logits = q[h] @ keys[h].T / math.sqrt(8)
+        want = []
+        for i, pos in enumerate(range(40, 50)):
+            p = np.exp(logits[i, : pos + 1] - logits[i, : pos + 1].max())
+            p /= p.sum()
+            want.append(-(p * np.log(p)).sum())
+        assert got[h].item() == pytest.approx(np.mean(want), rel=1e-5)
 
 
 def test_grouped_query_heads_see_their_key_head() -> None:

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.metrics import STAT_NAMES, attention_stats, participation_ratio, qkai, stable_rank
+from agent.metrics import (
+    SPECTRUM_NAMES,
+    STAT_NAMES,
+    attention_spectrum,
+    attention_stats,
+    participation_ratio,
+    qkai,
+    stable_rank,
+)
 
 settings.register_profile("qkwatch", max_examples=40, deadline=None)
 settings.load_profile("qkwatch")
@@ -59,8 +69,21 @@ def test_attention_stats_ranges(heads, t_q, extra_keys, d_head, causal, seed) ->
         assert bool(((out[name] >= -1e-5) & (out[name] <= 1 + 1e-5)).all()), name
     assert bool((out["attn_top5"] >= out["attn_top1"] - 1e-6).all())
     assert bool((out["qk_erank"] >= 1 - 1e-4).all() & (out["qk_erank"] <= min(t_q, d_head) + 1e-3).all())
-    assert bool((out["attn_srank"] >= 1 - 1e-4).all())
     assert bool((out["logit_max"] >= out["logit_mean"] - 1e-5).all())
+    assert bool((out["attn_entropy_nats"] >= -1e-5).all() & (out["attn_entropy_nats"] <= math.log(t_k) + 1e-5).all())
+
+
+@given(st.integers(1, 3), st.integers(1, 40), st.integers(1, 8), st.booleans(), st.integers(0, 2**31 - 1))
+def test_attention_spectrum_ranges(heads, t, d_head, causal, seed) -> None:
+    """A row-stochastic A: srank in [1, T]; 1 <= sigma_1 <= sqrt(T), so gap in [0, sqrt(T)]."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(heads, t, d_head, generator=gen) * 3
+    k = torch.randn(heads, t, d_head, generator=gen)
+    out = attention_spectrum(q, k, causal=causal)
+    for name in SPECTRUM_NAMES:
+        assert out[name].shape == (heads,), name
+    assert bool((out["attn_srank"] >= 1 - 1e-4).all() & (out["attn_srank"] <= t + 1e-3).all())
+    assert bool((out["attn_gap1"] >= -1e-5).all() & (out["attn_gap1"] <= math.sqrt(t) + 1e-5).all())
 
 
 @given(st.integers(2, 30), st.integers(1, 12), st.integers(0, 2**31 - 1))

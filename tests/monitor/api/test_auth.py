@@ -76,7 +76,7 @@ def test_open_mode_needs_no_token(make_harness):
 
 
 def test_audit_records_the_token_name(h):
-    run = h.create_run(config={"n_layers": 4})
+    run = h.create_run(config={"n_layers": 4, "schedule": {"lambda_0": 0.1}})
     _, secret = h.store.create_token(h.project, ["control", "read"], name="oncall-alice")
     r = h.client.put(
         f"/v1/runs/{run['id']}/lambdas/overrides", json={"2": 0.3}, headers={"Authorization": f"Bearer {secret}"}

@@ -98,9 +98,43 @@ def test_overrides_are_validated_applied_versioned_and_audited(h):
 
 
 def test_overrides_before_the_first_report(h):
-    run = h.create_run()
+    run = h.create_run(config={"schedule": {"lambda_max": 1.0}})
     r = h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={"5": 0.25}, headers=h.headers("control"))
     assert r.status_code == 200 and r.json()["overrides"] == {"5": 0.25} and r.json()["version"] == 1
     h.send(run["id"], [report(1, {"attn_entropy": [0.5] * 8})])
     lam = h.get(f"/v1/runs/{run['id']}/lambdas")
     assert lam["lambdas"][5] == 0.25 and len(lam["lambdas"]) == 8 and lam["version"] == 2
+
+
+def test_a_resume_that_lowers_lambda_max_clips_the_overrides_with_audit_and_event(h):
+    # the operator steers under a generous bound, before the trainer sends its own config
+    run = h.create_run(name="steered", config={"n_layers": 4, "schedule": {"lambda_max": 1.0}}, attempt_key="a1")
+    ctl = h.headers("control")
+    h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={"1": 0.5, "2": 0.02, "3": 0.1}, headers=ctl)
+    before = h.get(f"/v1/runs/{run['id']}/lambdas")
+    resumed = h.create_run(name="steered", config={"n_layers": 4, "schedule": {"lambda_max": 0.1}}, attempt_key="a2")
+    assert resumed["attempt"] == 2
+    lam = h.get(f"/v1/runs/{run['id']}/lambdas")
+    assert lam["overrides"] == {"1": 0.1, "2": 0.02, "3": 0.1}  # only the one above the bound changed
+    assert lam["lambdas"][1:] == [0.1, 0.02, 0.1] and lam["version"] == before["version"] + 1
+    *_, clip = h.get(f"/v1/runs/{run['id']}/lambdas/audit")["data"]
+    assert (clip["layer"], clip["old"], clip["new"]) == (1, 0.5, 0.1)
+    assert clip["who"] == "collector: lambda_max of the run's config"
+    (event,) = h.get(f"/v1/runs/{run['id']}/events", kind="overrides_clipped")["data"]
+    assert event["attempt"] == 2 and "lambda_max=0.1" in event["message"]
+    assert event["data"] == {"layers": [{"layer": 1, "requested": 0.5, "applied": 0.1}], "lambda_max": 0.1}
+    h.create_run(name="steered", config={"n_layers": 4, "schedule": {"lambda_max": 0.1}}, attempt_key="a2")
+    assert len(h.get(f"/v1/runs/{run['id']}/lambdas/audit")["data"]) == 4  # nothing more to clip: no entry
+
+
+def test_lambdas_never_serve_a_value_above_lambda_max(h):
+    import sqlalchemy as sa
+
+    from monitor.store import models as m
+
+    run = h.create_run(config={"n_layers": 2, "schedule": {"lambda_max": 0.1}})
+    with h.store.engine.begin() as conn:  # an override stored before clipping existed
+        pk = conn.execute(sa.select(m.runs.c.pk).where(m.runs.c.id == run["id"])).scalar_one()
+        conn.execute(sa.insert(m.lambda_overrides).values(run_pk=pk, layer=1, value=0.7))
+    lam = h.get(f"/v1/runs/{run['id']}/lambdas")
+    assert lam["lambdas"] == [0.0, 0.1] and lam["overrides"] == {"1": 0.1}
