@@ -38,13 +38,15 @@ class AgentConfig:
     spectra_every: int | None = None
     """Cadence of the projection SVDs (norms, ``wk_erank``); default 10 x ``weight_every``; 0 = never."""
     sample_rows: int = 64
-    """Query rows sampled from each sampled sequence per layer for the attention row statistics."""
+    """Query rows per layer for the attention row statistics, spread over ``sample_seqs`` sequences
+    (``qk_erank`` takes this many from the first sequence)."""
     sample_seqs: int = 4
     """Sequences of the micro-batch the row statistics average over (at most the batch). One
     sequence makes the entropy the schedule reads swing with what that sequence is (prose, code, a
     synthetic task): on the trained collapse_cpu model, over 40 batches, one sequence gives a
     healthy layer's entropy a standard deviation of 0.04-0.07 (jumps of up to 0.38 between two
-    batches), four give 0.02-0.03 (jumps up to 0.10)."""
+    batches), four give 0.025-0.038 with 16 rows each and 0.023-0.030 with 64: the noise is in
+    the sequence, not the row, so the rows are spread and the cost stays that of 64 rows."""
     spectrum_window: int = 256
     """W: ``attn_srank`` and ``attn_gap1`` are those of the attention matrix of the first W tokens
     of one sequence (``W x W`` per head; causal, it is exactly the leading block of the full one)."""

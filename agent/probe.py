@@ -14,9 +14,11 @@ unsharded there, so no extra all-gather is needed; each rank measures only the l
 (``layer % world == rank``), so a rank pays about 1/world of the cost. Activations come from the
 site's tap, the queries and keys of the whole micro-batch:
 
-* row statistics (entropy, top-k, logits, ``qk_erank``): the first ``sample_seqs`` sequences,
-  ``sample_rows`` query rows of each, evenly spaced over its positions, against all keys of the
-  same sequence; averaged over sequences and heads;
+* row statistics (entropy, top-k, logits): ``sample_rows`` query rows in all, spread over the
+  first ``sample_seqs`` sequences (evenly spaced over each one's positions), against all keys of
+  the same sequence; averaged over sequences and heads (the entropy the schedule reads varies
+  more from sequence to sequence than from row to row); ``qk_erank`` from ``sample_rows`` rows of
+  the first sequence (its value is capped by the rows it sees);
 * seed 003's ``attn_srank`` and ``attn_gap1``: the square attention matrix of the first
   sequence's first ``spectrum_window`` tokens (``A - U`` where the model removes the outlier);
 * ``pr_q``, ``pr_k``: every position of the micro-batch, evenly strided down to ``pr_rows`` rows
@@ -34,7 +36,7 @@ import torch
 from torch import Tensor
 
 from agent.adapters import Site
-from agent.metrics import attention_spectrum, attention_stats, participation_ratio
+from agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
 from agent.metrics.summary import weight_metrics
 
 logger = logging.getLogger(__name__)
@@ -220,9 +222,14 @@ class Probe:
         seqs_q, seqs_k = q[: self.sample_seqs], k[: self.sample_seqs]  # (S, H, T, hs), (S, G, T, hs)
         seq_q, seq_k = q[0], k[0]  # one sequence: (H, T, hs), (G, T, hs)
         t = seq_k.shape[-2]
-        pos = self._rows(t, min(self.sample_rows, t), k.device)
-        stats = attention_stats(seqs_q[:, :, pos], seqs_k, causal=site.causal, q_pos=pos if site.causal else None)
+        # sample_rows rows in all, spread over the sequences (the noise is in which sequence, not
+        # which row); qk_erank, capped by the rows it sees, takes all of them from the first one
+        pos = self._rows(t, min(max(1, self.sample_rows // len(seqs_q)), t), k.device)
+        stats = attention_stats(seqs_q[:, :, pos], seqs_k, causal=site.causal, q_pos=pos if site.causal else None,
+                                erank=False)
         stats = {name: value.mean(0) for name, value in stats.items()}  # (H,): the sequences averaged
+        rows = self._rows(t, min(self.sample_rows, t), k.device)
+        stats["qk_erank"] = qk_erank(seq_q[:, rows], seq_k)
         if seq_q.shape[-2] == t:  # self-attention: the square matrix exists
             w = min(t, self.spectrum_window)
             stats.update(

@@ -5,7 +5,7 @@ in float32 by default (float64 on request), and runs on whatever device its inpu
 The definitions are DESIGN.md's metric table.
 """
 
-from agent.metrics.attention import SPECTRUM_NAMES, STAT_NAMES, attention_spectrum, attention_stats
+from agent.metrics.attention import SPECTRUM_NAMES, STAT_NAMES, attention_spectrum, attention_stats, qk_erank
 from agent.metrics.heads import effective_key_map, group_heads, householder, split_heads, split_qkv
 from agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
 from agent.metrics.subspace import ACCURACY, RANDOMIZED_TOLERANCE, geometry, principal_overlap, qkai, stable_rank
@@ -26,6 +26,7 @@ __all__ = [
     "participation_ratio",
     "principal_overlap",
     "projection_norms",
+    "qk_erank",
     "qkai",
     "split_heads",
     "split_qkv",

@@ -31,7 +31,13 @@ SPECTRUM_NAMES = ("attn_srank", "attn_gap1")
 
 
 def attention_stats(
-    q: Tensor, k: Tensor, causal: bool = True, *, q_pos: Tensor | None = None, dtype: torch.dtype | None = None
+    q: Tensor,
+    k: Tensor,
+    causal: bool = True,
+    *,
+    q_pos: Tensor | None = None,
+    dtype: torch.dtype | None = None,
+    erank: bool = True,
 ) -> dict[str, Tensor]:
     """Per-head statistics of the softmax attention of sampled queries.
 
@@ -56,9 +62,11 @@ def attention_stats(
         q_pos: ``(T_q,)`` positions of the sampled rows among the keys; by default the last
             ``T_q`` positions (causal aligns the last ``T_q`` queries with the last ``T_q`` keys).
         dtype: compute dtype, float32 by default (float64 on request or for float64 inputs).
+        erank: also ``qk_erank``, the one statistic that needs a factorisation (a Gram
+            eigendecomposition per head); without it the rest is elementwise and cheap.
 
     Returns:
-        name -> ``(...)`` tensor, one value per head.
+        name -> ``(...)`` tensor, one value per head (``qk_erank`` only with ``erank``).
     """
     _check(q, k, q_pos)
     dt = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
@@ -73,8 +81,26 @@ def attention_stats(
     p = logp.exp()
     out = _row_stats(p, logp, n_keys)
     out.update(_logit_stats(logits, allowed))
-    out["qk_erank"] = effective_rank(_singular_values(raw))
-    return {name: out[name].reshape(shape) for name in STAT_NAMES}
+    if erank:
+        out["qk_erank"] = effective_rank(_singular_values(raw))
+    return {name: out[name].reshape(shape) for name in STAT_NAMES if name in out}
+
+
+def qk_erank(q: Tensor, k: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
+    """Effective rank of the singular values of the raw ``Q K^T`` per head (``attention_stats``'s ``qk_erank``).
+
+    Args:
+        q: ``(..., T_q, d_head)``; k: ``(..., T_k, d_head)``, fewer heads at dim -3 for GQA.
+
+    Returns:
+        ``(...)`` in ``[1, min(T_q, T_k, d_head)]``.
+    """
+    if q.ndim < 2 or k.ndim < 2 or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"qk_erank needs q (..., T_q, d_head) and k (..., T_k, d_head); got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}")
+    dt = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
+    qg, kg, shape = group_heads(q.to(dt), k.to(dt))
+    return effective_rank(_singular_values(qg @ kg.mT)).reshape(shape)
 
 
 def attention_spectrum(

@@ -49,8 +49,9 @@ def llama(n_layers: int = 3, attn: str = "sdpa"):
 def test_sampled_entropy_against_full_eager_attention(tmp_path: Path) -> None:
     """Rows sampled from the RoPE'd, GQA queries the model really uses.
 
-    Exact at the sampled rows (1e-4); against the mean over every row of the sequence within 0.02
-    (32 of 128 rows, evenly spaced: the stated tolerance of the sample).
+    ``sample_rows=32`` over the batch's 2 sequences: 16 evenly spaced rows of each. Exact at the
+    sampled rows (1e-4); against the mean over every row of both sequences within 0.02 (the stated
+    tolerance of the sample).
     """
     model = llama()
     x = torch.randint(0, 97, (2, 128), generator=torch.Generator().manual_seed(1))
@@ -63,17 +64,17 @@ def test_sampled_entropy_against_full_eager_attention(tmp_path: Path) -> None:
     assert model.config._attn_implementation == "sdpa"  # restored on close
     with torch.no_grad():
         probs = model(x, output_attentions=True, attn_implementation="eager").attentions
-    pos = torch.linspace(0, 127, 32).round().long().unique()
+    pos = torch.linspace(0, 127, 16).round().long().unique()
     n = torch.arange(1, 129, dtype=torch.float64)
     for layer, p in enumerate(probs):
-        p = p[0].double()  # one sequence: (heads, T, T)
-        ent = torch.special.entr(p).sum(-1)[:, 1:] / n[1:].log()  # rows that see more than one key
+        p = p.double()  # both sequences: (2, heads, T, T)
+        ent = torch.special.entr(p).sum(-1)[..., 1:] / n[1:].log()  # rows that see more than one key
         full = ent.mean().item()
-        at_rows = ent[:, pos[pos > 0] - 1].mean().item()
+        at_rows = ent[..., pos[pos > 0] - 1].mean().item()
         sampled = report["layers"]["attn_entropy"][layer]
         assert sampled == pytest.approx(at_rows, abs=1e-4)
         assert sampled == pytest.approx(full, abs=0.02)
-        top1 = p[:, pos].max(-1).values.mean().item()
+        top1 = p[..., pos, :].max(-1).values.mean().item()
         assert report["layers"]["attn_top1"][layer] == pytest.approx(top1, abs=1e-4)
 
 
@@ -360,3 +361,43 @@ def test_spectrum_and_pr_settings_are_validated(setting: dict, match: str) -> No
         agent.AgentConfig(**setting)
     defaults = agent.AgentConfig()
     assert (defaults.pr_rows, defaults.spectrum_window) == (4096, 256)
+
+
+def test_row_statistics_average_sample_seqs_sequences_and_qk_erank_reads_the_first(tmp_path: Path) -> None:
+    """``sample_rows`` rows spread over the first ``sample_seqs`` sequences (16 of each of 4), the
+    entropy averaged over them, against float64 numpy; ``qk_erank`` from 64 rows of sequence 0."""
+    from trainer.model import GPT, ModelConfig
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(n_layers=2, n_heads=4, d_model=64, max_seq_len=64)).eval()
+    with torch.no_grad():
+        for block in model.blocks:  # large logits: sharp attention that differs from sequence to sequence
+            block.attn.q_proj.weight.mul_(6.0)
+            block.attn.k_proj.weight.mul_(6.0)
+    x = torch.randint(0, 256, (6, 64), generator=torch.Generator().manual_seed(2))
+    seen, handles = qk_of(model)
+    a = agent.attach(model, spool=str(tmp_path), run="seqs", every=1, sample_rows=64, sample_seqs=4, **OFFLINE)
+    a.step(0)
+    with torch.no_grad():
+        model(x)
+    (report,) = spooled(a)
+    for handle in handles:
+        handle.remove()
+    pos = np.unique(np.round(np.linspace(0, 63, 16)).astype(int))
+    rows = np.unique(np.round(np.linspace(0, 63, 64)).astype(int))
+    for layer, (q, k) in seen.items():
+        q, k = q.double().numpy(), k.double().numpy()  # (6, H, 64, hs)
+        logits = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])  # (6, H, 64, 64)
+        logits = np.where(np.tril(np.ones((64, 64), dtype=bool)), logits, -np.inf)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)  # (6, H, 64)
+        picked = pos[pos > 0]  # rows that see more than one key
+        per_seq = (h[:, :, picked] / np.log(picked + 1)).mean((1, 2))  # (6,)
+        assert report["layers"]["attn_entropy"][layer] == pytest.approx(per_seq[:4].mean(), abs=1e-5)
+        assert abs(per_seq[:4].mean() - per_seq[0]) > 1e-3  # the sequences differ: the average is not sequence 0
+        s = np.linalg.svd(q[0][:, rows] @ k[0].transpose(0, 2, 1), compute_uv=False)  # (H, min)
+        prob = s / s.sum(-1, keepdims=True)
+        erank = np.exp(-(prob * np.log(np.where(prob > 0, prob, 1))).sum(-1)).mean()
+        assert report["layers"]["qk_erank"][layer] == pytest.approx(erank, rel=1e-3)

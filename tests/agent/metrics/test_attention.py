@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics import STAT_NAMES, attention_stats
+from agent.metrics import STAT_NAMES, attention_stats, qk_erank
 
 RNG = np.random.default_rng(3)
 
@@ -146,3 +146,17 @@ def test_never_builds_more_than_sample_by_keys(monkeypatch) -> None:
 def test_bad_shapes_raise_value_error(q, k, kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
         attention_stats(torch.randn(q), torch.randn(k), **kwargs)
+
+
+def test_qk_erank_alone_equals_the_one_attention_stats_computes_and_erank_false_skips_it():
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 4, 16, 8, generator=g), torch.randn(2, 2, 40, 8, generator=g)  # GQA: 2 key heads
+    pos = torch.arange(8, 40, 2)  # 16 positions among the 40 keys
+    full = attention_stats(q, k, q_pos=pos)
+    torch.testing.assert_close(qk_erank(q, k), full["qk_erank"])
+    cheap = attention_stats(q, k, q_pos=pos, erank=False)
+    assert "qk_erank" not in cheap and cheap.keys() == full.keys() - {"qk_erank"}
+    for name, value in cheap.items():
+        torch.testing.assert_close(value, full[name])
+    with pytest.raises(ValueError, match="qk_erank needs"):
+        qk_erank(q, k[..., :4])
