@@ -14,6 +14,8 @@ import os
 import socket
 import sys
 
+from monitor import dashboards
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -25,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _db(subparsers)
     _runs(subparsers)
     _alerts(subparsers)
+    _report(subparsers)
+    dashboards.register(subparsers)
 
 
 def _database_arg(p: argparse.ArgumentParser) -> None:
@@ -295,4 +299,26 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     for a in alerts["data"]:
         print(f"{a['state']:8}\t{a['severity']}\t{a['project']}/{a['run_name']}\t{a['rule']}\tlayers "
               f"{','.join(map(str, a['layers']))}\tonset step {a['onset_step']}\t{a['summary']}")
+    return 0
+
+
+def _report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write one self-contained HTML report of a run (opens with no network)")
+    p.add_argument("run", help="run id or project/name")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument("--vs", default=None, metavar="RUN2", help="a second run to compare with, side by side")
+    p.add_argument("--url", default=None, help="collector URL (default: $QKWATCH_URL)")
+    p.add_argument("--token", default=None, help="read token (default: $QKWATCH_TOKEN)")
+    p.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from monitor.report import ReportError, write_report
+
+    try:
+        out = write_report(args.run, args.out, vs=args.vs, url=args.url, token=args.token)
+    except (ReportError, OSError) as exc:
+        print(f"qkwatch report: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
     return 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -44,6 +44,8 @@ SCALAR_COUNTERS = {
     "agent_sent_total": ("qkwatch_agent_sent", "Reports the agent delivered."),
     "agent_retried_total": ("qkwatch_agent_retried", "Deliveries the agent retried."),
     "agent_dropped_total": ("qkwatch_agent_dropped", "Reports the agent could not keep."),
+    "agent_dead_lettered_total": ("qkwatch_agent_dead_lettered",
+                                  "Reports the collector refused for good (kept in the agent's dead-letter.jsonl)."),
 }
 
 
@@ -71,7 +73,7 @@ class RunCollector(Collector):
                    for metric, (name, doc) in SCALAR_GAUGES.items()}
         scalars.update({metric: CounterMetricFamily(name, doc, labels=["project", "run"])
                         for metric, (name, doc) in SCALAR_COUNTERS.items()})
-        collapsed: dict[tuple[str, str], int] = defaultdict(int)
+        collapsed: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r in rows:
             if r.layer < 0:
                 if r.metric in scalars:
@@ -81,26 +83,45 @@ class RunCollector(Collector):
                 continue
             families[r.metric].add_metric([r.project, r.run_name, str(r.layer)], r.value)
             if r.metric == "qkai" and not math.isnan(r.value) and r.value > self.settings.collapse_threshold:
-                collapsed[(r.project, r.run_name)] += 1
+                collapsed[(r.project, r.run_name)].append(r.layer)
         yield from families.values()
         yield from scalars.values()
         yield from self._run_gauges(runs, collapsed)
 
     def _run_gauges(self, runs: list, collapsed: dict) -> Iterator[GaugeMetricFamily]:
-        n = GaugeMetricFamily("qkwatch_collapsed_layers",
-                              f"Layers whose latest qkai exceeds {self.settings.collapse_threshold:g}.",
+        threshold = f"{self.settings.collapse_threshold:g}"
+        n = GaugeMetricFamily("qkwatch_collapsed_layers", f"Layers whose latest qkai exceeds {threshold}.",
                               labels=["project", "run"])
+        band = GaugeMetricFamily("qkwatch_collapse_band_layers",
+                                 f"Widest run of adjacent layers whose latest qkai exceeds {threshold}.",
+                                 labels=["project", "run"])
         step = GaugeMetricFamily("qkwatch_last_step", "Highest step reported by the run.", labels=["project", "run"])
         seen = GaugeMetricFamily("qkwatch_last_report_timestamp_seconds",
                                  "Unix time the collector last stored a report of the run.", labels=["project", "run"])
         for run in runs:
             labels = [run.project, run.name]
-            n.add_metric(labels, collapsed.get((run.project, run.name), 0))
+            layers = collapsed.get((run.project, run.name), [])
+            n.add_metric(labels, len(layers))
+            band.add_metric(labels, widest_band(layers))
             if run.last_step is not None:
                 step.add_metric(labels, run.last_step)
             if run.last_report_at is not None:
                 seen.add_metric(labels, run.last_report_at)
-        yield from (n, step, seen)
+        yield from (n, band, step, seen)
+
+
+def widest_band(layers: Iterable[int]) -> int:
+    """Length of the longest run of consecutive layer indices, 0 for none: [1, 3, 4, 5, 7] -> 3.
+
+    PromQL cannot see that layers are adjacent, so the collapse band (seed 000: >= 3 adjacent
+    layers above the threshold) is measured here and alerted on as one number per run.
+    """
+    best = width = 0
+    previous = None
+    for layer in sorted(set(layers)):
+        width = width + 1 if previous is not None and layer == previous + 1 else 1
+        best, previous = max(best, width), layer
+    return best
 
 
 class ServiceMetrics:
@@ -115,6 +136,8 @@ class ServiceMetrics:
         self.duration = Histogram("qkwatch_request_duration_seconds", "Time to answer a request, by route.",
                                   ["method", "route"], registry=registry,
                                   buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.server_errors = Counter("qkwatch_http_server_errors", "Requests answered with a 5xx, by route.",
+                                     ["method", "route"], registry=registry)
 
     def ingested(self, inserted: int, duplicates: int) -> None:
         self.points.inc(inserted)

@@ -15,10 +15,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from monitor.alerting.notifier import Notifier
 from monitor.alerting.rules import RuleSet, with_webhooks
@@ -35,6 +36,8 @@ from monitor.store.store import Invalid, NotFound, Store
 from monitor.ui import routes as ui
 
 logger = logging.getLogger(__name__)
+
+DOCS_ASSETS = "/ui/docs-assets"
 
 try:
     from qkwatch import __version__
@@ -70,9 +73,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             notifier.close()
             store.close()
 
-    app = FastAPI(title="qkwatch collector", version=__version__, lifespan=lifespan,
-                  description="Stores per-layer query-key diagnostics of training runs exactly once; serves "
-                              "history, alerts, Prometheus metrics and the RAA lambdas.")
+    # /docs and /redoc load Swagger UI's and ReDoc's JS and CSS from the collector (FastAPI's own pages
+    # take them from a CDN and stay blank offline).
+    app = FastAPIOffline(title="qkwatch collector", version=__version__, lifespan=lifespan, static_url=DOCS_ASSETS,
+                         description="Stores per-layer query-key diagnostics of training runs exactly once; serves "
+                                     "history, alerts, Prometheus metrics and the RAA lambdas.")
     app.state.settings = settings
     app.state.store = store
     app.state.rules = rules
@@ -158,8 +163,17 @@ class TimingMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        status = [500]  # an exception before the response started is a 500 to the client
+
+        async def send_and_note(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, send_and_note)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.duration.labels(scope["method"], route).observe(time.perf_counter() - start)
+            if status[0] >= 500:
+                self.metrics.server_errors.labels(scope["method"], route).inc()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitor.exposition import widest_band
 from tests.monitor.conftest import report
 
 
@@ -87,7 +89,7 @@ def test_series_count_is_bounded(make_harness):
         for name, samples in m.items()
         if name.startswith("qkwatch_") and not name.startswith(("qkwatch_request", "qkwatch_points"))
     )
-    assert run_series <= 2 * (4 * 4 + 3 + 7)  # runs x (layer gauges x layers + run gauges + agent gauges)
+    assert run_series <= 2 * (4 * 4 + 4 + 8)  # runs x (layer gauges x layers + run gauges + agent gauges)
 
 
 def test_request_durations_are_labelled_by_route_template(make_harness):
@@ -107,3 +109,69 @@ def test_rejections_are_counted_by_reason(make_harness):
         s.labels["reason"]: s.value for s in scrape(h)["qkwatch_requests_rejected"] if s.name.endswith("_total")
     }
     assert rejected == {"invalid": 1, "unauthenticated": 1}
+
+
+def test_server_errors_are_counted_by_route_template(make_harness, monkeypatch):
+    """A 5xx (here the store failing under a route) counts once under that route; a 4xx does not."""
+    h = make_harness()
+    run = h.create_run()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(h.store, "list_runs", broken)  # a failure below the route, as a dropped database gives
+    client = TestClient(h.app, raise_server_exceptions=False)  # answer the 500 as a server would
+    assert client.get("/v1/runs", headers=h.headers("read")).status_code == 500
+    assert client.get("/v1/runs/nope", headers=h.headers("read")).status_code == 404
+    assert client.get(f"/v1/runs/{run['id']}", headers=h.headers("read")).status_code == 200
+    errors = {(s.labels["method"], s.labels["route"]): s.value
+              for s in scrape(h)["qkwatch_http_server_errors"] if s.name.endswith("_total")}
+    assert errors == {("GET", "/v1/runs"): 1.0}
+
+
+def test_widest_band_counts_adjacent_layers_only():
+    assert widest_band([]) == 0
+    assert widest_band([4]) == 1
+    assert widest_band([7, 1, 3, 5, 4]) == 3  # unsorted input; 3-5 is the band, 1 and 7 stand alone
+    assert widest_band([0, 2, 4, 6]) == 1
+    assert widest_band([2, 3, 3, 4]) == 3  # a layer twice is still one layer
+
+
+def run_gauge(m: dict, name: str) -> dict[str, float]:
+    return {s.labels["run"]: s.value for s in m[name]}
+
+
+def test_collapse_band_is_the_widest_run_of_adjacent_layers_above_the_threshold(make_harness):
+    h = make_harness()
+    band = h.create_run("band")
+    # layers 3-5 collapse, layer 0 and 7 are above the threshold alone; layer 6 is NaN (not evidence)
+    h.send(band["id"], [report(10, {"qkai": [0.8, 0.2, 0.3, 0.91, 0.95, 0.75, "nan", 0.99]})])
+    scattered = h.create_run("scattered")
+    h.send(scattered["id"], [report(10, {"qkai": [0.9, 0.1, 0.9, 0.1, 0.9, 0.1]})])
+    at_threshold = h.create_run("at-threshold")  # "exceeds" is strict, as in qkai_high's ">"
+    h.send(at_threshold["id"], [report(10, {"qkai": [0.7, 0.7, 0.7]})])
+    h.create_run("no-qkai-yet")  # running without a report: exported as 0, not absent
+    m = scrape(h)
+    assert run_gauge(m, "qkwatch_collapse_band_layers") == {"band": 3, "scattered": 1, "at-threshold": 0,
+                                                            "no-qkai-yet": 0}
+    assert run_gauge(m, "qkwatch_collapsed_layers") == {"band": 5, "scattered": 3, "at-threshold": 0,
+                                                        "no-qkai-yet": 0}
+
+
+def test_collapse_band_follows_the_latest_report_and_the_threshold_setting(make_harness):
+    h = make_harness(collapse_threshold=0.5)
+    run = h.create_run("recovering")
+    h.send(run["id"], [report(10, {"qkai": [0.3, 0.6, 0.6, 0.6, 0.6, 0.3]})])
+    assert run_gauge(scrape(h), "qkwatch_collapse_band_layers") == {"recovering": 4}
+    h.send(run["id"], [report(20, {"qkai": [0.3, 0.6, 0.4, 0.6, 0.6, 0.3]})])
+    assert run_gauge(scrape(h), "qkwatch_collapse_band_layers") == {"recovering": 2}
+
+
+def test_agent_delivery_counters_are_exported_per_run(make_harness):
+    h = make_harness()
+    run = h.create_run("lossy")
+    h.send(run["id"], [report(10, scalars={"agent_dropped_total": 2, "agent_dead_lettered_total": 5})])
+    m = scrape(h)
+    for name, value in (("qkwatch_agent_dropped", 2), ("qkwatch_agent_dead_lettered", 5)):
+        assert [(s.name, s.labels, s.value) for s in m[name]] == [
+            (f"{name}_total", {"project": h.project, "run": "lossy"}, value)]

@@ -1,16 +1,15 @@
 """The live page in a real headless Chromium against a real collector: the compare view draws one
-heatmap per run in the URL, titled with the run, and the QKAI colour scale breaks at the served
-collapse threshold.
+heatmap per run in the URL, titled with the run, on a QKAI colour scale that breaks at the served
+collapse threshold; the alerts strip shows the chosen runs' alerts, firing ones in red; the loss
+curve is drawn; and the page follows new reports without a reload.
 
 Chromium is Debian's ``/usr/bin/chromium`` (installed by ``.ci/run``); without it the browser tests
-skip locally and fail under CI=true.
+skip locally and fail under CI=true. Screenshots are kept under the test's tmp_path and copied to
+``$QKWATCH_ARTIFACTS`` when that is set.
 """
 
 from __future__ import annotations
 
-import math
-import struct
-import subprocess
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -19,73 +18,19 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from monitor.client import Client
 from monitor.main import create_app
-from tests.conftest import missing_service
 from tests.live import LiveCollector
 from tests.monitor.conftest import make_settings
+from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size
+from tests.monitor.ui.runs import N_LAYERS, STEPS, VAL_EVERY, reports, seed
 
-CHROMIUM = "/usr/bin/chromium"
-N_LAYERS = 8
-BAND = (3, 4, 5)
-STEPS = range(0, 301, 5)
-
-
-def qkai(step: int, layer: int, peak: float) -> float:
-    """A smooth synthetic QKAI: layers of ``BAND`` rise towards ``peak`` around step 150, the rest stay low."""
-    base = 0.25 + 0.025 * layer + 0.015 * math.sin(0.37 * step + layer)
-    if layer not in BAND:
-        return base
-    top = peak - (0.08 if layer != 4 else 0.0)
-    return base + (top - base) / (1 + math.exp(-(step - 150) / 20))
-
-
-def seed(client: Client) -> tuple[dict, dict]:
-    """Two runs of project ``demo``: ``vanilla`` grows a QKAI band above 0.70 at layers 3-5, ``raa`` does not."""
-    runs = []
-    for name, peak in (("vanilla", 0.86), ("raa", 0.66)):
-        run = client.create_run("demo", name, {"n_layers": N_LAYERS})
-        reports = [
-            {
-                "step": s,
-                "time": float(s),
-                "layers": {
-                    "qkai": [qkai(s, i, peak) for i in range(N_LAYERS)],
-                    "attn_entropy": [1 - 0.8 * qkai(s, i, peak) for i in range(N_LAYERS)],
-                },
-            }
-            for s in STEPS
-        ]
-        client.send_reports(run["id"], reports)
-        runs.append(run)
-    return runs[0], runs[1]
-
-
-def chromium(url: str, profile: Path, *extra: str, budget_ms: int = 8000, timeout: float = 120) -> str:
-    """Open ``url`` in headless Chromium for ``budget_ms`` of virtual time; its stdout (the DOM with --dump-dom)."""
-    command = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        f"--virtual-time-budget={budget_ms}",
-        *extra,
-        url,
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+FIRING_RED = "rgb(176, 0, 32)"  # #b00020, the strip's firing badge
 
 
 class Figures(HTMLParser):
-    """The plotly figures of a dumped DOM, in page order: each ``div.map`` (and ``div#latest``) with its
-    title, number of heatmap traces, colour-bar gradient stops and the raw texts of its labels."""
+    """The plotly figures of a dumped DOM, in page order: each ``div.map``, ``div#latest`` and ``div#loss``
+    with its title, numbers of heatmap and line traces, colour-bar gradient stops and the raw texts of its
+    labels."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,17 +44,18 @@ class Figures(HTMLParser):
         if tag == "div":
             if self._depth:
                 self._depth += 1
-            elif "map" in classes or a.get("id") == "latest":
+            elif "map" in classes or a.get("id") in ("latest", "loss"):
                 self._depth = 1
-                self.figures.append(
-                    {"run": a.get("data-run", a.get("id")), "title": "", "heatmaps": 0, "stops": [], "texts": []}
-                )
+                self.figures.append({"run": a.get("data-run", a.get("id")), "title": "", "heatmaps": 0, "lines": 0,
+                                     "stops": [], "texts": []})
             return
         if not self._depth:
             return
         figure = self.figures[-1]
         if tag == "g" and "hm" in classes:
             figure["heatmaps"] += 1
+        elif tag == "g" and {"trace", "scatter"} <= set(classes):
+            figure["lines"] += 1
         elif tag == "stop":
             figure["stops"].append((a["offset"], a["stop-color"]))
         elif tag == "text":
@@ -127,35 +73,70 @@ class Figures(HTMLParser):
             self.figures[-1]["title"] += data
 
 
-def figures(dom: str) -> list[dict]:
+def figures(dom: str) -> dict[str, list[dict] | dict]:
+    """{"maps": [per run, in page order], "latest": ..., "loss": ...}."""
     parser = Figures()
     parser.feed(dom)
-    return parser.figures
+    shown = parser.figures
+    return {"maps": [f for f in shown if f["run"] not in ("latest", "loss")],
+            **{f["run"]: f for f in shown if f["run"] in ("latest", "loss")}}
 
 
-def png_size(path: Path) -> tuple[int, int]:
-    head = path.read_bytes()[:24]
-    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    return struct.unpack(">II", head[16:24])
+class Alerts(HTMLParser):
+    """The rows of the alerts strip: the data attributes and the text of each ``#alerts .alert``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict] = []
+        self._depth = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if self._depth:
+            self._depth += tag not in ("br", "img", "input")
+        elif tag == "div" and "alert" in a.get("class", "").split():
+            self._depth = 1
+            self.rows.append({"class": a["class"], "run": a.get("data-run"), "rule": a.get("data-rule"),
+                              "state": a.get("data-state"), "text": ""})
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._depth:
+            self._depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self._depth:
+            self.rows[-1]["text"] += data
+
+
+def alert_rows(dom: str) -> list[dict]:
+    parser = Alerts()
+    parser.feed(dom)
+    return parser.rows
 
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict, dict]]:
     """A real collector holding the two seeded runs: (url, vanilla, raa)."""
-    if not Path(CHROMIUM).exists():
-        missing_service(f"Chromium at {CHROMIUM} (apt-get install chromium)")
+    need_chromium()
     with LiveCollector(tmp_path_factory.mktemp("collector")) as live:
         vanilla, raa = seed(live.client())
         yield live.url, vanilla, raa
 
 
-def test_compare_view_draws_one_heatmap_per_run_with_the_threshold_break(page, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def compare_dom(page, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The compare view of both runs, dumped once for the tests that only read it."""
+    url, vanilla, raa = page
+    return chromium(f"{url}/?run={vanilla['id']}&run={raa['id']}", tmp_path_factory.mktemp("profile"), "--dump-dom")
+
+
+def test_compare_view_draws_one_heatmap_per_run_with_the_threshold_break(page, compare_dom: str) -> None:
     url, vanilla, raa = page
     assert httpx.get(f"{url}/ui/config.json").json() == {"collapse_threshold": 0.70}
 
-    shown = figures(chromium(f"{url}/?run={vanilla['id']}&run={raa['id']}", tmp_path / "profile", "--dump-dom"))
+    shown = figures(compare_dom)
 
-    maps, latest = shown[:-1], shown[-1]
+    maps, latest = shown["maps"], shown["latest"]
     assert [m["run"] for m in maps] == [vanilla["id"], raa["id"]]  # the URL's order
     assert [m["heatmaps"] for m in maps] == [1, 1]
     assert "demo/vanilla (running)" in maps[0]["title"]
@@ -167,14 +148,40 @@ def test_compare_view_draws_one_heatmap_per_run_with_the_threshold_break(page, t
         at = [color for offset, color in m["stops"] if offset == "70%"]
         assert at == ["rgb(8, 48, 107)", "rgb(254, 217, 118)"], m["stops"]
         assert "<b>0.70 collapse</b>" in m["texts"]
-    assert latest["run"] == "latest" and "latest qkai per layer" in latest["title"]
+    assert "latest qkai per layer" in latest["title"]
     assert {"demo/vanilla", "demo/raa", "collapse 0.70"} <= set(latest["texts"])
+
+
+def test_alerts_strip_shows_the_collapsing_runs_firing_alerts_first(page, compare_dom: str) -> None:
+    url, vanilla, raa = page
+    expected = httpx.get(f"{url}/v1/alerts", params={"run": vanilla["id"], "state": "firing"}).json()["data"]
+    band = next(a for a in expected if a["rule"] == "collapse_band")
+
+    rows = alert_rows(compare_dom)
+
+    assert rows, "no alerts strip"
+    first = rows[0]  # firing, and the critical band before the per-layer warnings
+    assert (first["run"], first["rule"], first["state"]) == (vanilla["id"], "collapse_band", "firing")
+    assert first["class"].split() == ["alert", "firing"]
+    for text in ("firing", "collapse_band", "critical", "demo/vanilla", "layers 3-5",
+                 f"onset step {band['onset_step']}"):
+        assert text in first["text"], (text, first["text"])
+    assert {(r["run"], r["rule"]) for r in rows} == {(vanilla["id"], a["rule"]) for a in expected}
+    assert all(r["state"] == "firing" for r in rows)
+    assert not any(r["run"] == raa["id"] for r in rows)  # the RAA run raised nothing
+
+
+def test_loss_curve_draws_train_and_validation_loss_of_each_run(compare_dom: str) -> None:
+    loss = figures(compare_dom)["loss"]
+    assert "loss (train solid, validation dashed)" in loss["title"]
+    assert loss["lines"] == 4  # train and validation, two runs
+    assert {"demo/vanilla", "demo/raa"} <= set(loss["texts"])  # one legend entry per run
+    assert "no loss reported yet" not in loss["texts"]
 
 
 def test_without_runs_in_the_url_the_running_runs_are_compared(page, tmp_path: Path) -> None:
     url, vanilla, raa = page
-    shown = figures(chromium(f"{url}/?metric=attn_entropy", tmp_path / "profile", "--dump-dom"))
-    maps = shown[:-1]
+    maps = figures(chromium(f"{url}/?metric=attn_entropy", tmp_path / "profile", "--dump-dom"))["maps"]
     assert {m["run"] for m in maps} == {vanilla["id"], raa["id"]}
     assert all(m["heatmaps"] == 1 and "no layer above" not in m["title"] for m in maps)
     assert all(not any("collapse" in t for t in m["texts"]) for m in maps)  # no threshold outside QKAI
@@ -182,7 +189,7 @@ def test_without_runs_in_the_url_the_running_runs_are_compared(page, tmp_path: P
 
 def test_screenshot_of_the_compare_view(page, tmp_path: Path) -> None:
     url, vanilla, raa = page
-    shot = tmp_path / "compare.png"
+    shot = tmp_path / "live-page-compare.png"
     chromium(
         f"{url}/?run={vanilla['id']}&run={raa['id']}",
         tmp_path / "profile",
@@ -190,8 +197,41 @@ def test_screenshot_of_the_compare_view(page, tmp_path: Path) -> None:
         f"--screenshot={shot}",
         "--window-size=1400,900",
     )
+    keep(shot)
     assert png_size(shot) == (1400, 900)
     assert shot.stat().st_size > 20_000  # drawn, not blank
+
+
+def test_the_page_follows_new_reports_without_a_reload(collector: LiveCollector, tmp_path: Path) -> None:
+    """One page stays open while a run reports on: its heatmap, alerts strip and loss curve catch up on the
+    next refresh (every 5 s), and the URL keeps naming the run."""
+    need_chromium()
+    client = collector.start().client()
+    run = client.create_run("demo", "growing", {"n_layers": N_LAYERS})
+    early = [s for s in STEPS if s <= 100]
+    client.send_reports(run["id"], reports(early, peak=0.86, floor=1.3))
+    title = f"(document.querySelector('#maps .map[data-run=\"{run['id']}\"] .gtitle')?.textContent || '')"
+    loss_steps = "(document.getElementById('loss').data || []).map((t) => t.x[t.x.length - 1])"
+
+    with Page(tmp_path / "profile") as tab:
+        tab.goto(f"{collector.url}/?run={run['id']}")
+        assert "step 100" in tab.wait_for(f"{title}.includes('step 100') && {title}")
+        assert tab.eval("document.querySelector('#alerts .alert').className") == "alert none"
+        assert tab.eval(loss_steps) == [100, 100]  # train and validation
+        assert tab.eval("location.search") == f"?run={run['id']}"  # a link to this view
+
+        client.send_reports(run["id"], reports([s for s in STEPS if s > 100], peak=0.86, floor=1.3))
+
+        shown = tab.wait_for(f"{title}.includes('step 300') && {title}", timeout=20)
+        assert "3 layers above 0.70: 3, 4, 5" in shown
+        badge = tab.wait_for("document.querySelector('#alerts .alert.firing[data-rule=\"collapse_band\"] .state')"
+                             " && getComputedStyle(document.querySelector('#alerts .alert.firing .state'))"
+                             ".backgroundColor")
+        assert badge == FIRING_RED
+        assert tab.eval(loss_steps) == [STEPS[-1], STEPS[-1] - STEPS[-1] % VAL_EVERY]
+        assert tab.eval("location.search") == f"?run={run['id']}"
+        shot = keep(tab.screenshot(tmp_path / "live-page-after-new-reports.png"))
+    assert png_size(shot) == (1400, 900)
 
 
 def test_config_is_served_without_a_token_and_follows_the_settings(sqlite_url: str) -> None:

@@ -1,0 +1,632 @@
+"""Generate qkwatch's Grafana dashboards and provisioning files (plain dicts, written as stable JSON/YAML).
+
+    .venv/bin/python dashboards/grafana/generate.py            # rewrite the committed files
+    .venv/bin/python dashboards/grafana/generate.py --check    # exit 1 if a committed file is stale
+
+The committed files are what Grafana provisions (docker-compose.yml) and what ``qkwatch dashboards
+push`` uploads; tests/dashboards/test_grafana_generator.py holds them equal to this script's output.
+
+Every SQL query reads the views of migration 0004 (``qkwatch_*_v``), never the tables, and uses
+no Grafana macro: points carry steps, not times, so history panels are by step (table heatmaps
+and trend panels whose x axis is the step) and the time picker governs only the Prometheus panels
+and the annotations. Template variables are the only substitutions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))  # the repository root, for monitor.dashboards
+
+from monitor.dashboards import (  # noqa: E402
+    FOLDER_TITLE,
+    FOLDER_UID,
+    POSTGRES_TYPE,
+    POSTGRES_UID,
+    PROMETHEUS_UID,
+    DataSources,
+    datasources,
+)
+
+PG = {"type": POSTGRES_TYPE, "uid": POSTGRES_UID}
+PROM = {"type": "prometheus", "uid": PROMETHEUS_UID}
+SCHEMA_VERSION = 39
+COLLAPSE = 0.70
+"""The collector's QKWATCH_COLLAPSE_THRESHOLD (default) and the Prometheus rules' threshold."""
+H_STAR = 0.85
+"""The entropy-floor schedule's default h_star (monitor.scheduling.ScheduleConfig)."""
+GRAFANA_DASHBOARDS = "/var/lib/grafana/dashboards/qkwatch"
+"""Where docker-compose.yml mounts dashboards/grafana/dashboards inside the Grafana container."""
+
+# Discrete colour steps: blues below the threshold, yellow to red above it, so 0.68 and 0.72 never
+# look alike (the live page's scale breaks at the same place).
+QKAI_STEPS = [(None, "#1f3d7a"), (0.35, "#3274d9"), (0.55, "#8ab8ff"), (COLLAPSE, "#fade2a"), (0.80, "#ff9830"),
+              (0.90, "#e02f44")]
+ENTROPY_STEPS = [(None, "#1f3d7a"), (0.5, "#3274d9"), (0.7, "#8ab8ff"), (H_STAR, "#ff9830"), (0.95, "#e02f44")]
+
+
+def thresholds(steps: list[tuple[float | None, str]]) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in steps]}
+
+
+# --- SQL -------------------------------------------------------------------------------------
+
+def layer_points(run: str, metric: str) -> str:
+    """The layer values of one metric of one run (merged over attempts by the view)."""
+    return (f"SELECT step, layer, value FROM qkwatch_points_v\n"
+            f"  WHERE run_id = '{run}' AND metric = '{metric}' AND head = -1 AND layer >= 0")
+
+
+def bucketed(points: str, columns: str, agg: str, label: str) -> str:
+    """Steps bucketed to at most ``columns`` as the store's heatmap does (width ceil(span / columns)).
+
+    A bucket is named by its first step; each layer gets the ``agg`` of its values in the bucket
+    (max for the heatmaps: a collapse band is never averaged away). Rows come ordered by step
+    and layer, which is the column and row order of the grouping-to-matrix transformation.
+    """
+    return f"""WITH p AS (
+  {points}
+), w AS (
+  SELECT min(step) AS lo, (max(step) - min(step)) / {columns} + 1 AS width FROM p
+), b AS (
+  SELECT (p.step - w.lo) / w.width AS bucket, p.step, p.layer, p.value FROM p CROSS JOIN w
+), s AS (
+  SELECT bucket, min(step) AS step FROM b GROUP BY bucket
+)
+SELECT s.step, {label} AS layer, {agg}(b.value) AS value
+FROM b JOIN s USING (bucket)
+GROUP BY s.step, b.layer
+ORDER BY s.step, b.layer"""
+
+
+def layer_label() -> str:
+    return "'layer ' || b.layer"
+
+
+# --- panels ----------------------------------------------------------------------------------
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid, wrapping to a new line."""
+
+    def __init__(self) -> None:
+        self.x = self.y = self.line = 0
+        self.next_id = 1
+
+    def place(self, w: int, h: int) -> dict[str, int]:
+        if self.x + w > 24:
+            self.x, self.y, self.line = 0, self.y + self.line, 0
+        pos = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.x += w
+        self.line = max(self.line, h)
+        return pos
+
+    def row(self, title: str) -> dict[str, Any]:
+        if self.x:
+            self.x, self.y, self.line = 0, self.y + self.line, 0
+        panel = {"type": "row", "title": title, "collapsed": False, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+                 "id": self.take_id(), "panels": []}
+        self.y += 1
+        return panel
+
+    def take_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def panel(layout: Layout, kind: str, title: str, w: int, h: int, targets: list[dict], *, description: str = "",
+          defaults: dict | None = None, overrides: list | None = None, options: dict | None = None,
+          transformations: list | None = None) -> dict[str, Any]:
+    datasource = targets[0]["datasource"]
+    out: dict[str, Any] = {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "id": layout.take_id(),
+        "gridPos": layout.place(w, h),
+        "datasource": datasource,
+        "targets": targets,
+        "fieldConfig": {"defaults": defaults or {}, "overrides": overrides or []},
+        "options": options or {},
+    }
+    if transformations:
+        out["transformations"] = transformations
+    return out
+
+
+def sql(query: str, ref: str = "A") -> dict[str, Any]:
+    return {"refId": ref, "datasource": PG, "editorMode": "code", "format": "table", "rawQuery": True,
+            "rawSql": query}
+
+
+def promql(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> dict[str, Any]:
+    return {"refId": ref, "datasource": PROM, "editorMode": "code", "expr": expr, "legendFormat": legend or "__auto",
+            "range": not instant, "instant": instant}
+
+
+def band_matrix(layout: Layout, title: str, run: str, metric: str, color: dict, *, description: str,
+                w: int = 24, h: int = 9, unit: str = "none", decimals: int = 2) -> dict[str, Any]:
+    """A layer x step heatmap as a table: one row per layer, one column per step bucket, coloured cells."""
+    query = bucketed(layer_points(run, metric), "$columns", "max", layer_label())
+    defaults = {"custom": {"align": "center", "cellOptions": {"type": "color-background", "mode": "basic"},
+                           "inspect": False, "minWidth": 44},
+                "decimals": decimals, "unit": unit, **color}
+    first_column = [{"matcher": {"id": "byType", "options": "string"},
+                     "properties": [{"id": "custom.cellOptions", "value": {"type": "auto"}},
+                                    {"id": "custom.width", "value": 76}, {"id": "custom.align", "value": "left"}]}]
+    return panel(layout, "table", title, w, h, [sql(query)], description=description, defaults=defaults,
+                 overrides=first_column,
+                 options={"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"]}},
+                 transformations=[{"id": "groupingToMatrix", "options": {
+                     "columnField": "step", "rowField": "layer", "valueField": "value", "emptyValue": "null"}}])
+
+
+def layer_trend(layout: Layout, title: str, run: str, metric: str, *, description: str, w: int = 12, h: int = 8,
+                steps: list | None = None, unit: str = "none") -> dict[str, Any]:
+    """Each layer's value over steps (trend panel: the x axis is the step, not time)."""
+    query = bucketed(layer_points(run, metric), "400", "avg", layer_label())
+    custom = {"drawStyle": "line", "lineWidth": 1, "showPoints": "never", "spanNulls": True, "fillOpacity": 0,
+              "thresholdsStyle": {"mode": "dashed" if steps else "off"}}
+    defaults = {"custom": custom, "color": {"mode": "palette-classic"}, "unit": unit,
+                "thresholds": thresholds(steps or [(None, "transparent")])}
+    return panel(layout, "trend", title, w, h, [sql(query)], description=description, defaults=defaults,
+                 options={"xField": "step", "legend": {"showLegend": True, "displayMode": "list", "placement": "right"},
+                          "tooltip": {"mode": "multi", "sort": "desc"}},
+                 transformations=[
+                     {"id": "groupingToMatrix", "options": {"columnField": "layer", "rowField": "step",
+                                                            "valueField": "value", "emptyValue": "null"}},
+                     # The matrix names its row field "step\layer" and makes it a string; the trend
+                     # panel's x axis must be a number.
+                     {"id": "organize", "options": {"renameByName": {"step\\layer": "step"}}},
+                     {"id": "convertFieldType", "options": {"fields": {}, "conversions": [
+                         {"targetField": "step", "destinationType": "number"}]}}])
+
+
+def timeseries(layout: Layout, title: str, targets: list[dict], *, description: str, w: int = 12, h: int = 8,
+               unit: str = "none", steps: list | None = None, min_value: float | None = None) -> dict[str, Any]:
+    custom = {"drawStyle": "line", "lineWidth": 1, "showPoints": "never", "spanNulls": True, "fillOpacity": 0,
+              "thresholdsStyle": {"mode": "dashed+area" if steps else "off"}}
+    defaults: dict[str, Any] = {"custom": custom, "color": {"mode": "palette-classic"}, "unit": unit,
+                                "thresholds": thresholds(steps or [(None, "transparent")])}
+    if min_value is not None:
+        defaults["min"] = min_value
+    return panel(layout, "timeseries", title, w, h, targets, description=description, defaults=defaults,
+                 options={"legend": {"showLegend": True, "displayMode": "list", "placement": "right"},
+                          "tooltip": {"mode": "multi", "sort": "desc"}})
+
+
+def stat(layout: Layout, title: str, target: dict, *, description: str, w: int = 4, h: int = 4, unit: str = "none",
+         steps: list | None = None, decimals: int | None = None) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "thresholds"},
+                                "thresholds": thresholds(steps or [(None, "text")])}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    return panel(layout, "stat", title, w, h, [target], description=description, defaults=defaults,
+                 options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                          "colorMode": "background" if steps else "value", "graphMode": "none",
+                          "textMode": "value_and_name", "justifyMode": "auto", "orientation": "auto"})
+
+
+def table(layout: Layout, title: str, query: str, *, description: str, w: int = 24, h: int = 8,
+          overrides: list | None = None) -> dict[str, Any]:
+    return panel(layout, "table", title, w, h, [sql(query)], description=description,
+                 defaults={"custom": {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False}},
+                 overrides=overrides, options={"showHeader": True, "cellHeight": "sm",
+                                               "footer": {"show": False, "reducer": ["sum"]}})
+
+
+def colour_cells(name: str, steps: list) -> dict[str, Any]:
+    return {"matcher": {"id": "byName", "options": name},
+            "properties": [{"id": "custom.cellOptions", "value": {"type": "color-background", "mode": "basic"}},
+                           {"id": "color", "value": {"mode": "thresholds"}},
+                           {"id": "thresholds", "value": thresholds(steps)}, {"id": "decimals", "value": 2}]}
+
+
+def status_cells(name: str = "status") -> dict[str, Any]:
+    mapping = {"running": ("blue", 0), "finished": ("green", 1), "crashed": ("red", 2)}
+    return {"matcher": {"id": "byName", "options": name},
+            "properties": [{"id": "custom.cellOptions", "value": {"type": "color-text"}},
+                           {"id": "mappings", "value": [{"type": "value", "options": {
+                               k: {"color": c, "index": i} for k, (c, i) in mapping.items()}}]}]}
+
+
+def time_cells(*names: str) -> list[dict[str, Any]]:
+    return [{"matcher": {"id": "byName", "options": n}, "properties": [{"id": "unit", "value": "dateTimeAsIso"}]}
+            for n in names]
+
+
+# --- template variables -----------------------------------------------------------------------
+
+RUNS_BY_ACTIVITY = ("SELECT project || ' / ' || run_name AS __text, run_id AS __value FROM qkwatch_runs_v\n"
+                    "ORDER BY coalesce(last_report_at, created_at) DESC")
+
+
+def query_variable(name: str, label: str, query: str, *, hide: int = 0, refresh: int = 1) -> dict[str, Any]:
+    """A variable filled by a SQL query (refresh 1: on load; 2: on time range change)."""
+    return {"type": "query", "name": name, "label": label, "datasource": PG, "query": query,
+            "definition": query, "refresh": refresh, "hide": hide, "sort": 0, "multi": False,
+            "includeAll": False, "current": {}, "options": [], "regex": "", "skipUrlSync": False}
+
+
+def custom_variable(name: str, label: str, values: list[str], default: str) -> dict[str, Any]:
+    return {"type": "custom", "name": name, "label": label, "query": ",".join(values), "hide": 0, "multi": False,
+            "includeAll": False, "skipUrlSync": False,
+            "current": {"selected": True, "text": default, "value": default},
+            "options": [{"selected": v == default, "text": v, "value": v} for v in values]}
+
+
+def dashboard(uid: str, title: str, description: str, panels: list, variables: list,
+              annotations: list | None = None, time_from: str = "now-6h") -> dict[str, Any]:
+    builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+               "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"}
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["qkwatch"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": SCHEMA_VERSION,
+        "time": {"from": time_from, "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "links": [{"type": "dashboards", "tags": ["qkwatch"], "asDropdown": False, "includeVars": False,
+                   "keepTime": True, "title": "qkwatch", "icon": "external link", "targetBlank": False,
+                   "tooltip": "", "url": ""}],
+        "annotations": {"list": [builtin, *(annotations or [])]},
+        "templating": {"list": variables},
+        "panels": panels,
+    }
+
+
+def sql_annotation(name: str, color: str, query: str) -> dict[str, Any]:
+    return {"name": name, "datasource": PG, "enable": True, "hide": False, "iconColor": color,
+            "target": {**sql(query, "Anno")}}
+
+
+# --- qkwatch / run ------------------------------------------------------------------------------
+
+RUN_LABELS = 'project="$project", run="$run_name"'
+
+
+def run_dashboard() -> dict[str, Any]:
+    lay = Layout()
+    panels: list[dict] = [lay.row("Run")]
+    panels.append(table(lay, "Run", """SELECT project, run_name, status, status_reason AS reason, attempt, last_step,
+       created_at * 1000 AS created, last_report_at * 1000 AS last_report, run_id
+FROM qkwatch_runs_v WHERE run_id = '$run'""", w=24, h=4, description="The run as the collector has it: status "
+                        "(running, finished, crashed) and why, the latest attempt (a resume starts a new one), the "
+                        "highest step reported.", overrides=[status_cells(), *time_cells("created", "last_report")]))
+    panels.append(table(lay, "Alerts of the run (collector)", """SELECT rule, severity, state, layers, onset_step,
+       resolved_step, starts_at * 1000 AS starts, ends_at * 1000 AS ends, summary
+FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""", h=6,
+                        description="The collector's own alerts (persistence counted in reports): qkai_high per "
+                                    "layer, collapse_band for adjacent layers. Their onsets are annotations on "
+                                    "the time series below.",
+                        overrides=[*time_cells("starts", "ends"), {
+                            "matcher": {"id": "byName", "options": "state"},
+                            "properties": [{"id": "custom.cellOptions", "value": {"type": "color-text"}},
+                                           {"id": "mappings", "value": [{"type": "value", "options": {
+                                               "firing": {"color": "red", "index": 0},
+                                               "resolved": {"color": "green", "index": 1}}}]}]}]))
+
+    panels.append(lay.row("Collapse band, by step (PostgreSQL)"))
+    panels.append(band_matrix(
+        lay, "QKAI per layer and step (yellow to red above 0.70)", "$run", "qkai",
+        {"color": {"mode": "thresholds"}, "thresholds": thresholds(QKAI_STEPS)},
+        description=f"Query-key alignment index of each layer (rows) at each step (columns; at most $columns, a "
+                    f"column is a bucket of steps named by its first step and shows the bucket's maximum, so a band "
+                    f"is never averaged away). The colours break at {COLLAPSE:.2f}, the collapse threshold: blues "
+                    f"below, yellow, orange and red above."))
+    panels.append(band_matrix(
+        lay, f"Attention entropy per layer and step (orange above h_star {H_STAR})", "$run", "attn_entropy",
+        {"color": {"mode": "thresholds"}, "thresholds": thresholds(ENTROPY_STEPS)},
+        description=f"Normalised attention entropy (1 = uniform attention). A collapsed band climbs toward 1. "
+                    f"The break at {H_STAR} is the entropy-floor schedule's default h_star: above it RAA flags the "
+                    f"layer."))
+    panels.append(band_matrix(
+        lay, "Stable rank of Wq Wk^T per layer and step (red = low)", "$run", "stable_rank",
+        {"color": {"mode": "continuous-RdYlGr"}, "thresholds": thresholds([(None, "green")])},
+        description="Stable rank of the query-key product (mean over heads); it falls in a collapsing band. "
+                    "Continuous scale from the panel's minimum (red) to its maximum (green).", decimals=1))
+    panels.append(band_matrix(
+        lay, "RAA lambda per layer and step", "$run", "lambda",
+        {"color": {"mode": "continuous-purples"}, "thresholds": thresholds([(None, "green")])},
+        description="The penalty weight the trainer applied to each layer (the collector's entropy-floor "
+                    "schedule, or an operator's override). Empty for a run without RAA.", unit="sci",
+        decimals=1))
+
+    panels.append(lay.row("Per layer, by step (PostgreSQL)"))
+    panels.append(layer_trend(lay, "QKAI", "$run", "qkai", steps=[(None, "transparent"), (COLLAPSE, "red")],
+                              description="Each layer's QKAI over steps (mean per bucket of at most 400); the "
+                                          "dashed line is the collapse threshold 0.70."))
+    panels.append(layer_trend(lay, "Attention entropy", "$run", "attn_entropy",
+                              steps=[(None, "transparent"), (H_STAR, "orange")],
+                              description="Each layer's normalised attention entropy; the dashed line is h_star."))
+    panels.append(layer_trend(lay, "Stable rank of Wq Wk^T", "$run", "stable_rank",
+                              description="Each layer's stable rank of the query-key product."))
+    panels.append(layer_trend(lay, "RAA lambda", "$run", "lambda", unit="sci",
+                              description="Each layer's RAA penalty weight (empty without RAA)."))
+
+    panels.append(lay.row("Now (Prometheus, running runs)"))
+    panels.append(stat(lay, "Layers above 0.70", promql(f"qkwatch_collapsed_layers{{{RUN_LABELS}}}", "layers"),
+                       steps=[(None, "green"), (1, "orange"), (3, "red")],
+                       description="Layers whose latest QKAI exceeds the collapse threshold."))
+    panels.append(stat(lay, "Collapse band (adjacent layers)",
+                       promql(f"qkwatch_collapse_band_layers{{{RUN_LABELS}}}", "band"),
+                       steps=[(None, "green"), (2, "orange"), (3, "red")],
+                       description="The widest run of adjacent layers above 0.70; 3 or more is the collapse band "
+                                   "(Prometheus alert QkwatchCollapseBand)."))
+    panels.append(stat(lay, "Last step", promql(f"qkwatch_last_step{{{RUN_LABELS}}}", "step"),
+                       description="Highest step the run reported."))
+    panels.append(stat(lay, "Since the last report", promql(
+        f"time() - qkwatch_last_report_timestamp_seconds{{{RUN_LABELS}}}", "lag"), unit="s", decimals=0,
+        steps=[(None, "green"), (300, "orange"), (900, "red")],
+        description="Seconds since the collector stored a report of the run (at 900 s the collector marks it "
+                    "crashed, reason stale)."))
+    panels.append(stat(lay, "Train loss", promql(f"qkwatch_train_loss{{{RUN_LABELS}}}", "loss"), decimals=3,
+                       description="Training loss, latest report."))
+    panels.append(stat(lay, "Dead letters", promql(f"qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}}", "dead"),
+                       steps=[(None, "green"), (1, "red")],
+                       description="Reports the collector refused for good: the agent keeps them in its "
+                                   "dead-letter.jsonl."))
+    panels.append(panel(
+        lay, "bargauge", "QKAI per layer, latest", 24, 6,
+        [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "{{layer}}", instant=True)],
+        description="Each layer's latest QKAI; the colours are the heatmap's, breaking at 0.70.",
+        defaults={"min": 0, "max": 1, "decimals": 2, "color": {"mode": "thresholds"},
+                  "thresholds": thresholds(QKAI_STEPS)},
+        options={"displayMode": "basic", "orientation": "vertical", "showUnfilled": True, "valueMode": "color",
+                 "namePlacement": "auto", "sizing": "auto",
+                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}))
+    panels.append(timeseries(lay, "QKAI per layer", [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "layer {{layer}}")],
+                             steps=[(None, "transparent"), (COLLAPSE, "red")], min_value=0,
+                             description="Latest QKAI of each layer over time; above the dashed line (0.70) the "
+                                         "area is red. Alert onsets are annotations."))
+    panels.append(timeseries(lay, "Attention entropy per layer",
+                             [promql(f"qkwatch_attn_entropy{{{RUN_LABELS}}}", "layer {{layer}}")],
+                             steps=[(None, "transparent"), (H_STAR, "orange")],
+                             description="Normalised attention entropy of each layer over time."))
+    panels.append(timeseries(lay, "Stable rank per layer",
+                             [promql(f"qkwatch_stable_rank{{{RUN_LABELS}}}", "layer {{layer}}")],
+                             description="Stable rank of Wq Wk^T of each layer over time."))
+    panels.append(timeseries(lay, "RAA lambda per layer",
+                             [promql(f"qkwatch_lambda{{{RUN_LABELS}}}", "layer {{layer}}")], unit="sci",
+                             description="RAA penalty weight of each layer over time."))
+
+    panels.append(lay.row("Agent health (Prometheus)"))
+    panels.append(timeseries(lay, "Queue depth", [promql(f"qkwatch_agent_queue_depth{{{RUN_LABELS}}}", "queued")],
+                             w=8, min_value=0, description="Reports waiting in the agent's in-memory queue."))
+    panels.append(timeseries(lay, "Report lag", [promql(
+        f"time() - qkwatch_last_report_timestamp_seconds{{{RUN_LABELS}}}", "seconds since the last report")],
+        w=8, unit="s", min_value=0, steps=[(None, "transparent"), (300, "orange"), (900, "red")],
+        description="Seconds since the collector last stored a report of the run."))
+    panels.append(timeseries(lay, "Spool on disk", [promql(f"qkwatch_agent_spool_bytes{{{RUN_LABELS}}}", "spooled")],
+                             w=8, unit="bytes", min_value=0,
+                             description="Bytes of reports the agent spooled to disk and has not delivered yet."))
+    panels.append(timeseries(lay, "Step overhead", [promql(
+        f"qkwatch_agent_step_overhead_seconds{{{RUN_LABELS}}}", "per step")], w=8, unit="s", min_value=0,
+        description="Seconds the agent added to a training step (mean since its previous report)."))
+    panels.append(timeseries(lay, "Deliveries", [
+        promql(f"rate(qkwatch_agent_sent_total{{{RUN_LABELS}}}[$__rate_interval])", "sent", "A"),
+        promql(f"rate(qkwatch_agent_retried_total{{{RUN_LABELS}}}[$__rate_interval])", "retried", "B")],
+        w=8, unit="reqps", min_value=0, description="Reports per second the agent delivered, and retries."))
+    panels.append(timeseries(lay, "Dropped and dead-lettered", [
+        promql(f"qkwatch_agent_dropped_total{{{RUN_LABELS}}}", "dropped (spool caps)", "A"),
+        promql(f"qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}}", "dead letters", "B")],
+        w=8, min_value=0, steps=[(None, "transparent"), (1, "red")],
+        description="Reports the agent could not keep (spool caps), and reports the collector refused for good; "
+                    "both should stay 0."))
+
+    variables = [
+        query_variable("run", "run", RUNS_BY_ACTIVITY),
+        query_variable("project", "project", "SELECT project FROM qkwatch_runs_v WHERE run_id = '$run'", hide=2),
+        query_variable("run_name", "run name", "SELECT run_name FROM qkwatch_runs_v WHERE run_id = '$run'", hide=2),
+        custom_variable("columns", "step columns", ["20", "40", "80", "160"], "40"),
+    ]
+    annotations = [
+        sql_annotation("Alerts (collector)", "red", """SELECT to_timestamp(starts_at) AS time,
+       to_timestamp(coalesce(ends_at, extract(epoch FROM now()))) AS timeend,
+       rule || ' (' || severity || ', ' || state || '), layers ' || layers || ', onset step ' || onset_step
+         || ': ' || summary AS text,
+       rule || ',' || severity AS tags
+FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at"""),
+        sql_annotation("Run events", "purple", """SELECT to_timestamp(time) AS time,
+       kind || ' at step ' || step || ': ' || message AS text, kind AS tags
+FROM qkwatch_events_v WHERE run_id = '$run' ORDER BY time"""),
+    ]
+    return dashboard("qkwatch-run", "qkwatch / run",
+                     "One run: its collapse band (layer x step heatmaps of QKAI, entropy, stable rank and lambda "
+                     "from the collector's database), the latest values from Prometheus, alerts, and the agent's "
+                     "health.", panels, variables, annotations)
+
+
+# --- qkwatch / runs ---------------------------------------------------------------------------
+
+RUNS_TABLE = f"""WITH q AS (
+  SELECT run_id, layer, value FROM qkwatch_latest_v WHERE metric = 'qkai' AND layer >= 0
+), worst AS (
+  SELECT DISTINCT ON (run_id) run_id, layer AS worst_layer, value AS worst_qkai
+  FROM q WHERE value IS NOT NULL ORDER BY run_id, value DESC, layer
+), islands AS (
+  SELECT run_id, layer, layer - row_number() OVER (PARTITION BY run_id ORDER BY layer) AS island
+  FROM q WHERE value > {COLLAPSE:.2f}
+), band AS (
+  SELECT DISTINCT ON (run_id) run_id, count(*) AS band_width, min(layer) || '-' || max(layer) AS band_layers
+  FROM islands GROUP BY run_id, island ORDER BY run_id, count(*) DESC, min(layer)
+)
+SELECT r.project, r.run_name, r.status, r.status_reason AS reason, r.attempt, r.last_step,
+       r.last_report_at * 1000 AS last_report, w.worst_layer, w.worst_qkai,
+       coalesce(b.band_width, 0) AS band_width, b.band_layers, r.run_id
+FROM qkwatch_runs_v r
+LEFT JOIN worst w ON w.run_id = r.run_id
+LEFT JOIN band b ON b.run_id = r.run_id
+ORDER BY coalesce(r.last_report_at, r.created_at) DESC"""
+
+
+def compare_trend(layout: Layout, title: str, where: str, *, description: str, w: int = 12) -> dict[str, Any]:
+    query = f"""SELECT step,
+       max(value) FILTER (WHERE run_id = '$run_a') AS run_a,
+       max(value) FILTER (WHERE run_id = '$run_b') AS run_b
+FROM qkwatch_points_v
+WHERE run_id IN ('$run_a', '$run_b') AND metric = '$metric' AND head = -1 AND {where}
+GROUP BY step ORDER BY step"""
+    defaults = {"custom": {"drawStyle": "line", "lineWidth": 2, "showPoints": "never", "spanNulls": True,
+                           "fillOpacity": 0, "thresholdsStyle": {"mode": "off"}},
+                "color": {"mode": "palette-classic"}, "thresholds": thresholds([(None, "transparent")])}
+    return panel(layout, "trend", title, w, 8, [sql(query)], description=description, defaults=defaults,
+                 overrides=[{"matcher": {"id": "byName", "options": "run_a"},
+                             "properties": [{"id": "displayName", "value": "A: ${run_a:text}"}]},
+                            {"matcher": {"id": "byName", "options": "run_b"},
+                             "properties": [{"id": "displayName", "value": "B: ${run_b:text}"}]}],
+                 options={"xField": "step", "legend": {"showLegend": True, "displayMode": "list",
+                                                       "placement": "bottom"},
+                          "tooltip": {"mode": "multi", "sort": "none"}})
+
+
+def runs_dashboard() -> dict[str, Any]:
+    lay = Layout()
+    panels: list[dict] = [lay.row("All runs")]
+    panels.append(stat(lay, "Running", sql("SELECT count(*) AS running FROM qkwatch_runs_v WHERE status = 'running'"),
+                       description="Runs reporting now (or not yet marked stale).", w=8, h=3))
+    panels.append(stat(lay, "Runs with a collapse band", sql(f"""SELECT count(DISTINCT run_id) AS runs FROM (
+  SELECT run_id FROM (
+    SELECT run_id, layer - row_number() OVER (PARTITION BY run_id ORDER BY layer) AS island
+    FROM qkwatch_latest_v WHERE metric = 'qkai' AND layer >= 0 AND value > {COLLAPSE:.2f}
+  ) i GROUP BY run_id, island HAVING count(*) >= 3
+) b"""), w=8, h=3, steps=[(None, "green"), (1, "red")],
+        description="Runs whose latest QKAI exceeds 0.70 on 3 or more adjacent layers."))
+    panels.append(stat(lay, "Firing alerts",
+                       sql("SELECT count(*) AS firing FROM qkwatch_alerts_v WHERE state = 'firing'"), w=8, h=3,
+                       steps=[(None, "green"), (1, "red")],
+                       description="The collector's alerts that are firing, over all runs."))
+    panels.append(table(lay, "Runs", RUNS_TABLE, h=10,
+                        description="Every run, latest activity first. worst_layer and worst_qkai: the layer with "
+                                    "the highest latest QKAI; band_width: the most adjacent layers whose latest "
+                                    "QKAI is above 0.70 (3 or more is a collapse band), band_layers which ones. "
+                                    "The run name links to qkwatch / run.",
+                        overrides=[status_cells(), *time_cells("last_report"),
+                                   colour_cells("worst_qkai", QKAI_STEPS),
+                                   colour_cells("band_width", [(None, "green"), (1, "orange"), (3, "red")]),
+                                   {"matcher": {"id": "byName", "options": "run_name"},
+                                    "properties": [{"id": "links", "value": [{
+                                        "title": "qkwatch / run",
+                                        "url": "/d/qkwatch-run/qkwatch-run?var-run=${__data.fields.run_id}"}]}]}]))
+    panels.append(table(lay, "Firing alerts", """SELECT project, run_name, rule, severity, layers, onset_step,
+       starts_at * 1000 AS starts, summary
+FROM qkwatch_alerts_v WHERE state = 'firing' ORDER BY starts_at DESC""", h=6,
+                        description="The collector's firing alerts over all runs.", overrides=time_cells("starts")))
+
+    panels.append(lay.row("Compare run A with run B"))
+    panels.append(compare_trend(lay, "$metric, highest layer per step: A vs B", "layer >= 0",
+                                description="Per step, the highest value over the layers (for QKAI: the worst "
+                                            "layer), for the two runs."))
+    panels.append(compare_trend(lay, "$metric at layer $layer: A vs B", "layer = $layer",
+                                description="One layer's value over steps, for the two runs."))
+    panels.append(panel(
+        lay, "barchart", "Latest $metric per layer: A vs B", 24, 7, [sql("""SELECT 'layer ' || l.layer AS layer,
+       max(l.value) FILTER (WHERE l.run_id = '$run_a') AS run_a,
+       max(l.value) FILTER (WHERE l.run_id = '$run_b') AS run_b
+FROM qkwatch_latest_v l
+WHERE l.run_id IN ('$run_a', '$run_b') AND l.metric = '$metric' AND l.layer >= 0
+GROUP BY l.layer ORDER BY l.layer""")],
+        description="Each layer's latest value in the two runs.",
+        defaults={"color": {"mode": "palette-classic"}, "decimals": 2},
+        overrides=[{"matcher": {"id": "byName", "options": "run_a"},
+                    "properties": [{"id": "displayName", "value": "A: ${run_a:text}"}]},
+                   {"matcher": {"id": "byName", "options": "run_b"},
+                    "properties": [{"id": "displayName", "value": "B: ${run_b:text}"}]}],
+        options={"xField": "layer", "orientation": "auto", "groupWidth": 0.7, "barWidth": 0.9, "showValue": "never",
+                 "stacking": "none", "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
+                 "tooltip": {"mode": "multi", "sort": "none"}}))
+    qkai = {"color": {"mode": "thresholds"}, "thresholds": thresholds(QKAI_STEPS)}
+    description = "QKAI per layer (rows) and step (columns, at most $columns); the colours break at 0.70."
+    panels.append(band_matrix(lay, "A: QKAI per layer and step", "$run_a", "qkai", qkai, description=description,
+                              w=12))
+    panels.append(band_matrix(lay, "B: QKAI per layer and step", "$run_b", "qkai", qkai, description=description,
+                              w=12))
+
+    variables = [
+        query_variable("run_a", "run A", RUNS_BY_ACTIVITY),
+        query_variable("run_b", "run B", RUNS_BY_ACTIVITY),
+        custom_variable("metric", "metric", ["qkai", "attn_entropy", "stable_rank", "lambda"], "qkai"),
+        query_variable("layer", "layer", """SELECT DISTINCT layer FROM qkwatch_latest_v
+WHERE run_id IN ('$run_a', '$run_b') AND metric = '$metric' AND layer >= 0 ORDER BY layer"""),
+        custom_variable("columns", "step columns", ["20", "40", "80"], "20"),
+    ]
+    return dashboard("qkwatch-runs", "qkwatch / runs",
+                     "Every run with its status, worst layer and collapse band width; two runs side by side.",
+                     panels, variables)
+
+
+# --- provisioning and output --------------------------------------------------------------------
+
+DASHBOARDS = {"run.json": run_dashboard, "runs.json": runs_dashboard}
+
+
+def provisioning() -> dict[str, dict[str, Any]]:
+    """Grafana's provisioning files for docker-compose.yml (service names postgres and prometheus)."""
+    sources = datasources(DataSources(password="$QKWATCH_GRAFANA_DB_PASSWORD"))
+    for ds in sources:
+        ds["editable"] = False
+    sources[1]["isDefault"] = True
+    providers = {"apiVersion": 1, "providers": [{
+        "name": "qkwatch", "orgId": 1, "folder": FOLDER_TITLE, "folderUid": FOLDER_UID, "type": "file",
+        "disableDeletion": False, "allowUiUpdates": False, "updateIntervalSeconds": 30,
+        "options": {"path": GRAFANA_DASHBOARDS, "foldersFromFilesStructure": False}}]}
+    return {"provisioning/datasources/qkwatch.yml": {"apiVersion": 1, "datasources": sources},
+            "provisioning/dashboards/qkwatch.yml": providers}
+
+
+YAML_HEADER = "# Generated by dashboards/grafana/generate.py; edit that, then run it.\n"
+
+
+def render() -> dict[str, str]:
+    """Relative path (under dashboards/grafana) -> the file's exact text."""
+    out = {f"dashboards/{name}": json.dumps(make(), indent=2) + "\n" for name, make in DASHBOARDS.items()}
+    for path, data in provisioning().items():
+        out[path] = YAML_HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=100)
+    return out
+
+
+def iter_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """(where, datasource uid, query text) of every query: variables, annotations and panel targets."""
+    for var in board["templating"]["list"]:
+        if var["type"] == "query":
+            yield f"variable {var['name']}", var["datasource"]["uid"], var["query"]
+    for anno in board["annotations"]["list"]:
+        if "target" in anno:
+            yield f"annotation {anno['name']}", anno["datasource"]["uid"], anno["target"]["rawSql"]
+    for p in board["panels"]:
+        for t in p.get("targets", []):
+            uid = t["datasource"]["uid"]
+            yield f"panel {p['title']!r} {t['refId']}", uid, t["rawSql"] if uid == POSTGRES_UID else t["expr"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare with the committed files")
+    args = parser.parse_args(argv)
+    stale = []
+    for rel, text in render().items():
+        path = HERE / rel
+        if path.exists() and path.read_text() == text:
+            continue
+        stale.append(rel)
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    verb = "stale" if args.check else "written"
+    print("\n".join(f"{verb}: dashboards/grafana/{rel}" for rel in stale) or "up to date")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

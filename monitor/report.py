@@ -1,0 +1,595 @@
+"""``qkwatch report``: a run's diagnostics as one self-contained HTML file, read from a collector.
+
+The file inlines plotly.js once and embeds its data, so it opens from disk with no network (attach it
+to an incident, mail it, keep it after the collector's retention deleted the run). It holds the band
+heatmaps (QKAI on the live page's colour scale, which breaks at the collapse threshold; stable rank,
+attention entropy, lambda), QKAI per layer over steps, the latest QKAI per layer, the loss, the alerts,
+the lambdas with their override audit trail, the config and the status. Given a second run (``--vs``)
+every figure shows both runs, side by side on the same colour scale and step range.
+
+Only the collector's REST API is read, through :class:`monitor.client.Client`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from monitor.client import Client, CollectorError
+from monitor.wire import decode_value
+
+logger = logging.getLogger(__name__)
+
+BAND_METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda")
+THRESHOLD_METRICS = frozenset({"qkai"})
+UNIT_RANGE = frozenset({"qkai", "attn_entropy"})  # normalised to [0, 1]
+DEFAULT_THRESHOLD = 0.70  # Settings.collapse_threshold's default, for a collector without /ui/config.json
+MAX_STEPS = 1000  # heatmap columns per run; more steps are bucketed by max, as on the live page
+MAX_POINTS = 2000  # loss points per run
+# The live page's scale (monitor/ui/page.html): ColorBrewer Blues below the threshold ending dark, YlOrRd
+# above it starting bright, so 0.68 and 0.72 differ in hue and lightness at once.
+COOL = ("#eff3ff", "#bdd7e7", "#6baed6", "#2171b5", "#08306b")
+HOT = ("#fed976", "#fd8d3c", "#e31a1c", "#800026")
+RUN_COLORS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e")
+LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                "#bcbd22", "#17becf")
+STATUS_COLORS = {"running": "#1b7f3b", "crashed": "#b00020", "finished": "#666"}
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+class ReportError(Exception):
+    """Something the user has to fix: no collector URL, an unknown run, a missing or refused token."""
+
+
+class ReportClient(Client):
+    """The REST client plus the one unversioned read the report needs: the collapse threshold."""
+
+    def collapse_threshold(self) -> float:
+        try:
+            return float(self._json("GET", "/ui/config.json")["collapse_threshold"])
+        except (CollectorError, KeyError, TypeError, ValueError) as exc:
+            logger.warning("collapse threshold unavailable (%s); using %.2f", exc, DEFAULT_THRESHOLD)
+            return DEFAULT_THRESHOLD
+
+
+@dataclass
+class RunData:
+    """Everything the report shows of one run, as the API returned it (wire values)."""
+
+    run: dict
+    heatmaps: dict[str, dict]
+    latest: dict[int, tuple[float, int]]
+    """Each layer's last finite QKAI and its step."""
+    loss: dict
+    val_loss: dict
+    alerts: list[dict]
+    lambdas: dict
+    audit: list[dict]
+
+    @property
+    def label(self) -> str:
+        return f"{self.run['project']}/{self.run['name']}"
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+
+def endpoint(url: str | None = None, token: str | None = None) -> tuple[str, str | None]:
+    """The collector's URL and token: the arguments, else ``QKWATCH_URL`` and ``QKWATCH_TOKEN``.
+
+    Raises:
+        ReportError: no URL either way (a token is optional: an ``--open`` collector needs none).
+    """
+    url = url or os.environ.get("QKWATCH_URL") or None
+    token = token or os.environ.get("QKWATCH_TOKEN") or None
+    if not url:
+        raise ReportError("no collector URL: pass --url URL or set QKWATCH_URL")
+    return url, token
+
+
+def resolve_run(client: Client, ref: str) -> dict:
+    """The run ``ref`` names: a run id, or ``project/name``."""
+    if "/" in ref:
+        project, name = ref.split("/", 1)
+        found = client.runs(project=project, name=name, limit=1)["data"]
+        if found:
+            return found[0]
+    else:
+        try:
+            return client.run(ref)
+        except CollectorError as exc:
+            if exc.status != 404:
+                raise
+    raise ReportError(f"no run {ref!r} on the collector (give a run id or project/name; "
+                      "`qkwatch runs list` lists them)")
+
+
+def fetch_run(client: Client, run: dict) -> RunData:
+    rid = run["id"]
+    heatmaps = {m: client.heatmap(rid, m, max_steps=MAX_STEPS) for m in BAND_METRICS}
+    return RunData(run=run, heatmaps=heatmaps, latest=latest_values(client, rid, heatmaps["qkai"]),
+                   loss=client.series(rid, "loss", max_points=MAX_POINTS),
+                   val_loss=client.series(rid, "val_loss", max_points=MAX_POINTS),
+                   alerts=client.alerts(run=rid)["data"], lambdas=client.lambdas(rid),
+                   audit=client.lambdas_audit(rid)["data"])
+
+
+def latest_values(client: Client, run_id: str, h: dict) -> dict[int, tuple[float, int]]:
+    """Each layer's last finite value; a downsampled heatmap's last bucket is its max, so it is re-read unbucketed."""
+    values = _last_values(h)
+    if h["downsampled"] and h["steps"]:
+        values.update(_last_values(client.heatmap(run_id, h["metric"], start=h["steps"][-1], max_steps=20_000)))
+    return values
+
+
+def _last_values(h: dict) -> dict[int, tuple[float, int]]:
+    out = {}
+    for j, layer in enumerate(h["layers"]):
+        for step, row in zip(reversed(h["steps"]), reversed(h["values"]), strict=True):
+            v = finite(row[j])
+            if v is not None:
+                out[layer] = (v, step)
+                break
+    return out
+
+
+def finite(value: Any) -> float | None:
+    """A wire value as a float, or None for "not measured" and nan/inf (a gap in a plot)."""
+    v = decode_value(value)
+    return v if v is not None and math.isfinite(v) else None
+
+
+def explain(exc: CollectorError, url: str, token: str | None) -> str:
+    """What to tell the user about an error answer (status 0: the collector was not reached)."""
+    if exc.status == 0:
+        return exc.message
+    if exc.status == 401:
+        return (f"the collector at {url} refused the token (401: {exc.message})" if token else
+                f"the collector at {url} wants a read token: pass --token TOKEN or set QKWATCH_TOKEN")
+    return f"collector at {url}: {exc}"
+
+
+def write_report(run: str, out: Path, *, vs: str | None = None, url: str | None = None,
+                 token: str | None = None) -> Path:
+    """Read ``run`` (and ``vs``) from the collector and write the report to ``out``.
+
+    Args:
+        run: a run id or ``project/name``.
+        out: the HTML file to write.
+        vs: a second run to compare with, or None.
+        url: the collector's URL (default: ``QKWATCH_URL``).
+        token: a read token (default: ``QKWATCH_TOKEN``).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ReportError: no URL, an unknown run, a refused token, an unreachable collector.
+    """
+    url, token = endpoint(url, token)
+    with ReportClient(url, token=token) as client:
+        try:
+            threshold = client.collapse_threshold()
+            runs = [fetch_run(client, resolve_run(client, ref)) for ref in (run, vs) if ref]
+        except CollectorError as exc:
+            raise ReportError(explain(exc, url, token)) from exc
+    out = Path(out)
+    out.write_text(render(runs, threshold=threshold, source=url), encoding="utf-8")
+    return out
+
+
+# ---- colour scales ------------------------------------------------------------------------------
+
+
+def colour_scale(metric: str, heatmaps: list[dict], threshold: float) -> dict:
+    """One scale for a metric across runs: [0, 1] for unit metrics, else the data's extent."""
+    lo, hi = (0.0, 1.0) if metric in UNIT_RANGE else _extent(heatmaps)
+    if metric == "lambda":
+        lo = min(0.0, lo)
+    if metric in THRESHOLD_METRICS and lo < threshold < hi:
+        return threshold_scale(lo, hi, threshold)
+    return {"zmin": lo, "zmax": hi, "colorscale": "Viridis", "colorbar": {}}
+
+
+def threshold_scale(lo: float, hi: float, t: float) -> dict:
+    """The live page's scale: a sharp break at ``t`` (two stops at one position), ``t`` labelled on the bar."""
+    f = (t - lo) / (hi - lo)
+    scale = _ramp(COOL, 0.0, f) + _ramp(HOT, f, 1.0)
+    ticks = [v for v in (lo + p * (hi - lo) for p in (0, 0.2, 0.4, 0.6, 0.8, 1)) if abs(v - t) > 0.06 * (hi - lo)]
+    tickvals = sorted([*ticks, t])
+    ticktext = [f"<b>{t:.2f} collapse</b>" if v == t else f"{v:.3g}" for v in tickvals]
+    return {"zmin": lo, "zmax": hi, "colorscale": scale,
+            "colorbar": {"tickvals": tickvals, "ticktext": ticktext, "ticks": "outside"}}
+
+
+def _ramp(colors: tuple[str, ...], a: float, b: float) -> list[list]:
+    n = len(colors) - 1
+    return [[a + (b - a) * i / n, c] for i, c in enumerate(colors)]
+
+
+def _extent(heatmaps: list[dict]) -> tuple[float, float]:
+    values = [v for h in heatmaps for row in h["values"] for v in map(finite, row) if v is not None]
+    if not values:
+        return 0.0, 1.0
+    lo, hi = min(values), max(values)
+    if lo == hi:
+        pad = abs(lo) * 0.05 or 0.5
+        lo, hi = lo - pad, hi + pad
+    return lo, hi
+
+
+# ---- figures (plotly figure dicts) --------------------------------------------------------------
+
+
+def step_range(runs: list[RunData]) -> list[float] | None:
+    """One step range for every run's heatmaps, half a column wider each side, so columns line up."""
+    filled = [r.heatmaps["qkai"]["steps"] for r in runs if r.heatmaps["qkai"]["steps"]]
+    if not filled:
+        return None
+    half = [(s[-1] - s[0]) / (len(s) - 1) / 2 if len(s) > 1 else 0.5 for s in filled]
+    return [min(s[0] - w for s, w in zip(filled, half, strict=True)),
+            max(s[-1] + w for s, w in zip(filled, half, strict=True))]
+
+
+def layer_range(runs: list[RunData]) -> list[float]:
+    """One layer range for every heatmap (a metric a run did not report is an empty map of the same size)."""
+    top = max([0, *(layer for r in runs for h in r.heatmaps.values() for layer in h["layers"])])
+    return [-0.5, top + 0.5]
+
+
+def heatmap_figure(data: RunData, metric: str, scale: dict, axes: tuple[list[float] | None, list[float]],
+                   threshold: float) -> dict:
+    h = data.heatmaps[metric]
+    x_range, y_range = axes
+    z = [[finite(row[j]) for row in h["values"]] for j in range(len(h["layers"]))]  # (layers, steps)
+    trace = {"type": "heatmap", "x": h["steps"], "y": h["layers"], "z": z, "zmin": scale["zmin"],
+             "zmax": scale["zmax"], "colorscale": scale["colorscale"],
+             "colorbar": {**scale["colorbar"], "thickness": 14, "title": {"text": metric}},
+             "hovertemplate": f"step %{{x}}, layer %{{y}}<br>{metric} %{{z:.4g}}<extra></extra>"}
+    title = f"{_run_title(data)}<br><span style='font-size:12px'>{heatmap_summary(data, metric, threshold)}</span>"
+    layout = {"title": {"text": title, "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
+              "margin": {"t": 62, "r": 8, "b": 44, "l": 52}, "plot_bgcolor": "#d9d9d9",
+              "xaxis": {"title": {"text": "step"}, "range": x_range},
+              "yaxis": {"title": {"text": "layer"}, "range": y_range, "dtick": 1 if y_range[1] < 24 else None}}
+    if not h["steps"]:
+        layout["annotations"] = [_note(f"{metric} not reported by this run")]
+    return {"data": [trace] if h["steps"] else [], "layout": layout}
+
+
+def heatmap_summary(data: RunData, metric: str, threshold: float) -> str:
+    h = data.heatmaps[metric]
+    if not h["steps"]:
+        return f"{html.escape(metric)}: no reports"
+    parts = [f"<b>{html.escape(metric)}</b>", f"step {h['steps'][-1]}"]
+    if metric in THRESHOLD_METRICS:
+        above = layers_above(data, threshold)
+        parts.append(f"<span style='color:#b00020'>{len(above)} layer{'s' if len(above) > 1 else ''} above "
+                     f"{threshold:.2f}: {', '.join(map(str, above))}</span>" if above
+                     else f"no layer above {threshold:.2f}")
+    if h["downsampled"]:
+        parts.append(f"bucket {h['agg']}")
+    return " · ".join(parts)
+
+
+def layers_above(data: RunData, threshold: float) -> list[int]:
+    """The layers whose latest QKAI is above the collapse threshold."""
+    return sorted(layer for layer, (v, _) in data.latest.items() if v > threshold)
+
+
+def layer_curves_figure(data: RunData, threshold: float, x_range: list[float] | None) -> dict:
+    """QKAI of each layer over steps; the layers above the threshold at the end drawn heavier."""
+    h = data.heatmaps["qkai"]
+    above = set(layers_above(data, threshold))
+    traces = [{"type": "scatter", "mode": "lines", "name": f"layer {layer}", "x": h["steps"],
+               "y": [finite(row[j]) for row in h["values"]],
+               "line": {"color": LAYER_COLORS[layer % len(LAYER_COLORS)], "width": 2.6 if layer in above else 1.2},
+               "opacity": 1.0 if layer in above else 0.75,
+               "hovertemplate": f"layer {layer}, step %{{x}}: %{{y:.3f}}<extra></extra>"}
+              for j, layer in enumerate(h["layers"])]
+    layout = {"title": {"text": f"{_run_title(data)}<br><span style='font-size:12px'>qkai per layer over steps"
+                                "</span>", "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
+              "margin": {"t": 62, "r": 8, "b": 44, "l": 52},
+              "xaxis": {"title": {"text": "step"}, "range": x_range},
+              "yaxis": {"title": {"text": "qkai"}, "range": [0, 1.02]}, **_threshold_marks(threshold)}
+    if not traces:
+        layout["annotations"] = [_note("qkai not reported by this run")]
+    return {"data": traces, "layout": layout}
+
+
+def latest_figure(runs: list[RunData], threshold: float) -> dict:
+    """Each run's latest QKAI per layer, one line per run, the region above the threshold shaded."""
+    traces = []
+    for i, data in enumerate(runs):
+        layers = sorted(data.latest)
+        traces.append({"type": "scatter", "mode": "lines+markers", "name": data.label, "x": layers,
+                       "y": [data.latest[layer][0] for layer in layers],
+                       "line": {"color": RUN_COLORS[i % len(RUN_COLORS)], "width": 2},
+                       "hovertemplate": f"layer %{{x}}: %{{y:.3f}}<extra>{html.escape(data.label)}</extra>"})
+    layout = {"title": {"text": "latest qkai per layer", "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
+              "margin": {"t": 40, "r": 8, "b": 70, "l": 52}, "showlegend": True,
+              "legend": {"orientation": "h", "x": 0, "yref": "container", "y": 0, "yanchor": "bottom"},
+              "xaxis": {"title": {"text": "layer"}, "dtick": 1, "zeroline": False},
+              "yaxis": {"title": {"text": "qkai"}, "range": [0, 1.02]}, **_threshold_marks(threshold)}
+    return {"data": traces, "layout": layout}
+
+
+def loss_figure(runs: list[RunData]) -> dict:
+    """Train loss solid, validation loss dashed with markers, in each run's colour (one legend entry per run)."""
+    traces = []
+    for i, data in enumerate(runs):
+        color = RUN_COLORS[i % len(RUN_COLORS)]
+        hover = f"%{{y:.4f}}<extra>{html.escape(data.label)}</extra>"
+        for name, series, style in (("loss", data.loss, {}), ("val_loss", data.val_loss, {"dash": "dash"})):
+            if series["steps"]:
+                traces.append({"type": "scatter", "mode": "lines+markers" if style else "lines",
+                               "name": data.label if name == "loss" else f"{data.label} {name}",
+                               "legendgroup": data.run["id"], "showlegend": name == "loss" or not data.loss["steps"],
+                               "x": series["steps"],
+                               "y": [finite(v) for v in series["values"]], "line": {"color": color, **style},
+                               "marker": {"size": 7, "symbol": "diamond"},
+                               "hovertemplate": f"step %{{x}}: {name} {hover}"})
+    layout = {"title": {"text": "loss (train solid, validation dashed)", "font": {"size": 14}, "x": 0.02,
+                        "xanchor": "left"},
+              "margin": {"t": 40, "r": 8, "b": 70, "l": 52}, "showlegend": True,
+              "legend": {"orientation": "h", "x": 0, "yref": "container", "y": 0, "yanchor": "bottom"},
+              "xaxis": {"title": {"text": "step"}}, "yaxis": {"title": {"text": "loss"}}}
+    if not traces:
+        layout["annotations"] = [_note("no loss reported")]
+    return {"data": traces, "layout": layout}
+
+
+def lambdas_figure(data: RunData) -> dict:
+    """The lambdas the collector serves now, one bar per layer (overrides orange), the flag floor dashed."""
+    lam = data.lambdas
+    values, overrides = lam["lambdas"], lam["overrides"]
+    colors = ["#fd8d3c" if str(i) in overrides else "#2171b5" for i in range(len(values))]
+    schedule = lam.get("schedule") or {}
+    floor = schedule.get("floor", 0) * schedule.get("lambda_0", 0)
+    log = bool(values) and all(v > 0 for v in values) and floor > 0
+    layout = {"title": {"text": f"{_run_title(data)}<br><span style='font-size:12px'>lambda per layer, version "
+                                f"{lam['version']} at step {lam['step']} (orange: override)</span>",
+                        "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
+              "margin": {"t": 62, "r": 8, "b": 44, "l": 64},
+              "xaxis": {"title": {"text": "layer"}, "dtick": 1},
+              "yaxis": {"title": {"text": "lambda"}, "type": "log" if log else "linear", "exponentformat": "e"}}
+    if floor > 0:
+        layout["shapes"] = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": floor, "y1": floor,
+                             "line": {"color": "#b00020", "dash": "dash", "width": 1.2}}]
+        layout["annotations"] = [{"xref": "paper", "x": 1, "y": math.log10(floor) if log else floor,
+                                  "xanchor": "right", "yanchor": "bottom", "showarrow": False,
+                                  "text": f"flag floor {floor:.2g}", "font": {"color": "#b00020", "size": 11}}]
+    trace = {"type": "bar", "x": list(range(len(values))), "y": values, "marker": {"color": colors},
+             "hovertemplate": "layer %{x}: lambda %{y:.3g}<extra></extra>"}
+    return {"data": [trace], "layout": layout}
+
+
+def _threshold_marks(t: float) -> dict:
+    return {"shapes": [{"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "y0": t, "y1": 1.02,
+                        "fillcolor": "#e31a1c", "opacity": 0.07, "line": {"width": 0}},
+                       {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": t, "y1": t,
+                        "line": {"color": "#b00020", "dash": "dash", "width": 1.5}}],
+            "annotations": [{"xref": "paper", "x": 0, "y": t, "xanchor": "left", "yanchor": "bottom",
+                             "showarrow": False, "text": f"collapse {t:.2f}",
+                             "font": {"color": "#b00020", "size": 11}}]}
+
+
+def _note(text: str) -> dict:
+    return {"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False, "text": text,
+            "font": {"color": "#666", "size": 13}}
+
+
+def _run_title(data: RunData) -> str:
+    status = data.run["status"]
+    return (f"<b>{html.escape(data.label)}</b> <span style='color:{STATUS_COLORS.get(status, '#666')}'>"
+            f"({html.escape(status)})</span>")
+
+
+# ---- the page -----------------------------------------------------------------------------------
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.2rem 1.6rem; color: #222; max-width: 1600px; }
+h1 { font-size: 1.35rem; margin: 0 0 0.3rem; } h2 { font-size: 1.1rem; margin: 1.6rem 0 0.5rem;
+  border-bottom: 1px solid #ddd; padding-bottom: 0.2rem; } h3 { font-size: 0.95rem; margin: 0.8rem 0 0.3rem; }
+.meta { color: #555; font-size: 0.85rem; } nav { font-size: 0.85rem; margin: 0.4rem 0; }
+nav a { margin-right: 0.8rem; color: #2171b5; }
+/* Fixed columns: each figure is drawn as its script is parsed, so its cell must have its final width by then. */
+.grid { display: grid; grid-template-columns: repeat(var(--cols, 2), minmax(0, 1fr)); gap: 0.4rem 1rem; }
+@media (max-width: 900px) { .grid { grid-template-columns: minmax(0, 1fr); } }
+table.facts th:first-child { white-space: nowrap; } table.facts td { min-width: 16rem; }
+table { border-collapse: collapse; font-size: 0.85rem; margin: 0.3rem 0 0.6rem; }
+th, td { border-bottom: 1px solid #e4e4e4; padding: 0.2rem 0.6rem; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.state { font-weight: 700; font-size: 0.75rem; padding: 0 0.35rem; border-radius: 3px; text-transform: uppercase;
+  background: #ddd; color: #555; }
+tr.firing td { background: #fdecea; color: #5f0010; } tr.firing .state { background: #b00020; color: #fff; }
+.status-running { color: #1b7f3b; } .status-crashed { color: #b00020; } .status-finished { color: #666; }
+.bad { color: #b00020; font-weight: 600; } .none { color: #666; font-style: italic; }
+pre { background: #f7f7f7; border: 1px solid #e4e4e4; padding: 0.6rem; font-size: 0.78rem; overflow: auto;
+  max-height: 36rem; }
+"""
+
+
+def render(runs: list[RunData], *, threshold: float, source: str) -> str:
+    """The whole HTML document: plotly.js inlined once, then the sections."""
+    from plotly.offline import get_plotlyjs  # heavy; only here
+
+    names = " vs ".join(r.label for r in runs)
+    generated = _time(time.time())
+    sections = [summary_section(runs, threshold), heatmaps_section(runs, threshold), curves_section(runs, threshold),
+                alerts_section(runs), lambdas_section(runs), config_section(runs)]
+    nav = "".join(f'<a href="#{anchor}">{title}</a>' for anchor, title in NAV)
+    return (f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f"<title>qkwatch report: {html.escape(names)}</title>\n<style>{STYLE}</style>\n"
+            f'<script type="text/javascript">{get_plotlyjs()}</script>\n</head>\n<body>\n'
+            f"<h1>qkwatch report: {html.escape(names)}</h1>\n"
+            f'<div class="meta">read from {html.escape(source)} at {generated}; collapse threshold '
+            f"{threshold:.2f}</div>\n<nav>{nav}</nav>\n{''.join(sections)}</body>\n</html>\n")
+
+
+NAV = (("summary", "summary"), ("heatmaps", "band heatmaps"), ("layers", "qkai per layer"), ("loss", "loss"),
+       ("alerts", "alerts"), ("lambdas", "lambdas"), ("config", "config"))
+
+
+def plot(figure: dict, div_id: str, height: int = 380) -> str:
+    import plotly.io as pio
+
+    return pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False, config=PLOT_CONFIG,
+                       default_height=f"{height}px", div_id=div_id)
+
+
+def summary_section(runs: list[RunData], threshold: float) -> str:
+    rows = [("run id", lambda d: f"<code>{html.escape(d.run['id'])}</code>"),
+            ("status", _status_cell),
+            ("attempt", lambda d: str(d.run["latest_attempt"])),
+            ("last step", lambda d: str(d.run["last_step"])),
+            ("created", lambda d: _time(d.run["created_at"])),
+            ("last report", lambda d: _time(d.run["last_report_at"])),
+            (f"layers above {threshold:.2f} (latest qkai)", lambda d: _above_cell(d, threshold)),
+            ("highest latest qkai", lambda d: _highest_cell(d)),
+            ("firing alerts", _firing_cell),
+            ("final train loss", lambda d: _last(d.loss)),
+            ("final validation loss", lambda d: _last(d.val_loss))]
+    head = "".join(f"<th>{html.escape(d.label)}</th>" for d in runs)
+    body = "".join(f"<tr><th>{html.escape(name)}</th>{''.join(f'<td>{cell(d)}</td>' for d in runs)}</tr>"
+                   for name, cell in rows)
+    figures = (f'<div>{plot(latest_figure(runs, threshold), "fig-latest", 360)}</div>'
+               f'<div id="loss">{plot(loss_figure(runs), "fig-loss", 360)}</div>')
+    return (f'<section id="summary"><h2>Summary</h2><table class="facts"><tr><th></th>{head}</tr>{body}</table>'
+            f"{_grid(figures, 2)}</section>\n")
+
+
+def heatmaps_section(runs: list[RunData], threshold: float) -> str:
+    """A metric per row with the runs side by side (one run: two metrics per row), one scale per metric."""
+    axes = step_range(runs), layer_range(runs)
+    cells = []
+    for metric in BAND_METRICS:
+        scale = colour_scale(metric, [r.heatmaps[metric] for r in runs], threshold)
+        cells += [plot(heatmap_figure(r, metric, scale, axes, threshold), f"fig-heatmap-{metric}-{i}")
+                  for i, r in enumerate(runs)]
+    return f'<section id="heatmaps"><h2>Band heatmaps</h2><div class="grid">{"".join(cells)}</div></section>\n'
+
+
+def curves_section(runs: list[RunData], threshold: float) -> str:
+    x_range = step_range(runs)
+    cells = "".join(plot(layer_curves_figure(r, threshold, x_range), f"fig-layers-{i}") for i, r in enumerate(runs))
+    return f'<section id="layers"><h2>QKAI per layer over steps</h2>{_grid(cells, len(runs))}</section>\n'
+
+
+def alerts_section(runs: list[RunData]) -> str:
+    parts = []
+    for d in runs:
+        rows = [(f'class="{html.escape(a["state"])}"',
+                 [f'<span class="state">{html.escape(a["state"])}</span>', html.escape(a["severity"]),
+                  f"<b>{html.escape(a['rule'])}</b>", _layers(a["layers"]), _num(a["onset_step"]),
+                  _num(a["resolved_step"]), _time(a["starts_at"]), html.escape(a["summary"])]) for a in d.alerts]
+        parts.append(f"<h3>{html.escape(d.label)}</h3>" + _table(
+            ["state", "severity", "rule", "layers", "onset step", "resolved step", "since", "summary"], rows,
+            empty="no alerts"))
+    return f'<section id="alerts"><h2>Alerts</h2>{"".join(parts)}</section>\n'
+
+
+def lambdas_section(runs: list[RunData]) -> str:
+    parts = []
+    for i, d in enumerate(runs):
+        lam = d.lambdas
+        schedule = lam.get("schedule") or {}
+        floor = schedule.get("floor", 0) * schedule.get("lambda_0", 0)
+        h = lam.get("h") or []
+        rows = [('class="lambda"', [str(layer), _num(v), _num(lam["overrides"].get(str(layer))),
+                      _num(h[layer] if layer < len(h) else None), "yes" if floor and v > floor else ""])
+                for layer, v in enumerate(lam["lambdas"])]
+        audit = [('class="audit"', [str(a["version"]), _num(a["step"]), str(a["layer"]), _num(a["old"]), _num(a["new"]),
+                       html.escape(a["who"]), _time(a["at"])]) for a in d.audit]
+        parts.append(
+            f"<div><h3>{html.escape(d.label)}</h3>{plot(lambdas_figure(d), f'fig-lambdas-{i}', 320)}"
+            f"<div class='meta'>what the collector serves (source {html.escape(str(lam.get('source')))}; a run "
+            f"applies them only with RAA on); schedule <code>{html.escape(json.dumps(schedule))}</code></div>"
+            + _table(["layer", "lambda", "override", "running entropy H", "above the flag floor"], rows,
+                     empty="no layers yet")
+            + "<h3>override audit trail</h3>"
+            + _table(["version", "step", "layer", "old", "new", "who", "at"], audit, empty="no overrides")
+            + "</div>")
+    return f'<section id="lambdas"><h2>Lambdas</h2>{_grid("".join(parts), len(runs))}</section>\n'
+
+
+def config_section(runs: list[RunData]) -> str:
+    parts = "".join(f"<div><h3>{html.escape(d.label)}</h3><pre>{html.escape(json.dumps(d.run['config'], indent=2))}"
+                    "</pre></div>" for d in runs)
+    return f'<section id="config"><h2>Config</h2>{_grid(parts, len(runs))}</section>\n'
+
+
+# ---- cells --------------------------------------------------------------------------------------
+
+
+def _grid(cells: str, columns: int) -> str:
+    return f'<div class="grid" style="--cols:{columns}">{cells}</div>'
+
+
+def _table(headers: list[str], rows: list[tuple[str, list[str]]], empty: str) -> str:
+    if not rows:
+        return f'<p class="none">{html.escape(empty)}</p>'
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(f"<tr {attrs}>{''.join(f'<td>{c}</td>' for c in cells)}</tr>" for attrs, cells in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _status_cell(d: RunData) -> str:
+    status = d.run["status"]
+    reason = d.run.get("status_reason")
+    return (f'<span class="status-{html.escape(status)}">{html.escape(status)}</span>'
+            + (f" ({html.escape(reason)})" if reason else ""))
+
+
+def _above_cell(d: RunData, threshold: float) -> str:
+    above = layers_above(d, threshold)
+    return f'<span class="bad">{_layers(above)}</span>' if above else "none"
+
+
+def _highest_cell(d: RunData) -> str:
+    if not d.latest:
+        return "-"
+    layer, (value, step) = max(d.latest.items(), key=lambda kv: kv[1][0])
+    return f"{value:.3f} (layer {layer}, step {step})"
+
+
+def _firing_cell(d: RunData) -> str:
+    firing = [a for a in d.alerts if a["state"] == "firing"]
+    if not firing:
+        return "none"
+    return '<span class="bad">' + ", ".join(
+        f"{html.escape(a['rule'])} ({_layers(a['layers'])})" for a in firing) + "</span>"
+
+
+def _last(series: dict) -> str:
+    for step, v in zip(reversed(series["steps"]), reversed(series["values"]), strict=True):
+        if finite(v) is not None:
+            return f"{finite(v):.4f} (step {step})"
+    return "-"
+
+
+def _layers(layers: list[int]) -> str:
+    """"3-5" for three or more adjacent layers, else "1, 4"."""
+    s = sorted(layers)
+    if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
+        return f"{s[0]}-{s[-1]}"
+    return ", ".join(map(str, s))
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        x = finite(v)
+        return f"{x:.4g}" if x is not None else str(v)
+    return html.escape(str(v))
+
+
+def _time(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "-"
