@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -44,12 +44,15 @@ class Lambdas:
         sync_every: int,
         stale_seconds: float,
         group: dist.ProcessGroup | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.n_layers = n_layers
         self.schedule = schedule
         self.sync_every = sync_every
         self.stale_seconds = stale_seconds
         self.group = group
+        self.clock = clock
+        """Seconds on a monotonic clock: what the collector's values are stamped with and aged by."""
         self._lock = threading.Lock()
         # values (LOCAL where the local schedule applies), version, fetched at
         self._collector: tuple[list[float], int, float] | None = None
@@ -78,7 +81,7 @@ class Lambdas:
             self._collector = (
                 checked,
                 int(version) if isinstance(version, int) and not isinstance(version, bool) else 0,
-                time.monotonic() if now is None else now,
+                self.clock() if now is None else now,
             )
         return True
 
@@ -148,7 +151,7 @@ class Lambdas:
     def _exchange(self) -> None:
         n = self.n_layers
         with self._lock:
-            fresh = self._collector is not None and time.monotonic() - self._collector[2] <= self.stale_seconds
+            fresh = self._collector is not None and self.clock() - self._collector[2] <= self.stale_seconds
             collector = self._collector[0] if fresh else [0.0] * n
             version = self._collector[1] if fresh else -1
             local = entropy_floor(self._entropy, self.schedule)

@@ -272,6 +272,10 @@ class LambdaPoller:
         self.transport_factory = transport_factory
         self.offer = offer
         self.period = period
+        self.answered = 0
+        """Polls whose answer was offered (taken or not)."""
+        self.failed = 0
+        """Polls that got no answer (the collector away, or refusing)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="qkwatch-lambdas", daemon=True)
 
@@ -285,8 +289,11 @@ class LambdaPoller:
             answer = transport.get_lambdas(self.sender.run_id)
         except TransportError as exc:
             logger.debug("lambdas not fetched: %s", exc)
+            self.failed += 1
             return False
-        return self.offer(answer)  # what it refuses or clips, it warns about (once) and reports
+        taken = self.offer(answer)  # what it refuses or clips, it warns about (once) and reports
+        self.answered += 1
+        return taken
 
     def close(self, timeout: float = 1.0) -> None:
         self._stop.set()

@@ -257,8 +257,8 @@ def _scan(file: Path, offset: int, *, number: int = 0) -> Iterator[Record]:
     while pos + HEADER.size <= len(data):
         magic, length, crc = HEADER.unpack_from(data, pos)
         end = pos + HEADER.size + length
-        if magic == MAGIC and length <= MAX_RECORD and end > len(data):
-            return  # torn tail, or a record still being written
+        if magic == MAGIC and length <= MAX_RECORD and end > len(data) and not _good_record_after(data, pos + 1):
+            return  # torn tail, or a record still being written (a length past good records: corruption)
         if magic == MAGIC and length <= MAX_RECORD:
             payload = data[pos + HEADER.size : end]
             if zlib.crc32(payload) == crc:
@@ -276,6 +276,22 @@ def _scan(file: Path, offset: int, *, number: int = 0) -> Iterator[Record]:
         if nxt < 0:
             return
         pos = nxt
+
+
+def _good_record_after(data: bytes, start: int) -> bool:
+    """Whether a whole record with a good checksum begins at or after ``start``.
+
+    Appends are sequential, so a torn tail is never followed by a whole record: a header whose
+    length runs past one is a corrupted length field, not a record still being written.
+    """
+    nxt = data.find(MAGIC, start)
+    while nxt >= 0 and nxt + HEADER.size <= len(data):
+        _, length, crc = HEADER.unpack_from(data, nxt)
+        end = nxt + HEADER.size + length
+        if length <= MAX_RECORD and end <= len(data) and zlib.crc32(data[nxt + HEADER.size : end]) == crc:
+            return True
+        nxt = data.find(MAGIC, nxt + 1)
+    return False
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import sys
 
@@ -44,8 +45,9 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 
 def _serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the collector (migrates the database first)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="interface to listen on (default %(default)s; 0.0.0.0 for all, which needs tokens)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default %(default)s)")
     _database_arg(p)
     p.add_argument("--open", action="store_true", help="no authentication (loopback hosts only; a local demo)")
     p.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
@@ -66,29 +68,23 @@ def is_loopback(host: str) -> bool:
             return False
 
 
+class StartupError(Exception):
+    """What stops ``qkwatch serve`` before it listens, as one line for the operator."""
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin on import
     import uvicorn
 
-    from monitor.settings import Settings
-    from monitor.store.engine import make_engine
-    from monitor.store.migrate import upgrade
-
-    if args.open and not is_loopback(args.host):
-        print(f"qkwatch serve: --open skips authentication and is only allowed on a loopback host "
-              f"(127.0.0.1, ::1, localhost), not {args.host!r}", file=sys.stderr)
+    try:
+        settings = _checked_settings(args)
+        _prepare_database(settings)
+    except StartupError as exc:
+        print(f"qkwatch serve: {exc}", file=sys.stderr)
         return 2
-    overrides: dict = {"open_access": args.open} if args.open else {}
-    if args.database_url:
-        overrides["database_url"] = args.database_url
-    if args.rules:
-        overrides["alert_rules_file"] = args.rules
-    settings = Settings(**overrides)
     if settings.open_access:
-        logger.warning("!!! AUTHENTICATION IS OFF (--open): anyone who can reach %s:%d can read, write and "
-                       "steer runs. For a local demo only. !!!", args.host, args.port)
-    engine = make_engine(settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
-    upgrade(engine)
-    engine.dispose()
+        logger.warning("!!! AUTHENTICATION IS OFF (--open or QKWATCH_OPEN_ACCESS): anyone who can reach %s:%d can "
+                       "read, write and steer runs. For a local demo only. !!!", args.host, args.port)
     print(f"qkwatch collector listening on http://{_url_host(args.host)}:{args.port} "
           f"(database {_redact(settings.database_url)})", flush=True)
     if args.workers > 1:
@@ -107,14 +103,78 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checked_settings(args: argparse.Namespace):
+    """The effective settings (flags over ``QKWATCH_*`` over defaults), validated with the rules file.
+
+    Raises:
+        StartupError: a setting is invalid, authentication is off on a host that is not loopback
+            (however it was switched off), or the rules file is unreadable or invalid.
+    """
+    from pydantic import ValidationError
+
+    from monitor.main import load_rules
+    from monitor.settings import Settings
+
+    overrides: dict = {"open_access": True} if args.open else {}
+    if args.database_url:
+        overrides["database_url"] = args.database_url
+    if args.rules:
+        overrides["alert_rules_file"] = args.rules
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(map(str, error["loc"]))
+        raise StartupError(f"setting {field} (QKWATCH_{field.upper()}): {error['msg']}") from None
+    if settings.open_access and not is_loopback(args.host):
+        raise StartupError(f"authentication is off (--open or QKWATCH_OPEN_ACCESS=true), which is only allowed on a "
+                           f"loopback host (127.0.0.1, ::1, localhost), not {args.host!r}")
+    try:
+        load_rules(settings)
+    except ValueError as exc:
+        raise StartupError(f"rules file {settings.alert_rules_file}: {exc}") from None
+    return settings
+
+
+def _prepare_database(settings) -> None:
+    """Connect and migrate; StartupError (one line, no password) when the URL or the database is unusable."""
+    from alembic.util import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from monitor.store.engine import make_engine
+    from monitor.store.migrate import upgrade
+
+    url = _redact(settings.database_url)
+    try:
+        engine = make_engine(settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
+    except (ValueError, ImportError, SQLAlchemyError) as exc:
+        raise StartupError(f"database URL {url}: {_first_line(exc)}") from None
+    try:
+        upgrade(engine)
+    except (SQLAlchemyError, CommandError, OSError) as exc:
+        cause = getattr(exc, "orig", None) or exc
+        raise StartupError(f"cannot use the database {url}: {_first_line(cause)}") from None
+    finally:
+        engine.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
-    return make_url(url).render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:  # not a URL SQLAlchemy can parse; still never print what may be a password
+        return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 
 def _settings(args: argparse.Namespace):
@@ -148,7 +208,7 @@ def _token(sub: argparse._SubParsersAction) -> None:
     _database_arg(ls)
     ls.set_defaults(handler=cmd_token_list)
     rv = tsub.add_parser("revoke", help="revoke a token by id")
-    rv.add_argument("id")
+    rv.add_argument("id", help="the token's id (first column of `qkwatch token list`)")
     _database_arg(rv)
     rv.set_defaults(handler=cmd_token_revoke)
 
@@ -202,20 +262,36 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _runs(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("runs", help="list, show or delete runs (through the collector's API)")
+    p = sub.add_parser("runs", help="list, search, show or delete runs (through the collector's API)",
+                       description="Runs through the collector's API. A run is named by its id or project/name.")
     rsub = p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
-    ls = rsub.add_parser("list")
-    ls.add_argument("--project")
-    ls.add_argument("--status", choices=["running", "finished", "crashed"])
-    ls.add_argument("--json", action="store_true")
+    ls = rsub.add_parser("list", help="runs matching the filters, latest activity first",
+                         description="Runs matching every filter given, latest activity first: id, project/name, "
+                                     "status, latest attempt, last step, last update (UTC).")
+    ls.add_argument("--project", help="only this project")
+    ls.add_argument("--status", choices=["running", "finished", "crashed"], help="only runs with this status")
+    ls.add_argument("--name", help="only runs with this name")
+    ls.add_argument("--qkai-above", type=float, metavar="X",
+                    help="runs in which some layer's QKAI was above X at some report (any step, any attempt)")
+    ls.add_argument("--qkai-latest-above", type=float, metavar="X",
+                    help="runs whose latest QKAI of some layer is above X")
+    ls.add_argument("--collapse-band", action=argparse.BooleanOptionalAction, default=None,
+                    help="runs that have had (--collapse-band) or never had (--no-collapse-band) a collapse band alert")
+    ls.add_argument("--alert", metavar="RULE", help="runs that have had an alert of this rule, e.g. qkai_high")
+    for when in ("created", "updated"):
+        for side, word in (("after", "at or after"), ("before", "at or before")):
+            ls.add_argument(f"--{when}-{side}", metavar="TIME",
+                            help=f"runs {when} {word} TIME (ISO 8601, UTC unless it has an offset, or epoch seconds)")
+    ls.add_argument("--limit", type=int, default=1000, help="at most this many runs (default %(default)s)")
+    ls.add_argument("--json", action="store_true", help="print the runs as JSON (epoch and ISO 8601 times)")
     _client_args(ls)
     ls.set_defaults(handler=cmd_runs_list)
-    show = rsub.add_parser("show")
-    show.add_argument("run")
+    show = rsub.add_parser("show", help="one run as JSON: the run, its lambdas and its firing alerts")
+    show.add_argument("run", help="run id or project/name")
     _client_args(show)
     show.set_defaults(handler=cmd_runs_show)
     rm = rsub.add_parser("delete", help="delete a run and all its points (control scope)")
-    rm.add_argument("run")
+    rm.add_argument("run", help="run id or project/name")
     rm.add_argument("--yes", action="store_true", help="do not ask")
     _client_args(rm)
     rm.set_defaults(handler=cmd_runs_delete)
@@ -235,17 +311,19 @@ def _fail(exc: Exception) -> int:
 def cmd_runs_list(args: argparse.Namespace) -> int:
     from monitor.client import CollectorError
 
+    filters = {k: getattr(args, k) for k in ("qkai_above", "qkai_latest_above", "collapse_band", "alert",
+                                             "created_after", "created_before", "updated_after", "updated_before")}
     try:
         with _client(args) as c:
-            runs = c.runs(project=args.project, status=args.status, limit=1000)
+            runs = c.search_runs(args.project, status=args.status, name=args.name, max_results=args.limit, **filters)
     except CollectorError as exc:
         return _fail(exc)
     if args.json:
-        print(json.dumps(runs, indent=2))
+        print(json.dumps({"data": [r.raw for r in runs], "count": len(runs)}, indent=2))
         return 0
-    for r in runs["data"]:
-        print(f"{r['id']}\t{r['project']}/{r['name']}\t{r['status']}\tattempt {r['latest_attempt']}\t"
-              f"step {r['last_step']}")
+    for r in runs:
+        print(f"{r.id}\t{r.ref}\t{r.status}\tattempt {r.latest_attempt}\tstep {r.last_step}\t"
+              f"updated {r.updated_at.isoformat(timespec='seconds')}")
     return 0
 
 
@@ -254,8 +332,9 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
     try:
         with _client(args) as c:
-            print(json.dumps({"run": c.run(args.run), "lambdas": c.lambdas(args.run),
-                              "alerts": c.alerts(run=args.run, state="firing")["data"]}, indent=2))
+            run = c.run(args.run)
+            print(json.dumps({"run": run.raw, "lambdas": c.lambdas(run.id).raw,
+                              "alerts": c.alerts(run=run.id, state="firing").raw["data"]}, indent=2))
     except CollectorError as exc:
         return _fail(exc)
     return 0
@@ -277,10 +356,12 @@ def cmd_runs_delete(args: argparse.Namespace) -> int:
 
 
 def _alerts(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("alerts", help="list alerts (through the collector's API)")
-    p.add_argument("--run")
-    p.add_argument("--state", choices=["firing", "resolved"])
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("alerts", help="list alerts (through the collector's API)",
+                       description="Alerts the token may see, newest first: state, severity, run, rule, layers, "
+                                   "onset step and summary.")
+    p.add_argument("--run", help="only this run (id or project/name)")
+    p.add_argument("--state", choices=["firing", "resolved"], help="only firing or only resolved alerts")
+    p.add_argument("--json", action="store_true", help="print the alerts as JSON (epoch and ISO 8601 times)")
     _client_args(p)
     p.set_defaults(handler=cmd_alerts)
 
@@ -294,9 +375,9 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     except CollectorError as exc:
         return _fail(exc)
     if args.json:
-        print(json.dumps(alerts, indent=2))
+        print(json.dumps(alerts.raw, indent=2))
         return 0
-    for a in alerts["data"]:
+    for a in alerts.raw["data"]:
         print(f"{a['state']:8}\t{a['severity']}\t{a['project']}/{a['run_name']}\t{a['rule']}\tlayers "
               f"{','.join(map(str, a['layers']))}\tonset step {a['onset_step']}\t{a['summary']}")
     return 0

@@ -3,24 +3,42 @@
 Shared by ``qkwatch report``, the CLI and users::
 
     from monitor.client import Client
-    with Client("http://127.0.0.1:8000", token="qkw_...") as c:
+    with Client() as c:  # $QKWATCH_URL and $QKWATCH_TOKEN, else http://127.0.0.1:8000 and no token
         run = c.create_run("proj", "run-1", config={"n_layers": 24})
-        c.send_reports(run["id"], [{"step": 0, "time": 0.0, "layers": {"qkai": [0.3] * 24}}])
-        c.heatmap(run["id"], "qkai")
+        c.send_reports(run.id, [{"step": 0, "time": 0.0, "layers": {"qkai": [0.3] * 24}}])
+        c.run("proj/run-1").last_report_at              # a datetime (UTC)
+        c.search_runs(project="proj", qkai_above=0.7)   # runs in which some layer's QKAI went above 0.7
+        df = c.history("proj/run-1", metrics=["qkai", "stable_rank"])  # pandas, when installed
 
-Every method returns the decoded JSON (values stay wire values: numbers or "nan"/"inf"/"-inf";
-:func:`monitor.wire.decode_value` turns them into floats). Errors raise :class:`CollectorError`.
+A run is named by its id, by ``"project/name"``, or by a :class:`Run` the client returned.
+
+Results are typed: frozen dataclasses whose times are timezone-aware datetimes (UTC) and whose
+values are floats, NaN and infinities decoded from the wire's ``"nan"``/``"inf"``/``"-inf"``
+(None: not measured). A list answer is a :class:`Page` (``data``, ``count``; iterating it gives
+``data``). Indexing a result reads the JSON the collector sent, as the client returned it before
+it was typed: ``run["created_at"]`` is epoch seconds, ``series["values"]`` holds ``"nan"`` strings,
+``page["data"]`` is a list of dicts. Errors raise :class:`CollectorError`.
 """
 
 from __future__ import annotations
 
+import base64
+import math
+import os
+import sys
 import uuid
+from array import array
 from collections.abc import Iterable, Iterator
-from typing import Any
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 
-from monitor.wire import Report
+from monitor.wire import Report, decode_value
+
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class CollectorError(Exception):
@@ -43,14 +61,296 @@ def _message(response: httpx.Response) -> str:
     return str(detail)
 
 
-class Client:
-    """Client of one collector. Use as a context manager, or call :meth:`close`."""
+# ---- typed results --------------------------------------------------------------------------------
 
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0,
+
+def _time(seconds: float | None) -> datetime | None:
+    """Epoch seconds -> an aware UTC datetime; None for None or a time no calendar holds."""
+    if seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _floats(values: Iterable) -> list[float | None]:
+    return [decode_value(v) for v in values]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Result:
+    """Base of the typed results: attributes are typed; ``result["key"]`` is the JSON as sent
+    (``dict(result)`` too)."""
+
+    raw: dict = field(repr=False, compare=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a result of the same kind, or to a dict, holding the same JSON."""
+        if isinstance(other, dict):
+            return self.raw == other
+        return type(other) is type(self) and self.raw == other.raw
+
+    __hash__ = None  # type: ignore[assignment]  # mutable JSON inside, like a dict
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.raw.get(key, default)
+
+    def keys(self) -> Iterable[str]:
+        return self.raw.keys()
+
+    @classmethod
+    def of(cls, raw: dict) -> Any:
+        """The typed result of a JSON answer: fields named as in the answer, times and values decoded."""
+        names = {f.name for f in fields(cls)} - {"raw"}
+        return cls(raw=raw, **{k: cls._decode(k, v) for k, v in raw.items() if k in names})
+
+    @staticmethod
+    def _decode(key: str, value: Any) -> Any:
+        return value
+
+
+_TIMES = frozenset({"created_at", "updated_at", "last_report_at", "starts_at", "ends_at", "time", "at"})
+
+
+def _timed(key: str, value: Any) -> Any:
+    return _time(value) if key in _TIMES else value
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Run(Result):
+    id: str
+    project: str
+    name: str
+    status: str
+    status_reason: str | None
+    attempt: int
+    """From ``create_run``: the attempt to report under; otherwise the latest attempt."""
+    latest_attempt: int
+    config: dict
+    created_at: datetime
+    updated_at: datetime
+    last_report_at: datetime | None
+    last_step: int | None
+
+    _decode = staticmethod(_timed)
+
+    @property
+    def ref(self) -> str:
+        """``project/name``: the run's name everywhere a run is taken."""
+        return f"{self.project}/{self.name}"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Alert(Result):
+    id: int
+    run: str
+    run_name: str
+    project: str
+    rule: str
+    severity: str
+    state: str
+    metric: str
+    layers: list[int]
+    summary: str
+    onset_step: int
+    resolved_step: int | None
+    starts_at: datetime
+    ends_at: datetime | None
+
+    _decode = staticmethod(_timed)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Event(Result):
+    attempt: int
+    step: int
+    kind: str
+    message: str
+    data: dict
+    time: datetime | None
+    """The trainer's time of the report that carried it."""
+
+    _decode = staticmethod(_timed)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AuditEntry(Result):
+    layer: int
+    old: float | None
+    new: float | None
+    who: str
+    at: datetime
+    step: int | None
+    version: int
+
+    _decode = staticmethod(_timed)
+
+
+def _valued(key: str, value: Any) -> Any:
+    if key in ("values", "min", "max", "lambdas", "h"):
+        return [_floats(v) if isinstance(v, list) else decode_value(v) for v in value]
+    if key == "overrides":
+        return {int(k): decode_value(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Series(Result):
+    metric: str
+    layer: int
+    head: int
+    attempt: int | None
+    downsampled: bool
+    steps: list[int]
+    values: list[float]
+    """The value at each step (the bucket mean when ``downsampled``)."""
+    min: list[float]
+    max: list[float]
+
+    _decode = staticmethod(_valued)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Heatmap(Result):
+    metric: str
+    agg: str
+    attempt: int | None
+    downsampled: bool
+    steps: list[int]
+    layers: list[int]
+    values: list[list[float | None]]
+    """One row per step (bucket), one value per layer; None: not measured."""
+
+    _decode = staticmethod(_valued)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class CompareSeries(Result):
+    run: str
+    name: str
+    project: str
+    steps: list[int]
+    values: list[float]
+    min: list[float]
+    max: list[float]
+
+    _decode = staticmethod(_valued)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Compare(Result):
+    metric: str
+    layer: int
+    series: list[CompareSeries]
+
+    @staticmethod
+    def _decode(key: str, value: Any) -> Any:
+        return [CompareSeries.of(s) for s in value] if key == "series" else value
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Lambdas(Result):
+    version: int
+    step: int | None
+    lambdas: list[float]
+    overrides: dict[int, float]
+    source: str
+    h: list[float | None]
+    """Each layer's running attention entropy (None before its first)."""
+    schedule: dict[str, float]
+
+    _decode = staticmethod(_valued)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RunMetrics(Result):
+    metrics: dict[str, list[int]]
+    """Metric name -> the layers that reported it (``[-1]``: a run-level scalar)."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Ingested(Result):
+    inserted: int
+    duplicates: int
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Health(Result):
+    status: str
+    database: str
+    version: str
+
+
+T = TypeVar("T", bound=Result)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Page(Generic[T]):
+    """A list answer: ``data`` (this page) and ``count`` (all matches); iterating gives ``data``."""
+
+    data: list[T]
+    count: int
+    raw: dict = field(repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self.data)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: int | str) -> Any:
+        """``page[0]``: the first typed item; ``page["data"]``: the JSON as sent."""
+        return self.raw[key] if isinstance(key, str) else self.data[key]
+
+    __eq__ = Result.__eq__
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def of(cls, raw: dict, item: type[T]) -> Page[T]:
+        return cls(data=[item.of(d) for d in raw["data"]], count=raw["count"], raw=raw)
+
+
+# ---- the client ------------------------------------------------------------------------------------
+
+
+def _ref(run: str | Result | dict) -> str:
+    """A run argument -> the id or ``project/name`` it names."""
+    return run["id"] if isinstance(run, (Result, dict)) else str(run)
+
+
+def _when(t: datetime | float | str | None) -> float | str | None:
+    """A time filter as the API takes it: epoch seconds or ISO 8601 (the API reads a naive time as UTC)."""
+    return t.isoformat() if isinstance(t, datetime) else t
+
+
+class Client:
+    """Client of one collector. Use as a context manager, or call :meth:`close`.
+
+    Args:
+        base_url: the collector's URL; default ``$QKWATCH_URL``, else ``http://127.0.0.1:8000``.
+        token: a bearer token; default ``$QKWATCH_TOKEN``, else none (an ``--open`` collector).
+        timeout: seconds per request.
+        transport: an httpx transport (tests).
+    """
+
+    def __init__(self, base_url: str | None = None, token: str | None = None, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
+        base_url = base_url or os.environ.get("QKWATCH_URL") or DEFAULT_URL
+        token = token or os.environ.get("QKWATCH_TOKEN") or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
                                   transport=transport)
+
+    @property
+    def base_url(self) -> str:
+        return str(self._http.base_url).rstrip("/")
 
     def close(self) -> None:
         self._http.close()
@@ -78,78 +378,259 @@ class Client:
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:
         return self._request(method, path, **kwargs).json()
 
-    # runs
-    def health(self) -> dict:
-        return self._json("GET", "/healthz")
+    @staticmethod
+    def _path(run: str | Run | dict, suffix: str = "") -> str:
+        """``/v1/runs/<run>``: ``project/name`` travels with its slash encoded (``%2F``)."""
+        return f"/v1/runs/{quote(_ref(run), safe='')}{suffix}"
 
-    def create_run(self, project: str, name: str, config: dict | None = None, attempt_key: str | None = None) -> dict:
+    def _id(self, run: str | Run | dict) -> str:
+        """The run's id; ``project/name`` is looked up (the ingest and lambda routes take ids only)."""
+        ref = _ref(run)
+        return self.run(ref).id if "/" in ref else ref
+
+    # runs
+    def health(self) -> Health:
+        return Health.of(self._json("GET", "/healthz"))
+
+    def create_run(self, project: str, name: str, config: dict | None = None, attempt_key: str | None = None) -> Run:
         """Create or resume a run; the answer's ``attempt`` is the attempt to report under."""
-        return self._json("POST", "/v1/runs", json={"project": project, "name": name, "config": config or {},
-                                                    "attempt_key": attempt_key})
+        return Run.of(self._json("POST", "/v1/runs", json={"project": project, "name": name, "config": config or {},
+                                                           "attempt_key": attempt_key}))
 
     def runs(self, project: str | None = None, status: str | None = None, name: str | None = None,
-             limit: int = 100, offset: int = 0) -> dict:
-        return self._json("GET", "/v1/runs", params={"project": project, "status": status, "name": name,
-                                                     "limit": limit, "offset": offset})
+             limit: int = 100, offset: int = 0, **filters: Any) -> Page[Run]:
+        """One page of runs, latest activity first; ``filters`` as in :meth:`search_runs`."""
+        params = {"project": project, "status": status, "name": name, "limit": limit, "offset": offset,
+                  **self._filters(**filters)}
+        return Page.of(self._json("GET", "/v1/runs", params=params), Run)
 
-    def run(self, run_id: str) -> dict:
-        return self._json("GET", f"/v1/runs/{run_id}")
+    def search_runs(self, project: str | None = None, *, status: str | None = None, name: str | None = None,
+                    qkai_above: float | None = None, qkai_latest_above: float | None = None,
+                    collapse_band: bool | None = None, alert: str | None = None,
+                    created_after: datetime | float | str | None = None,
+                    created_before: datetime | float | str | None = None,
+                    updated_after: datetime | float | str | None = None,
+                    updated_before: datetime | float | str | None = None, max_results: int = 1000) -> list[Run]:
+        """Runs by what happened in them, latest activity first (all pages, up to ``max_results``).
 
-    def set_status(self, run_id: str, status: str, reason: str | None = None, attempt: int | None = None) -> dict:
+        Args:
+            qkai_above: some layer's QKAI was above this at some report (any step, any attempt);
+                MLflow's ``search_runs("metrics.qkai > 0.7")`` compares the latest value instead,
+                which is ``qkai_latest_above``.
+            collapse_band: True: runs that have had a collapse band alert (firing or resolved);
+                False: runs that never had one.
+            alert: runs that have had an alert of this rule (e.g. ``"qkai_high"``).
+            created_after, created_before, updated_after, updated_before: datetimes (naive = UTC),
+                epoch seconds or ISO 8601 strings; inclusive.
+        """
+        filters = self._filters(qkai_above=qkai_above, qkai_latest_above=qkai_latest_above,
+                                collapse_band=collapse_band, alert=alert, created_after=created_after,
+                                created_before=created_before, updated_after=updated_after,
+                                updated_before=updated_before)
+        out: list[Run] = []
+        while len(out) < max_results:
+            page = self.runs(project=project, status=status, name=name, limit=min(1000, max_results - len(out)),
+                             offset=len(out), **filters)
+            out += page.data
+            if not page.data or len(out) >= page.count:
+                break
+        return out
+
+    @staticmethod
+    def _filters(**filters: Any) -> dict[str, Any]:
+        out = {}
+        for key, value in filters.items():
+            if isinstance(value, bool):
+                value = str(value).lower()
+            elif key.endswith(("_after", "_before")):
+                value = _when(value)
+            out[key] = value
+        return out
+
+    def run(self, run: str | Run | dict) -> Run:
+        return Run.of(self._json("GET", self._path(run)))
+
+    def set_status(self, run: str | Run | dict, status: str, reason: str | None = None,
+                   attempt: int | None = None) -> Run:
         """Say how the run ended ("finished", "crashed"); ``reason`` is stored as ``status_reason``."""
         body = {"status": status, "reason": reason, "attempt": attempt}
-        return self._json("PATCH", f"/v1/runs/{run_id}", json={k: v for k, v in body.items() if v is not None})
+        return Run.of(self._json("PATCH", self._path(run), json={k: v for k, v in body.items() if v is not None}))
 
-    def delete_run(self, run_id: str) -> None:
-        self._request("DELETE", f"/v1/runs/{run_id}")
+    def delete_run(self, run: str | Run | dict) -> None:
+        self._request("DELETE", self._path(run))
 
-    def events(self, run_id: str, kind: str | None = None, attempt: int | None = None) -> dict:
-        return self._json("GET", f"/v1/runs/{run_id}/events", params={"kind": kind, "attempt": attempt})
+    def events(self, run: str | Run | dict, kind: str | None = None, attempt: int | None = None,
+               limit: int | None = None) -> Page[Event]:
+        return Page.of(self._json("GET", self._path(run, "/events"),
+                                  params={"kind": kind, "attempt": attempt, "limit": limit}), Event)
 
-    def metrics(self, run_id: str) -> dict:
-        return self._json("GET", f"/v1/runs/{run_id}/metrics")["metrics"]
+    def metrics(self, run: str | Run | dict) -> RunMetrics:
+        """The metrics the run reported, each with its layers."""
+        return RunMetrics.of(self._json("GET", self._path(run, "/metrics")))
 
     # ingest
-    def send_reports(self, run_id: str, reports: Iterable[Report | dict], batch_id: str | None = None,
-                     attempt: int | None = None) -> dict:
+    def send_reports(self, run: str | Run | dict, reports: Iterable[Report | dict], batch_id: str | None = None,
+                     attempt: int | None = None) -> Ingested:
         """Send one batch; reuse ``batch_id`` when retrying it, so it is stored once."""
         body = {"batch_id": batch_id or str(uuid.uuid4()), "attempt": attempt,
                 "reports": [r.model_dump(mode="json") if isinstance(r, Report) else r for r in reports]}
-        return self._json("POST", f"/v1/runs/{run_id}/reports", json=body)
+        return Ingested.of(self._json("POST", self._path(self._id(run), "/reports"), json=body))
 
     # queries
-    def series(self, run_id: str, metric: str, layer: int = -1, **params: Any) -> dict:
-        """params: head, start, end, max_points, attempt."""
-        return self._json("GET", f"/v1/runs/{run_id}/series", params={"metric": metric, "layer": layer, **params})
+    def series(self, run: str | Run | dict, metric: str, layer: int = -1, **params: Any) -> Series:
+        """One layer's values over steps (``layer`` -1: a run-level scalar). params: head, start, end,
+        max_points, attempt."""
+        return Series.of(self._json("GET", self._path(run, "/series"),
+                                    params={"metric": metric, "layer": layer, **params}))
 
-    def heatmap(self, run_id: str, metric: str = "qkai", **params: Any) -> dict:
+    def heatmap(self, run: str | Run | dict, metric: str = "qkai", **params: Any) -> Heatmap:
         """params: start, end, max_steps, agg ("max", "min", "mean"), head, attempt."""
-        return self._json("GET", f"/v1/runs/{run_id}/heatmap", params={"metric": metric, **params})
+        return Heatmap.of(self._json("GET", self._path(run, "/heatmap"), params={"metric": metric, **params}))
 
-    def compare(self, run_ids: Iterable[str], metric: str, layer: int = -1, **params: Any) -> dict:
-        query = [("run", r) for r in run_ids] + [("metric", metric), ("layer", layer), *params.items()]
-        return self._json("GET", "/v1/compare", params=query)
+    def compare(self, runs: Iterable[str | Run | dict], metric: str, layer: int = -1, **params: Any) -> Compare:
+        query = [("run", _ref(r)) for r in runs] + [("metric", metric), ("layer", layer), *params.items()]
+        return Compare.of(self._json("GET", "/v1/compare", params=query))
 
-    def export(self, run_id: str, format: str = "csv", attempt: int | None = None) -> Iterator[str]:
+    def history(self, run: str | Run | dict, metrics: Iterable[str] | None = None, *, start: int | None = None,
+                end: int | None = None, attempt: int | None = None, frame: bool | None = None) -> Any:
+        """Every layer value and scalar of ``metrics`` (default: all of the run's) in one call.
+
+        Returns:
+            With pandas installed (``pip install 'qkwatch[pandas]'``) or ``frame=True``, a DataFrame
+            with columns ``step``, ``layer`` (-1: a run-level scalar) and one per metric, a row per
+            (step, layer) that any of them measured, ordered by step and layer; NaN where a metric
+            was not measured there, or measured NaN. Without pandas, or with ``frame=False``, the
+            same columns as a dict of lists, None where not measured.
+        """
+        params = [("metrics", ",".join(metrics)) if metrics is not None else ("metrics", None),
+                  ("start", start), ("end", end), ("attempt", attempt), ("encoding", "f64")]
+        body = self._json("GET", self._path(run, "/history"), params=params)
+        if frame is None:
+            try:
+                import pandas  # noqa: F401
+            except ImportError:
+                frame = False
+            else:
+                frame = True
+        return history_frame(body) if frame else history_columns(body)
+
+    def export(self, run: str | Run | dict, format: str = "csv", attempt: int | None = None) -> Iterator[str]:
         """Stream the run's points as lines of CSV (with a header) or JSON."""
         params = {"format": format, **({"attempt": attempt} if attempt else {})}
-        with self._http.stream("GET", f"/v1/runs/{run_id}/export", params=params) as response:
+        with self._http.stream("GET", self._path(run, "/export"), params=params) as response:
             if response.status_code >= 400:
                 response.read()
                 raise CollectorError(response.status_code, _message(response))
             yield from response.iter_lines()
 
     # alerts and lambdas
-    def alerts(self, run: str | None = None, state: str | None = None) -> dict:
-        return self._json("GET", "/v1/alerts", params={"run": run, "state": state})
+    def alerts(self, run: str | Run | dict | None = None, state: str | None = None,
+               limit: int | None = None) -> Page[Alert]:
+        params = {"run": _ref(run) if run is not None else None, "state": state, "limit": limit}
+        return Page.of(self._json("GET", "/v1/alerts", params=params), Alert)
 
-    def lambdas(self, run_id: str) -> dict:
-        return self._json("GET", f"/v1/runs/{run_id}/lambdas")
+    def lambdas(self, run: str | Run | dict) -> Lambdas:
+        return Lambdas.of(self._json("GET", self._path(self._id(run), "/lambdas")))
 
-    def set_overrides(self, run_id: str, overrides: dict[int | str, float | None]) -> dict:
+    def set_overrides(self, run: str | Run | dict, overrides: dict[int | str, float | None]) -> Lambdas:
         """Set per-layer overrides (None removes one); needs the control scope."""
-        return self._json("PUT", f"/v1/runs/{run_id}/lambdas/overrides",
-                          json={str(k): v for k, v in overrides.items()})
+        return Lambdas.of(self._json("PUT", self._path(self._id(run), "/lambdas/overrides"),
+                                     json={str(k): v for k, v in overrides.items()}))
 
-    def lambdas_audit(self, run_id: str) -> dict:
-        return self._json("GET", f"/v1/runs/{run_id}/lambdas/audit")
+    def lambdas_audit(self, run: str | Run | dict) -> Page[AuditEntry]:
+        return Page.of(self._json("GET", self._path(self._id(run), "/lambdas/audit")), AuditEntry)
+
+
+# ---- history as columns ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HistoryGrid:
+    """One metric of a history answer, decoded: ``values`` step-major, NaN where not measured."""
+
+    steps: list[int]
+    layers: list[int]
+    values: array
+    measured: bytes | None
+    """One byte per value, 1 = measured; None when all were."""
+
+    @classmethod
+    def of(cls, g: dict) -> HistoryGrid:
+        if g.get("values_f64") is not None:  # encoding=f64
+            values = array("d")
+            values.frombytes(base64.b64decode(g["values_f64"]))
+            if sys.byteorder == "big":
+                values.byteswap()
+            return cls(g["steps"], g["layers"], values, base64.b64decode(g["measured"]) if g["measured"] else None)
+        flat = [v for row in g["values"] for v in row]
+        measured = bytes(v is not None for v in flat) if None in flat else None
+        return cls(g["steps"], g["layers"], array("d", (math.nan if v is None else decode_value(v) for v in flat)),
+                   measured)
+
+
+def _grids(body: dict) -> tuple[dict[str, HistoryGrid], list[int], list[int]]:
+    """The metrics of a history answer, and the steps and layers of them all."""
+    grids = {name: HistoryGrid.of(g) for name, g in body["metrics"].items()}
+    steps = sorted(set().union(*(g.steps for g in grids.values())))
+    layers = sorted(set().union(*(g.layers for g in grids.values())))
+    return grids, steps, layers
+
+
+def _on(grid: HistoryGrid, steps: list[int], layers: list[int]) -> list[float | None]:
+    """A metric's values laid out on the (steps x layers) of all metrics, step-major; None: not measured."""
+    flat = grid.values.tolist()
+    if grid.measured is not None:
+        flat = [v if m else None for v, m in zip(flat, grid.measured, strict=True)]
+    if grid.steps == steps and grid.layers == layers:
+        return flat
+    out: list[float | None] = [None] * (len(steps) * len(layers))
+    si, li = {s: i for i, s in enumerate(steps)}, {la: i for i, la in enumerate(layers)}
+    cols, width = [li[la] for la in grid.layers], len(grid.layers)
+    for r, step in enumerate(grid.steps):
+        base = si[step] * len(layers)
+        for j, v in zip(cols, flat[r * width:(r + 1) * width], strict=True):
+            out[base + j] = v
+    return out
+
+
+def history_columns(body: dict) -> dict[str, list]:
+    """A history answer (either encoding) as plain columns: ``step``, ``layer`` and one per metric, a row
+    per (step, layer) that any metric measured, ordered by step and layer; None where not measured."""
+    grids, steps, layers = _grids(body)
+    flats = {name: _on(g, steps, layers) for name, g in grids.items()}
+    cells = zip(*flats.values(), strict=True)
+    keep = [i for i, cell in enumerate(cells) if any(v is not None for v in cell)] if flats else []
+    n = len(layers)
+    out: dict[str, list] = {"step": [steps[i // n] for i in keep], "layer": [layers[i % n] for i in keep]}
+    for name, flat in flats.items():
+        out[name] = [flat[i] for i in keep]
+    return out
+
+
+def history_frame(body: dict) -> Any:
+    """A history answer (either encoding) as a pandas DataFrame (see :meth:`Client.history`)."""
+    import pandas as pd
+
+    grids, steps, layers = _grids(body)
+    if not grids:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64"), "layer": pd.Series([], dtype="int64")})
+    columns, keep = {}, None
+    for name, g in grids.items():
+        values = pd.Series(g.values, dtype="float64").to_numpy().reshape(len(g.steps), len(g.layers))
+        measured = (pd.Series(list(g.measured), dtype=bool) if g.measured is not None
+                    else pd.Series(True, index=range(len(g.values)))).to_numpy().reshape(values.shape)
+        if g.steps != steps or g.layers != layers:  # lay it out on the grid of all metrics
+            values = pd.DataFrame(values, index=g.steps, columns=g.layers).reindex(index=steps, columns=layers)
+            measured = pd.DataFrame(measured, index=g.steps, columns=g.layers).reindex(
+                index=steps, columns=layers, fill_value=False)
+            values, measured = values.to_numpy(), measured.to_numpy()
+        columns[name] = values.ravel()
+        keep = measured.ravel() if keep is None else keep | measured.ravel()
+    index = {"step": pd.Index(steps, dtype="int64").repeat(len(layers))[keep],
+             "layer": pd.Index(layers * len(steps), dtype="int64")[keep]}
+    return pd.DataFrame(index | {name: values[keep] for name, values in columns.items()})
+
+
+__all__ = ["Alert", "AuditEntry", "Client", "CollectorError", "Compare", "CompareSeries", "Event", "Health",
+           "Heatmap", "HistoryGrid", "Ingested", "Lambdas", "Page", "Result", "Run", "RunMetrics", "Series",
+           "history_columns", "history_frame"]

@@ -180,7 +180,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     push_p.add_argument("--no-datasources", action="store_true", help="push the dashboards only")
     push_p.add_argument("--postgres", default=DataSources.postgres,
                         help="host:port of the collector's PostgreSQL as Grafana sees it (default: %(default)s)")
-    push_p.add_argument("--postgres-database", default=DataSources.database)
+    push_p.add_argument("--postgres-database", default=DataSources.database,
+                        help="the collector's database name as Grafana sees it (default: %(default)s)")
     push_p.add_argument("--postgres-user", default=DataSources.user,
                         help="a role with SELECT on the qkwatch_*_v views (default: %(default)s); its password "
                              "comes from $QKWATCH_GRAFANA_DB_PASSWORD")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -50,11 +50,12 @@ SCALAR_COUNTERS = {
 
 
 class RunCollector(Collector):
-    """Reads a snapshot of the running runs' latest values from the store on each scrape."""
+    """Reads a snapshot of the running runs' latest values (of ``projects``, None = all) from the store."""
 
-    def __init__(self, store: Store, settings: Settings) -> None:
+    def __init__(self, store: Store, settings: Settings, projects: Sequence[str] | None = None) -> None:
         self.store = store
         self.settings = settings
+        self.projects = projects
 
     def describe(self) -> list:
         return []  # values are only known at scrape time; skip the registration-time collect()
@@ -63,7 +64,7 @@ class RunCollector(Collector):
         try:
             names = [*LAYER_GAUGES, *SCALAR_GAUGES, *SCALAR_COUNTERS]
             runs, rows = self.store.latest_snapshot(names, self.settings.metrics_max_runs,
-                                                    self.settings.metrics_max_layers)
+                                                    self.settings.metrics_max_layers, self.projects)
         except Exception:  # a scrape must not fail because the database is briefly away
             logger.exception("could not read the run snapshot for /metrics")
             return
@@ -148,8 +149,21 @@ REJECT_REASONS = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 
                   413: "too_large", 422: "invalid", 429: "rate_limited"}
 
 
-def build_registry(store: Store, settings: Settings) -> tuple[CollectorRegistry, ServiceMetrics]:
-    """A fresh registry owned by one app: the run collector and the service metrics."""
+def build_registry() -> tuple[CollectorRegistry, ServiceMetrics]:
+    """A fresh registry owned by one app, of its service metrics (the run gauges are read per scrape)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(store, settings))
     return registry, ServiceMetrics(registry)
+
+
+class Scrape:
+    """What one scrape shows: the run gauges of ``projects`` (None = all; a token sees its own) and
+    the service metrics of ``registry``. ``generate_latest`` takes it as a registry."""
+
+    def __init__(self, registry: CollectorRegistry, store: Store, settings: Settings,
+                 projects: Sequence[str] | None) -> None:
+        self.registry = registry
+        self.runs = RunCollector(store, settings, projects)
+
+    def collect(self) -> Iterator:
+        yield from self.runs.collect()
+        yield from self.registry.collect()

@@ -11,33 +11,38 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from monitor.alerting.notifier import Notifier
 from monitor.alerting.rules import RuleSet, with_webhooks
 from monitor.api import alerts, lambdas, queries, reports, runs
-from monitor.api.deps import RateLimiter
+from monitor.api.deps import Principal, RateLimiter, metrics_viewer
 from monitor.api.limits import BodyLimitMiddleware
 from monitor.api.schemas import HealthPublic
-from monitor.exposition import REJECT_REASONS, ServiceMetrics, build_registry
+from monitor.exposition import REJECT_REASONS, Scrape, ServiceMetrics, build_registry
 from monitor.maintenance import Maintenance
 from monitor.settings import Settings
 from monitor.store.engine import make_engine
-from monitor.store.migrate import upgrade
+from monitor.store.migrate import head_revision, upgrade
 from monitor.store.store import Invalid, NotFound, Store
 from monitor.ui import routes as ui
 
 logger = logging.getLogger(__name__)
 
 DOCS_ASSETS = "/ui/docs-assets"
+RETRY_AFTER_S = 5
+"""Retry-After of a 503 while the database is away (agents retry and spool meanwhile)."""
+SCHEMA_ERRORS = ("42P01", "42703")
+"""PostgreSQL's undefined table and undefined column: the schema is not the one the code expects."""
 
 try:
     from qkwatch import __version__
@@ -57,7 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.auto_migrate:
         upgrade(store.engine)
     rules = load_rules(settings)
-    registry, service_metrics = build_registry(store, settings)
+    registry, service_metrics = build_registry()
     notifier = Notifier(store, rules.webhooks, max_attempts=settings.webhook_max_attempts,
                         timeout_s=settings.webhook_timeout_s, external_url=settings.external_url)
     background = Maintenance(store, notifier, settings)
@@ -85,13 +90,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.service_metrics = service_metrics
     app.state.notifier = notifier
     app.state.background = background
-    app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.rate_limiter = RateLimiter(store, settings.rate_limit_per_s, settings.rate_limit_burst)
     for module in (runs, reports, queries, lambdas, alerts, ui):
         app.include_router(module.router)
     _add_service_routes(app)
     _add_error_handlers(app)
     app.add_middleware(TimingMiddleware, metrics=service_metrics)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(InternalErrorMiddleware)
     return app
 
 
@@ -101,20 +107,40 @@ def app_from_env() -> FastAPI:
 
 
 def _add_service_routes(app: FastAPI) -> None:
-    @app.get("/healthz", response_model=HealthPublic, tags=["service"])
+    expected = head_revision()
+
+    @app.get("/healthz", response_model=HealthPublic, tags=["service"], responses={503: {"model": HealthPublic}})
     def healthz() -> JSONResponse:
-        """Liveness and database reachability; needs no token."""
+        """Liveness, database reachability, and the database schema at the revision this code expects; no token.
+
+        503 when the database is unreachable or its schema is at another revision (or none: an
+        empty database), ``database`` saying which.
+        """
         try:
-            app.state.store.ping()
+            revision = app.state.store.schema_revision()
         except Exception as exc:
-            logger.warning("health check: database unreachable: %s", exc)
-            return JSONResponse({"status": "degraded", "database": "unreachable", "version": __version__}, 503)
+            logger.warning("health check: database unreachable: %s", _one_line(exc))
+            return _degraded("unreachable")
+        if revision != expected:
+            logger.warning("health check: database schema at revision %s, expected %s", revision, expected)
+            return _degraded(f"schema at revision {revision or 'none'}, expected {expected}")
         return JSONResponse({"status": "ok", "database": "ok", "version": __version__})
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
-        """Prometheus exposition (no token: scrape over a trusted network)."""
-        return Response(generate_latest(app.state.registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(viewer: Annotated[Principal | None, Depends(metrics_viewer)]) -> Response:
+        """Prometheus exposition: a read token's project (all for ``*``), or everything when public."""
+        projects = None if viewer is None else viewer.projects()
+        scrape = Scrape(app.state.registry, app.state.store, app.state.settings, projects)
+        return Response(generate_latest(scrape), media_type=CONTENT_TYPE_LATEST)
+
+
+def _degraded(database: str) -> JSONResponse:
+    return JSONResponse({"status": "degraded", "database": database, "version": __version__}, 503,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -145,10 +171,53 @@ def _add_error_handlers(app: FastAPI) -> None:
         count(request, 422)
         return JSONResponse({"detail": f"a value cannot be stored: {exc.orig}"}, 422)
 
+    @app.exception_handler(DBAPIError)
+    async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        # The database is away (or not the one this code expects): 503 and Retry-After, so clients
+        # retry, and JSON like every other answer. The cause goes to the log, not to the caller.
+        code = getattr(exc.orig, "sqlstate", None)
+        if isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated or code in SCHEMA_ERRORS:
+            logger.warning("%s %s: database unavailable: %s", request.method, request.url.path, _one_line(exc))
+            detail = ("the database schema is not what this collector expects (migrate it: qkwatch db upgrade)"
+                      if code in SCHEMA_ERRORS else "the database is unavailable")
+            return JSONResponse({"detail": f"{detail}; retry later"}, 503, headers={"Retry-After": str(RETRY_AFTER_S)})
+        raise exc
+
     @app.exception_handler(Invalid)
     async def invalid(request: Request, exc: Invalid) -> JSONResponse:
         count(request, 422)
         return JSONResponse({"detail": str(exc)}, 422)
+
+
+class InternalErrorMiddleware:
+    """An exception no handler took becomes a JSON 500 (logged with its traceback) on a connection that stays usable.
+
+    Starlette's last-resort handler answers in plain text and re-raises, and uvicorn then closes the
+    connection without ``Connection: close``, so a client's next request on it fails. An exception
+    after the response started still propagates: only closing the connection can tell the client.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            logger.exception("unhandled error answering %s %s", scope["method"], scope["path"])
+            if started:
+                raise
+            await JSONResponse({"detail": "internal server error"}, 500)(scope, receive, send)
 
 
 class TimingMiddleware:

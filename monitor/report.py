@@ -113,12 +113,26 @@ def resolve_run(client: Client, ref: str) -> dict:
 
 def fetch_run(client: Client, run: dict) -> RunData:
     rid = run["id"]
-    heatmaps = {m: client.heatmap(rid, m, max_steps=MAX_STEPS) for m in BAND_METRICS}
+    # The collector answers 404 for a metric the run never reported (a vanilla run has no lambda),
+    # so ask only for those it has; the others are drawn empty.
+    have = client.metrics(rid).metrics
+    heatmaps = {m: client.heatmap(rid, m, max_steps=MAX_STEPS) if m in have else _empty_heatmap(m)
+                for m in BAND_METRICS}
+    loss, val_loss = (client.series(rid, m, max_points=MAX_POINTS) if m in have else _empty_series(m)
+                      for m in ("loss", "val_loss"))
     return RunData(run=run, heatmaps=heatmaps, latest=latest_values(client, rid, heatmaps["qkai"]),
-                   loss=client.series(rid, "loss", max_points=MAX_POINTS),
-                   val_loss=client.series(rid, "val_loss", max_points=MAX_POINTS),
-                   alerts=client.alerts(run=rid)["data"], lambdas=client.lambdas(rid),
+                   loss=loss, val_loss=val_loss, alerts=client.alerts(run=rid)["data"], lambdas=client.lambdas(rid),
                    audit=client.lambdas_audit(rid)["data"])
+
+
+def _empty_heatmap(metric: str) -> dict:
+    return {"metric": metric, "agg": "max", "attempt": None, "downsampled": False, "steps": [], "layers": [],
+            "values": []}
+
+
+def _empty_series(metric: str) -> dict:
+    return {"metric": metric, "layer": -1, "head": -1, "attempt": None, "downsampled": False, "steps": [],
+            "values": [], "min": [], "max": []}
 
 
 def latest_values(client: Client, run_id: str, h: dict) -> dict[int, tuple[float, int]]:

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     """SQLAlchemy URL: ``sqlite:///path.db`` (embedded) or ``postgresql+psycopg://...``."""
     open_access: bool = False
     """Skip authentication (``qkwatch serve --open``); only allowed on a loopback host."""
+    metrics_public: bool = False
+    """Serve ``GET /metrics`` without a token (scrape over a trusted network); else it needs a read token,
+    and shows only that token's project. Open access implies it."""
     auto_migrate: bool = True
     """Apply the Alembic migrations when the app starts."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
@@ -47,7 +50,7 @@ class Settings(BaseSettings):
     """Delivery attempts per alert notification before it is given up (and logged)."""
     webhook_timeout_s: float = Field(default=5.0, gt=0)
     rate_limit_per_s: float = Field(default=200.0, gt=0)
-    """Sustained requests per second per token."""
+    """Sustained requests per second per token, across all workers and replicas on the database."""
     rate_limit_burst: int = Field(default=400, ge=1)
     """Requests a token may make at once before the sustained rate applies."""
     metrics_max_runs: int = Field(default=50, ge=0)

@@ -11,11 +11,13 @@ below serialise non-finite floats as those strings, so ``model_dump(mode="json")
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, Strict, field_serializer, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, Strict, field_serializer, field_validator
 
 NonFinite = Literal["nan", "inf", "-inf"]
 Number = Annotated[float, Strict()]
@@ -28,6 +30,17 @@ METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,127}$"
 MetricName = Annotated[str, Field(pattern=METRIC_NAME_PATTERN)]
 NAME_PATTERN = r"^[^\s/\x00-\x1f\x7f]+$"
 """Project and run names: no whitespace, slash or control characters."""
+
+MAX_LAYERS = 4096
+"""Most layers a run may have (``config.n_layers``, a report's per-layer lists, override keys)."""
+MAX_HEADS = 4096
+"""Most heads per layer in a report."""
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of free-form JSON (a run's config, an event's data): a flat object is 1."""
+MAX_CONFIG_BYTES = 256 * 1024
+"""Largest run config, as compact JSON."""
+MAX_EVENT_DATA_BYTES = 64 * 1024
+"""Largest ``data`` of one event, as compact JSON."""
 
 
 def decode_value(value: float | str | None) -> float | None:
@@ -65,6 +78,62 @@ def _encode_nested(value: Any) -> Any:
     return value
 
 
+def json_depth(value: Any, stop: int | None = None) -> int:
+    """Nesting depth of a JSON value: 0 for a scalar, 1 for a flat object or array.
+
+    Breadth-first, without recursion; counting ends past ``stop`` (the answer is then ``stop + 1``).
+    """
+    depth, level = 0, [value]
+    while True:
+        containers = [v for v in level if isinstance(v, (dict, list))]
+        if not containers or (stop is not None and depth > stop):
+            return depth
+        depth += 1
+        level = [item for c in containers for item in (c.values() if isinstance(c, dict) else c)]
+
+
+def clip_depth(value: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``value`` with every object or array deeper than ``max_depth`` replaced by a string saying so.
+
+    For reading back JSON stored before its depth was bounded: a response serialiser refuses
+    very deep values, and the stored value itself is kept as it is.
+    """
+    if json_depth(value, stop=max_depth) <= max_depth:
+        return value
+
+    def clip(v: Any, depth: int) -> Any:
+        if not isinstance(v, (dict, list)):
+            return v
+        if depth >= max_depth:
+            return f"<nested deeper than {max_depth} levels: not shown>"
+        if isinstance(v, dict):
+            return {k: clip(item, depth + 1) for k, item in v.items()}
+        return [clip(item, depth + 1) for item in v]
+
+    return clip(value, 0)
+
+
+def _bounded_json(max_bytes: int):
+    """A validator of free-form JSON: at most ``MAX_JSON_DEPTH`` deep and ``max_bytes`` as compact JSON."""
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        if json_depth(value, stop=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels (objects and arrays)")
+        size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > max_bytes:
+            raise ValueError(f"{size} bytes as JSON; the limit is {max_bytes}")
+        return value
+
+    return AfterValidator(check)
+
+
+RunConfig = Annotated[dict[str, Any], _bounded_json(MAX_CONFIG_BYTES)]
+EventData = Annotated[dict[str, Any], _bounded_json(MAX_EVENT_DATA_BYTES)]
+LayerValues = Annotated[list[WireValue], Field(max_length=MAX_LAYERS)]
+HeadValues = Annotated[list[Annotated[list[WireValue], Field(max_length=MAX_HEADS)] | None],
+                       Field(max_length=MAX_LAYERS)]
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -74,7 +143,7 @@ class Event(_Wire):
 
     kind: MetricName
     message: str = Field(default="", max_length=4096)
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: EventData = Field(default_factory=dict)
 
 
 class Report(_Wire):
@@ -82,8 +151,8 @@ class Report(_Wire):
 
     step: Annotated[int, Strict()] = Field(ge=0, le=2**62)
     time: Number = Field(description="Unix seconds when the step was measured.")
-    layers: dict[MetricName, list[WireValue]] = Field(default_factory=dict)
-    heads: dict[MetricName, list[list[WireValue] | None]] = Field(default_factory=dict)
+    layers: dict[MetricName, LayerValues] = Field(default_factory=dict)
+    heads: dict[MetricName, HeadValues] = Field(default_factory=dict)
     scalars: dict[MetricName, WireValue] = Field(default_factory=dict)
     events: list[Event] = Field(default_factory=list)
 
@@ -121,8 +190,16 @@ class RunCreate(_Wire):
 
     project: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: RunConfig = Field(default_factory=dict)
     attempt_key: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @field_validator("config")
+    @classmethod
+    def _layer_count(cls, config: dict[str, Any]) -> dict[str, Any]:
+        n = config.get("n_layers")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LAYERS):
+            raise ValueError(f"config.n_layers must be a whole number of layers in [1, {MAX_LAYERS}], got {n!r}")
+        return config
 
 
 RunStatus = Literal["running", "finished", "crashed"]
@@ -154,6 +231,18 @@ class StatusPatch(_Wire):
 class OverridesPut(RootModel[dict[str, Number | None]]):
     """``PUT /v1/runs/{id}/lambdas/overrides``: ``{"3": 0.0, "12": 0.5}``; null removes an override.
 
-    Keys are layer indices as strings. The server checks each value against the run's
-    ``lambda_max`` (finite, 0 <= value <= lambda_max) and the index against the layer count.
+    Keys are layer indices as strings of plain ASCII decimal digits without leading zeros
+    (:func:`layer_key`). The server checks each value against the run's ``lambda_max``
+    (finite, 0 <= value <= lambda_max) and the index against the layer count.
     """
+
+
+def layer_key(key: str) -> int:
+    """A layer index written as a JSON object key: ``"0"``, ``"12"``; ValueError for anything else.
+
+    Only the canonical spelling: no sign, spaces, underscores, leading zeros or non-ASCII digits
+    (all of which ``int()`` accepts), and below :data:`MAX_LAYERS`.
+    """
+    if not re.fullmatch(r"0|[1-9][0-9]{0,5}", key) or int(key) >= MAX_LAYERS:
+        raise ValueError(f"key {key!r} is not a layer index (a decimal number from 0 to {MAX_LAYERS - 1})")
+    return int(key)

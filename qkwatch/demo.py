@@ -32,7 +32,8 @@ PROGRESS_SECONDS = 15.0
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="the collapse band forming without RAA and held with it, live, side by side",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.replace("``", ""),  # the docstring's reST quoting, not for a terminal
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--recipe", default="collapse_cpu", help="trainer recipe (default collapse_cpu)")
     p.add_argument("--port", type=int, default=0, help="collector port (default: a free one)")
     p.add_argument("--dir", default=".qkwatch/demo", help="where the database, spools, runs and logs live")
@@ -209,8 +210,9 @@ def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any
     the induced collapse begins) with the last report; ``*_outside`` is the mean of the other layers.
     """
     facts: dict[str, Any] = {"status": client.run(run_id)["status"]}
+    have = client.metrics(run_id).metrics  # the collector answers 404 for a metric the run never reported
     for metric in ("qkai", "attn_entropy", "stable_rank"):
-        h = client.heatmap(run_id, metric, max_steps=20_000)
+        h = client.heatmap(run_id, metric, max_steps=20_000) if metric in have else {"steps": []}
         if not h["steps"]:
             continue
         outside = [i for i in h["layers"] if i not in band]
@@ -221,12 +223,13 @@ def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any
             facts["qkai_outside_max"] = max((max(_finite([row[i] for i in outside]), default=math.nan)
                                              for row in h["values"]), default=math.nan)
             facts["qkai_band_peak"] = max(_mean(row, band) for row in h["values"])
-    flagged = client.series(run_id, "raa_flagged_fraction", max_points=100_000)
+    flagged = client.series(run_id, "raa_flagged_fraction", max_points=100_000) if "raa_flagged_fraction" in have \
+        else {"values": []}  # only RAA runs report it
     values = _finite(flagged["values"])
     if values:
         facts["flagged"] = (sum(values) / len(values), sum(values[len(values) // 2:]) / len(values[len(values) // 2:]))
     for name in ("loss", "val_loss"):
-        values = _finite(client.series(run_id, name, max_points=100_000)["values"])
+        values = _finite(client.series(run_id, name, max_points=100_000)["values"]) if name in have else []
         facts[name] = values[-1] if values else math.nan
     facts["alerts"] = sorted({a["rule"] for a in client.alerts(run=run_id)["data"]})
     return facts

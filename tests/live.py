@@ -36,11 +36,22 @@ class LiveCollector:
     the test fails.
     """
 
-    def __init__(self, workdir: Path, port: int | None = None, *extra: str):
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        open_access: bool = True,
+    ):
+        """``extra``: more ``serve`` arguments; ``env``: settings as ``QKWATCH_*`` variables (e.g. the
+        body and rate limits); ``open_access=False`` requires tokens (``token()`` mints them)."""
         self.db_url = f"sqlite:///{workdir / 'collector.db'}"
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.extra = extra
+        self.env = dict(env or {})
+        self.open_access = open_access
         self.log = workdir / "collector.log"
         self.proc: subprocess.Popen | None = None
 
@@ -51,7 +62,7 @@ class LiveCollector:
             "-m",
             "qkwatch.cli",
             "serve",
-            "--open",
+            *(["--open"] if self.open_access else []),
             "--host",
             "127.0.0.1",
             "--port",
@@ -62,7 +73,11 @@ class LiveCollector:
         ]
         with open(self.log, "a") as out:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+                command,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -82,8 +97,31 @@ class LiveCollector:
         self.proc.wait(timeout=30)
         self.proc = None
 
-    def client(self) -> Client:
-        return Client(self.url)
+    def client(self, token: str | None = None) -> Client:
+        return Client(self.url, token=token)
+
+    def token(self, *scopes: str, project: str = "tests") -> str:
+        """A new token with ``scopes`` on this collector's database, minted by ``qkwatch token create``."""
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "qkwatch.cli",
+                "token",
+                "create",
+                "--project",
+                project,
+                *(arg for scope in scopes for arg in ("--scope", scope)),
+                "--database-url",
+                self.db_url,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()[0]
 
     def __enter__(self) -> LiveCollector:
         return self.start()

@@ -6,7 +6,8 @@ once its condition held for ``for_reports`` consecutive reports of that layer, a
 the first report where it no longer holds. A band rule fires while at least ``min_layers``
 adjacent layers fire a threshold rule (the collapse band of seed 000).
 
-Rules file (YAML)::
+Rules file (YAML); every field is checked by type, and ``rules`` is required (``rules: []``
+switches alerting off: an empty file is an error, not a silent "no alerts")::
 
     rules:
       - name: qkai_high          # a threshold rule
@@ -27,12 +28,34 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from monitor.wire import METRIC_NAME_PATTERN
+
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+SEVERITY_MAX = 32
+"""Longest severity (the alerts table's column)."""
+
+
+def _check_name(rule: str, key: str, value: object) -> None:
+    """Rule and metric names: what a report's metric name may be (letters, digits, ``_.:/-``)."""
+    if not isinstance(value, str) or not re.fullmatch(METRIC_NAME_PATTERN, value):
+        raise ValueError(f"rule {rule!r}: {key} must be a name of letters, digits and _.:/- "
+                         f"(starting with a letter or _), got {value!r}")
+
+
+def _check_int(rule: str, key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"rule {rule!r}: {key} must be a whole number >= 1, got {value!r}")
+
+
+def _check_severity(rule: str, value: object) -> None:
+    if not isinstance(value, str) or not 1 <= len(value) <= SEVERITY_MAX or not value.isprintable():
+        raise ValueError(f"rule {rule!r}: severity must be a word of 1 to {SEVERITY_MAX} characters, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -47,12 +70,15 @@ class ThresholdRule:
     severity: str = "warning"
 
     def __post_init__(self) -> None:
-        if self.op not in _OPS:
+        _check_name(self.name, "name", self.name)
+        _check_name(self.name, "metric", self.metric)
+        if not isinstance(self.op, str) or self.op not in _OPS:
             raise ValueError(f"rule {self.name!r}: op must be one of {', '.join(_OPS)}, got {self.op!r}")
-        if not math.isfinite(self.threshold):
-            raise ValueError(f"rule {self.name!r}: threshold must be finite")
-        if self.for_reports < 1:
-            raise ValueError(f"rule {self.name!r}: for_reports must be >= 1")
+        if (isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float))
+                or not math.isfinite(self.threshold)):
+            raise ValueError(f"rule {self.name!r}: threshold must be a finite number, got {self.threshold!r}")
+        _check_int(self.name, "for_reports", self.for_reports)
+        _check_severity(self.name, self.severity)
 
     def holds(self, value: float) -> bool:
         """NaN never satisfies a rule (it is not evidence of collapse)."""
@@ -72,8 +98,10 @@ class BandRule:
     severity: str = "critical"
 
     def __post_init__(self) -> None:
-        if self.min_layers < 1:
-            raise ValueError(f"rule {self.name!r}: min_layers must be >= 1")
+        _check_name(self.name, "name", self.name)
+        _check_name(self.name, "band_of", self.band_of)
+        _check_int(self.name, "min_layers", self.min_layers)
+        _check_severity(self.name, self.severity)
 
 
 @dataclass(frozen=True)
@@ -99,14 +127,23 @@ class RuleSet:
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> RuleSet:
-        """Parse the rules file's structure; ValueError names the offending rule or key."""
+        """Parse the rules file's structure; ValueError names the offending rule or key.
+
+        ``rules`` is required: ``rules: []`` switches alerting off on purpose, while a file that
+        says nothing is more likely a mistake than a wish for no alerts.
+        """
         if not isinstance(data, Mapping):
             raise ValueError("the rules file must be a mapping with 'rules' (and optionally 'webhooks')")
         unknown = sorted(set(data) - {"rules", "webhooks"})
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r} in the rules file")
+        if "rules" not in data:
+            raise ValueError("the rules file has no 'rules'; write 'rules: []' to switch alerting off")
+        items = data["rules"]
+        if not isinstance(items, list):
+            raise ValueError(f"rules must be a list of rules (or [] for none), got {items!r}")
         thresholds, bands = [], []
-        for i, item in enumerate(data.get("rules") or []):
+        for i, item in enumerate(items):
             if not isinstance(item, Mapping) or "name" not in item:
                 raise ValueError(f"rules[{i}] must be a mapping with a 'name'")
             try:
@@ -115,15 +152,27 @@ class RuleSet:
             except TypeError as exc:
                 raise ValueError(f"rules[{i}] ({item.get('name')!r}): {exc}") from None
         webhooks = data.get("webhooks") or []
-        if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in webhooks):
+        if not isinstance(webhooks, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                                     for u in webhooks):
             raise ValueError("webhooks must be a list of http(s) URLs")
         return cls(tuple(thresholds), tuple(bands), tuple(webhooks))
 
     @classmethod
     def from_file(cls, path: Path) -> RuleSet:
+        """Read and validate a rules file; ValueError (one line) for anything wrong, reading it included."""
         import yaml  # only needed when a rules file is configured
 
-        return cls.from_mapping(yaml.safe_load(Path(path).read_text()) or {})
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read it: {exc.strerror or exc}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ValueError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+        if data is None:
+            raise ValueError("the rules file is empty; write 'rules: []' to switch alerting off")
+        return cls.from_mapping(data)
 
 
 @dataclass
@@ -196,7 +245,7 @@ def _threshold(rule: ThresholdRule, state: dict[tuple[str, int], LayerState], re
             if st.streak >= rule.for_reports and not st.firing:
                 st.firing = True
                 out.append(Transition("firing", rule.name, rule.severity, rule.metric, (layer,), st.since_step,
-                                      report.step, f"layer {layer}: {rule.describe()} (now {value:.4g})",
+                                      report.step, f"layer {layer}: {rule.describe()} ({value:.4g} at onset)",
                                       (rule.name, layer)))
         else:
             if st.firing:

@@ -1,8 +1,9 @@
 """Dependencies of the routes: the store, the settings, and the authenticated principal.
 
 Auth: ``Authorization: Bearer <token>``. 401 without a token or with an unknown or revoked one;
-403 when the token lacks the scope or belongs to another project; 429 (with Retry-After) over
-the per-token rate. A token of project ``*`` may act on every project (an operator's token).
+403 when the token lacks the scope or belongs to another project (the answer names neither that
+project nor anything of it); 429 (with Retry-After) over the per-token rate, which every worker and
+replica on the database shares. A token of project ``*`` may act on every project (an operator's token).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from fastapi import Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from monitor.settings import Settings
-from monitor.store.models import RunRow
+from monitor.store.models import RunRow, TokenRow
 from monitor.store.store import NotFound, Store, hash_token
 
 SCOPES = ("ingest", "read", "control")
@@ -42,32 +43,46 @@ class Principal:
         return None if self.sees_all() else [self.project]
 
     def check_project(self, project: str) -> None:
+        """403 unless the principal may act on ``project``; the answer does not name ``project``."""
         if not self.sees_all() and project != self.project:
-            raise HTTPException(403, f"token {self.name!r} belongs to project {self.project!r}, not {project!r}")
+            raise HTTPException(403, f"token {self.name!r} may act only on project {self.project!r}")
 
 
 OPEN_PRINCIPAL = Principal(id="open", name="open-access", project=ALL_PROJECTS, scopes=frozenset(SCOPES))
 
 
 class RateLimiter:
-    """Token buckets per token id: ``burst`` requests at once, ``rate`` per second sustained."""
+    """Per-token rate limit: ``burst`` requests at once, ``rate`` per second sustained, across processes.
 
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
-        self._buckets: dict[str, tuple[float, float]] = {}
+    The token bucket of each key is a row in the database (:meth:`Store.take_tokens`), so the
+    limit holds however many workers and replicas serve the token. To keep a database write off
+    most requests, a process takes a small lease of tokens at a time (about 50 ms of the rate) and
+    spends it locally for at most ``lease_s``; unspent tokens expire unused. A lease is taken from
+    the shared bucket, so the limit errs only on the strict side, and each process is at most
+    one lease ahead of the bucket.
+    """
+
+    def __init__(self, store: Store, rate: float, burst: int, lease_s: float = 1.0) -> None:
+        self.store, self.rate, self.burst, self.lease_s = store, rate, burst, lease_s
+        self.lease = max(1, min(burst, int(rate * 0.05)))
+        self._leases: dict[str, tuple[int, float]] = {}  # key -> (tokens left, valid until)
         self._lock = threading.Lock()
 
     def acquire(self, key: str, now: float | None = None) -> float:
-        """Take one request; returns 0 when allowed, else the seconds to wait."""
-        now = time.monotonic() if now is None else now
+        """Take one request (a database call when this process's lease is spent): 0 when allowed,
+        else the seconds to wait."""
+        now = time.time() if now is None else now
         with self._lock:
-            tokens, last = self._buckets.get(key, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - last) * self.rate)
-            if tokens >= 1:
-                self._buckets[key] = (tokens - 1, now)
+            left, until = self._leases.get(key, (0, 0.0))
+            if left > 0 and now < until:
+                self._leases[key] = (left - 1, until)
                 return 0.0
-            self._buckets[key] = (tokens, now)
-            return (1 - tokens) / self.rate
+        taken, wait = self.store.take_tokens(key, self.lease, self.rate, self.burst, now)
+        if not taken:
+            return wait
+        with self._lock:
+            self._leases[key] = (taken - 1, now + self.lease_s)
+        return 0.0
 
 
 # The dependencies are ``async def`` on purpose: FastAPI runs a sync dependency in the thread
@@ -95,16 +110,33 @@ async def authenticate(request: Request) -> Principal:
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'",
                             headers={"WWW-Authenticate": "Bearer"})
     digest = hash_token(token.strip())
-    row = await run_in_threadpool(request.app.state.store.token_by_hash, digest)
-    # The lookup is by the digest of a 32-byte random secret, so its timing says nothing useful;
-    # the explicit constant-time comparison is the contract all the same.
-    if row is None or not hmac.compare_digest(row.hash, digest) or row.revoked_at is not None:
+    row, wait = await run_in_threadpool(_token_and_rate, request.app.state.store, request.app.state.rate_limiter,
+                                        digest)
+    if row is None:
         raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
-    wait = request.app.state.rate_limiter.acquire(row.id)
     if wait > 0:
         raise HTTPException(429, f"rate limit of {settings.rate_limit_per_s:g} requests/s exceeded for this token",
                             headers={"Retry-After": str(max(1, math.ceil(wait)))})
     return Principal(id=row.id, name=row.name, project=row.project, scopes=row.scopes)
+
+
+def _token_and_rate(store: Store, limiter: RateLimiter, digest: str) -> tuple[TokenRow | None, float]:
+    """The valid token of ``digest`` (None: unknown or revoked) and its rate-limit wait, in one thread hop."""
+    row = store.token_by_hash(digest)
+    # The lookup is by the digest of a 32-byte random secret, so its timing says nothing useful;
+    # the explicit constant-time comparison is the contract all the same.
+    if row is None or not hmac.compare_digest(row.hash, digest) or row.revoked_at is not None:
+        return None, 0.0
+    return row, limiter.acquire(row.id)
+
+
+async def metrics_viewer(request: Request) -> Principal | None:
+    """Who may scrape /metrics: a token with the read scope, or anyone (None) when the operator
+    made /metrics public (``metrics_public``) or runs without authentication."""
+    settings: Settings = request.app.state.settings
+    if settings.metrics_public or settings.open_access:
+        return None
+    return await require("read")(await authenticate(request))
 
 
 def require(scope: str):
@@ -124,8 +156,13 @@ Controller = Annotated[Principal, Depends(require("control"))]
 
 
 def load_run(store: Store, run_id: str, principal: Principal) -> RunRow:
-    """The run, checked against the caller's project: 404 unknown, 403 another project's."""
+    """The run named by its id or ``project/name``, checked against the caller's project: 404 unknown,
+    403 another project's (for ``project/name``, before the lookup: no one learns which names exist)."""
     try:
+        if "/" in run_id:
+            project, name = run_id.split("/", 1)
+            principal.check_project(project)
+            return store.get_run_by_name(project, name)
         run = store.get_run(run_id)
     except NotFound:
         raise HTTPException(404, f"run {run_id} not found") from None

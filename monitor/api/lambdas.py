@@ -8,13 +8,13 @@ from fastapi import APIRouter, HTTPException
 
 from monitor import scheduling
 from monitor.api.deps import Controller, Reader, StoreDep, load_run
+from monitor.api.run_ref import RunRef, StrictRunRefRoute
 from monitor.api.schemas import AuditListPublic, AuditPublic, LambdasPublic
-from monitor.api.strict_json import StrictJSONRoute
 from monitor.store.models import LambdaState, RunRow
 from monitor.store.store import Invalid, NotFound
-from monitor.wire import OverridesPut
+from monitor.wire import OverridesPut, layer_key
 
-router = APIRouter(prefix="/v1/runs", tags=["lambdas"], route_class=StrictJSONRoute)
+router = APIRouter(prefix="/v1/runs", tags=["lambdas"], route_class=StrictRunRefRoute)
 
 
 def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
@@ -33,10 +33,12 @@ def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
 
 
 @router.get("/{run_id}/lambdas", response_model=LambdasPublic)
-def get_lambdas(run_id: str, store: StoreDep, principal: Reader) -> LambdasPublic:
+def get_lambdas(run_id: RunRef, store: StoreDep, principal: Reader) -> LambdasPublic:
     """The weights the trainer should apply now; ``version`` changes whenever they do."""
+    if "/" in run_id:  # project/name: resolved (and the project checked) first
+        run_id = load_run(store, run_id, principal).id
     try:
-        run, state = store.lambda_state(run_id)
+        run, state = store.lambda_state(run_id)  # one round trip: this is on the trainer's path
     except NotFound:
         raise HTTPException(404, f"run {run_id} not found") from None
     principal.check_project(run.project)
@@ -44,15 +46,15 @@ def get_lambdas(run_id: str, store: StoreDep, principal: Reader) -> LambdasPubli
 
 
 @router.put("/{run_id}/lambdas/overrides", response_model=LambdasPublic)
-def put_overrides(run_id: str, body: OverridesPut, store: StoreDep, principal: Controller) -> LambdasPublic:
+def put_overrides(run_id: RunRef, body: OverridesPut, store: StoreDep, principal: Controller) -> LambdasPublic:
     """Set (or with null remove) per-layer overrides; all are validated before any is applied."""
-    load_run(store, run_id, principal)
+    run_id = load_run(store, run_id, principal).id
     overrides: dict[int, float | None] = {}
     for key, value in body.root.items():
         try:
-            overrides[int(key)] = value
-        except ValueError:
-            raise HTTPException(422, f"overrides: key {key!r} is not a layer index") from None
+            overrides[layer_key(key)] = value
+        except ValueError as exc:
+            raise HTTPException(422, f"overrides: {exc}") from None
     try:
         run, state = store.set_overrides(run_id, overrides, who=f"{principal.name} ({principal.id})")
     except Invalid as exc:
@@ -61,6 +63,6 @@ def put_overrides(run_id: str, body: OverridesPut, store: StoreDep, principal: C
 
 
 @router.get("/{run_id}/lambdas/audit", response_model=AuditListPublic)
-def get_audit(run_id: str, store: StoreDep, principal: Reader) -> AuditListPublic:
+def get_audit(run_id: RunRef, store: StoreDep, principal: Reader) -> AuditListPublic:
     rows = store.lambda_audit(load_run(store, run_id, principal))
     return AuditListPublic(data=[AuditPublic.of(r) for r in rows], count=len(rows))

@@ -6,14 +6,29 @@ with :func:`monitor.wire.encode_value` before they get here, so every response i
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from monitor.store.models import AlertRow, AuditRow, EventRow, RunRow
 from monitor.wire import RunStatus
 
 Value = float | str | None
+
+
+def iso(seconds: float | None) -> str | None:
+    """Epoch seconds -> ISO 8601 in UTC with milliseconds (``2026-01-02T03:04:05.678+00:00``); None stays None.
+
+    Every time in a response is epoch seconds (``created_at``) with this beside it (``created_at_iso``).
+    A time outside what a calendar date can hold (an event's ``time`` is the trainer's) is None.
+    """
+    if seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 class RunPublic(BaseModel):
@@ -30,6 +45,18 @@ class RunPublic(BaseModel):
     updated_at: float
     last_report_at: float | None
     last_step: int | None
+
+    @computed_field
+    def created_at_iso(self) -> str | None:
+        return iso(self.created_at)
+
+    @computed_field
+    def updated_at_iso(self) -> str | None:
+        return iso(self.updated_at)
+
+    @computed_field
+    def last_report_at_iso(self) -> str | None:
+        return iso(self.last_report_at)
 
     @classmethod
     def of(cls, row: RunRow, attempt: int | None = None) -> RunPublic:
@@ -106,6 +133,10 @@ class AuditPublic(BaseModel):
     step: int | None
     version: int
 
+    @computed_field
+    def at_iso(self) -> str | None:
+        return iso(self.at)
+
     @classmethod
     def of(cls, row: AuditRow) -> AuditPublic:
         return cls(**row.__dict__)
@@ -123,6 +154,10 @@ class EventPublic(BaseModel):
     message: str
     data: dict[str, Any]
     time: float
+
+    @computed_field
+    def time_iso(self) -> str | None:
+        return iso(self.time)
 
     @classmethod
     def of(cls, row: EventRow) -> EventPublic:
@@ -150,6 +185,14 @@ class AlertPublic(BaseModel):
     starts_at: float
     ends_at: float | None
 
+    @computed_field
+    def starts_at_iso(self) -> str | None:
+        return iso(self.starts_at)
+
+    @computed_field
+    def ends_at_iso(self) -> str | None:
+        return iso(self.ends_at)
+
     @classmethod
     def of(cls, row: AlertRow) -> AlertPublic:
         d = dict(row.__dict__)
@@ -160,6 +203,26 @@ class AlertPublic(BaseModel):
 class AlertsPublic(BaseModel):
     data: list[AlertPublic]
     count: int
+
+
+class HistoryMetricPublic(BaseModel):
+    steps: list[int]
+    layers: list[int]
+    """Layer -1: a run-level scalar."""
+    values: list[list[Value]] | None = None
+    """One row per step, one value per layer; null: not measured there (``encoding=json``)."""
+    values_f64: str | None = None
+    """``encoding=f64``: base64 of the steps x layers doubles, little-endian, step-major."""
+    measured: str | None = None
+    """``encoding=f64``: base64 of one byte per value, 1 = measured; null when all were."""
+
+
+class HistoryPublic(BaseModel):
+    run: str
+    project: str
+    name: str
+    attempt: int | None
+    metrics: dict[str, HistoryMetricPublic]
 
 
 class MetricsListPublic(BaseModel):

@@ -40,7 +40,19 @@ def _find(value: Any, path: tuple, hit) -> tuple | None:
 
 
 def parse_strict(body: bytes) -> Any:
-    """``json.loads`` that raises a 422 HTTPException naming the field of a bare NaN/Infinity."""
+    """``json.loads`` that raises a 422 HTTPException naming the field of a bare NaN/Infinity.
+
+    A body nested deeper than the parser (or the search for the field) can go is a 422 too; the
+    fields' own bounds (``monitor.wire.MAX_JSON_DEPTH``) are far below that.
+    """
+    try:
+        return _parse(body)
+    except RecursionError:
+        raise HTTPException(422, detail=[{"type": "json_too_deep", "loc": ["body"],
+                                          "msg": "the JSON body is nested too deeply"}]) from None
+
+
+def _parse(body: bytes) -> Any:
     seen = []
 
     def constant(token: str) -> _Bare:

@@ -25,7 +25,7 @@ def make_engine(url: str, *, busy_timeout_ms: int = 10_000) -> Engine:
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
         return sa.create_engine(parsed, pool_pre_ping=True, pool_size=8, max_overflow=8)
-    raise ValueError(f"unsupported database {url!r}: use sqlite:///PATH or postgresql://...")
+    raise ValueError(f"unsupported database {backend!r}: use sqlite:///PATH or postgresql://...")
 
 
 def is_postgres(engine: Engine | sa.Connection) -> bool:

@@ -78,6 +78,53 @@ def _keep_latest(latest: dict, metric: str, layer: int, step: int, value: float)
         latest[key] = (step, _stored(value))
 
 
+def keep_first_values(conn: sa.Connection, run_pk: int, attempt: int, flat: FlatBatch, ids: dict[str, int]) -> None:
+    """Replace the batch's layer values, frames and latest values by the points' stored values.
+
+    Called after ``insert_points`` when some points were already stored: the point keeps its first
+    value (insert-or-ignore), so whatever else the batch writes must carry that value too.
+    """
+    keys = {(ids[metric], layer, step) for step, decoded in flat.layer_values for metric, row in decoded.items()
+            for layer, value in enumerate(row) if value is not None}
+    keys |= {(ids[metric], layer, step) for (metric, layer), (step, _value) in flat.latest.items()}
+    stored = _stored_values(conn, run_pk, attempt, sorted(keys))
+
+    def first(metric: str, layer: int, step: int, value: float) -> float:
+        found = stored.get((ids[metric], layer, step), value)
+        return math.nan if found is None else found
+
+    flat.layer_values = [(step, {metric: [None if v is None else first(metric, layer, step, v)
+                                          for layer, v in enumerate(row)] for metric, row in decoded.items()})
+                         for step, decoded in flat.layer_values]
+    flat.frames = [frame for step, decoded in flat.layer_values for metric, row in decoded.items()
+                   if (frame := frames.pack(metric, step, row)) is not None]
+    flat.latest = {(metric, layer): (step, _stored(first(metric, layer, step, math.nan if v is None else v)))
+                   for (metric, layer), (step, v) in flat.latest.items()}
+
+
+def _stored_values(conn: sa.Connection, run_pk: int, attempt: int,
+                   keys: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], float | None]:
+    """Stored value (None: NaN) of each (metric id, layer, step) layer value or scalar of ``attempt``.
+
+    A join with the keys as a VALUES list: one primary-key probe per key on both databases (an
+    IN list of row values makes SQLite scan the run, and SQLite has no ``VALUES ... AS k (cols)``).
+    """
+    out: dict[tuple[int, int, int], float | None] = {}
+    for i in range(0, len(keys), 1000):  # 3,000 parameters per statement
+        chunk = keys[i:i + 1000]
+        rows = ", ".join(f"(:m{j}, :l{j}, :s{j})" for j in range(len(chunk)))
+        params = {"run_pk": run_pk, "head": LAYER_VALUE, "attempt": attempt}
+        for j, (metric_id, layer, step) in enumerate(chunk):
+            params |= {f"m{j}": metric_id, f"l{j}": layer, f"s{j}": step}
+        result = conn.execute(sa.text(
+            f"WITH k (metric_id, layer, step) AS (VALUES {rows}) "
+            "SELECT k.metric_id, k.layer, k.step, p.value FROM k JOIN points p ON p.run_pk = :run_pk "
+            "AND p.metric_id = k.metric_id AND p.head = :head AND p.layer = k.layer AND p.step = k.step "
+            "AND p.attempt = :attempt"), params)
+        out.update({(r[0], r[1], r[2]): r[3] for r in result})
+    return out
+
+
 def metric_names(flat: FlatBatch) -> set[str]:
     return {p[0] for p in flat.points}
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
 from monitor.store.engine import is_postgres
@@ -40,3 +42,9 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
                 conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_ADVISORY_LOCK})")
                 conn.commit()
     logger.info("database at %s is at revision %s", engine.url.render_as_string(hide_password=True), revision)
+
+
+@functools.cache
+def head_revision() -> str:
+    """The newest revision of the shipped migrations: what a database this code runs on must be at."""
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()

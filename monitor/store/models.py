@@ -208,6 +208,15 @@ tokens = sa.Table(
 )
 
 
+rate_buckets = sa.Table(
+    # The per-token rate limit's token buckets, shared by every worker and replica on the database:
+    # ``tokens`` left at ``updated_at`` (Unix seconds), refilled at the configured rate up to the burst.
+    "rate_buckets", metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("updated_at", sa.Float, nullable=False),
+)
+
 # --- rows handed upwards (plain data, no session attached) ---------------------------------
 
 

@@ -12,11 +12,14 @@ import math
 import secrets
 import time
 import uuid
+from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import pairwise
 from typing import Any
 
 import sqlalchemy as sa
+from alembic.migration import MigrationContext
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
@@ -25,7 +28,7 @@ from monitor.alerting.rules import LayerState, ReportValues, RuleSet, Transition
 from monitor.store import frames, ingest
 from monitor.store import models as m
 from monitor.store.engine import is_postgres
-from monitor.wire import ReportBatch, RunCreate
+from monitor.wire import MAX_LAYERS, ReportBatch, RunCreate, clip_depth
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +54,17 @@ def _insert(conn: sa.Connection, table: sa.Table):
 
 
 def _run_row(r: sa.Row) -> m.RunRow:
+    # clip_depth: a config stored before its depth was bounded is read back cut at the bound.
     return m.RunRow(pk=r.pk, id=r.id, project=r.project, name=r.name, status=r.status,
-                    status_reason=r.status_reason, config=json.loads(r.config), created_at=r.created_at,
+                    status_reason=r.status_reason, config=clip_depth(json.loads(r.config)), created_at=r.created_at,
                     updated_at=r.updated_at, last_report_at=r.last_report_at, last_step=r.last_step,
                     latest_attempt=r.latest_attempt, lambda_version=r.lambda_version, lambda_step=r.lambda_step)
+
+
+def _layer_count(config: dict[str, Any]) -> int | None:
+    """``config["n_layers"]`` when it is a layer count the collector accepts, else None (unknown)."""
+    n = config.get("n_layers")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LAYERS else None
 
 
 def _nan(value: float | None) -> float:
@@ -90,6 +100,34 @@ class Store:
         with self._read() as conn:
             conn.execute(sa.text("SELECT 1"))
 
+    def schema_revision(self) -> str | None:
+        """The Alembic revision the database is at; None when it has none (an empty database)."""
+        with self._read() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+
+    # --- rate limit -------------------------------------------------------------------------
+
+    def take_tokens(self, key: str, want: int, rate: float, burst: int, now: float | None = None) -> tuple[int, float]:
+        """Take up to ``want`` tokens from the bucket ``key`` (``burst`` at most, refilled at ``rate`` per second).
+
+        The bucket is a row, so every worker and replica on the database draws from the same one.
+        Returns (tokens taken, seconds until one is available): (0, wait) when none is.
+        """
+        now = time.time() if now is None else now
+        b = m.rate_buckets
+        with self._write() as conn:
+            if is_postgres(conn):  # a lost bucket update after a crash costs nothing worth an fsync
+                conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+            conn.execute(_insert(conn, b).values(key=key, tokens=float(burst), updated_at=now)
+                         .on_conflict_do_nothing())
+            row = conn.execute(sa.select(b.c.tokens, b.c.updated_at).where(b.c.key == key).with_for_update()).one()
+            # Clocks of replicas differ a little: time never runs backwards for a bucket.
+            tokens = min(float(burst), row.tokens + max(0.0, now - row.updated_at) * rate)
+            taken = min(want, int(tokens)) if tokens >= 1 else 0
+            conn.execute(sa.update(b).where(b.c.key == key).values(tokens=tokens - taken,
+                                                                   updated_at=max(now, row.updated_at)))
+        return taken, 0.0 if taken else (1 - tokens) / rate
+
     # --- runs -------------------------------------------------------------------------------
 
     def create_or_resume_run(self, body: RunCreate, now: float | None = None) -> tuple[m.RunRow, int]:
@@ -111,12 +149,31 @@ class Store:
             values: dict[str, Any] = {"updated_at": now, "latest_attempt": max(attempt, row.latest_attempt)}
             if not (known is not None and self._keeps_status(row)):
                 values.update(status="running", status_reason=None)
-            if body.config:
-                values["config"] = json.dumps(body.config)
+            config = self._keep_shape(row, body.config) if body.config else None
+            if config:
+                values["config"] = json.dumps(config)
             conn.execute(sa.update(m.runs).where(m.runs.c.pk == row.pk).values(**values))
             if body.config:
                 self._clip_overrides(conn, self._get(conn, m.runs.c.pk == row.pk), schedule, attempt, now)
             return self._get(conn, m.runs.c.pk == row.pk), attempt
+
+    @staticmethod
+    def _keep_shape(run: m.RunRow, config: dict[str, Any]) -> dict[str, Any]:
+        """The config to store on a resume: its layer count may not change (Invalid), and one left out is kept.
+
+        The layer count sizes the lambdas the trainer reads and the alerts' layers; a resume that
+        changed it would silently change what they mean. A count stored before it was bounded
+        (more than MAX_LAYERS) does not hold the run to it.
+        """
+        old, new = _layer_count(run.config), config.get("n_layers")
+        if old is None:
+            return config
+        if new is None:
+            return {**config, "n_layers": old}
+        if new != old:
+            raise Invalid(f"config.n_layers: run {run.project}/{run.name} has {old} layers, and a resume may not "
+                          f"change that (got {new}); start a new run for a model of another shape")
+        return config
 
     @staticmethod
     def _check_schedule(config: dict[str, Any]) -> scheduling.ScheduleConfig:
@@ -270,12 +327,19 @@ class Store:
             if attempt > run.latest_attempt:
                 raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt}); "
                               "start one with POST /v1/runs and an attempt_key")
+            # The batch id is the run's, whatever the attempt: a resumed process re-sending it is a replay.
+            # (RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT DO NOTHING.)
             new_batch = conn.execute(_insert(conn, m.batches).values(
                 run_pk=run.pk, batch_id=str(batch.batch_id), attempt=attempt, points=total, received_at=now,
-            ).on_conflict_do_nothing()).rowcount
-            if not new_batch:
+            ).on_conflict_do_nothing().returning(m.batches.c.batch_id)).first()
+            if new_batch is None:
                 return m.IngestResult(inserted=0, duplicates=total, replayed_batch=True)
             inserted = ingest.insert_points(conn, run.pk, attempt, flat.points, ids)
+            if inserted < total:
+                # Some points were stored before (or come twice in this batch): the first value of a point
+                # stays, and the frames, latest values, schedule and rules take what is stored, so that
+                # every read path shows one value per point.
+                ingest.keep_first_values(conn, run.pk, attempt, flat, ids)
             ingest.insert_frames(conn, run.pk, attempt, flat.frames, ids)
             self._insert_events(conn, run.pk, attempt, flat.events)
             self._upsert_latest(conn, run.pk, attempt, flat.latest)
@@ -591,7 +655,7 @@ class Store:
             q = q.where(e.c.attempt == attempt)
         with self._read() as conn:
             rows = conn.execute(q.order_by(e.c.step, e.c.attempt, e.c.kind).limit(limit)).all()
-        return [m.EventRow(r.attempt, r.step, r.kind, r.message, json.loads(r.data), r.time) for r in rows]
+        return [m.EventRow(r.attempt, r.step, r.kind, r.message, clip_depth(json.loads(r.data)), r.time) for r in rows]
 
     def run_metrics(self, run: m.RunRow) -> dict[str, list[int]]:
         """Metric name -> layers that reported it (``[-1]`` for a run-level scalar)."""
@@ -603,11 +667,15 @@ class Store:
             out.setdefault(r.metric, []).append(r.layer)
         return out
 
-    def latest_snapshot(self, metrics: Sequence[str], max_runs: int, max_layers: int) -> tuple[list[m.RunRow],
-                                                                                            list[m.LatestRow]]:
-        """Running runs (most recently updated first, at most ``max_runs``) and their latest values."""
+    def latest_snapshot(self, metrics: Sequence[str], max_runs: int, max_layers: int,
+                        projects: Sequence[str] | None = None) -> tuple[list[m.RunRow], list[m.LatestRow]]:
+        """Running runs (most recently updated first, at most ``max_runs``; of ``projects``, None = all)
+        and their latest values."""
+        where = [m.runs.c.status == "running"]
+        if projects is not None:
+            where.append(m.runs.c.project.in_(list(projects)))
         with self._read() as conn:
-            runs = [_run_row(r) for r in conn.execute(sa.select(m.runs).where(m.runs.c.status == "running")
+            runs = [_run_row(r) for r in conn.execute(sa.select(m.runs).where(*where)
                                                       .order_by(m.runs.c.updated_at.desc()).limit(max_runs))]
             if not runs:
                 return [], []
@@ -634,8 +702,8 @@ class Store:
         )).all()
         h = {r.layer: r.v for r in rows if r.kind == 0}
         ov = {r.layer: r.v for r in rows if r.kind == 1}
-        n = run.config.get("n_layers")
-        n_layers = n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else (max(h) + 1 if h else None)
+        n = _layer_count(run.config)
+        n_layers = n if n is not None else (min(max(h) + 1, MAX_LAYERS) if h else None)
         return m.LambdaState(version=run.lambda_version, step=run.lambda_step, n_layers=n_layers, h=h, overrides=ov)
 
     def set_overrides(self, run_id: str, overrides: dict[int, float | None], who: str,
@@ -735,6 +803,148 @@ class Store:
             return bool(conn.execute(sa.update(m.tokens).where(m.tokens.c.id == token_id).values(
                 revoked_at=time.time() if now is None else now)).rowcount)
 
+    # --- runs by name, by what happened in them, and whole-run history -----------------------
+
+    def get_run_by_name(self, project: str, name: str) -> m.RunRow:
+        """The run ``project/name``.
+
+        Raises:
+            NotFound: no such run.
+        """
+        with self._read() as conn:
+            return self._get(conn, sa.and_(m.runs.c.project == project, m.runs.c.name == name))
+
+    def has_points(self, run: m.RunRow, metric: str, head: int) -> bool:
+        """Whether the run stored any point of ``metric`` for ``head`` (-1: layer values and scalars)."""
+        p = m.points
+        with self._read() as conn:
+            metric_id = self._metric_id(conn, metric)
+            if metric_id is None:
+                return False
+            q = sa.select(sa.literal(1)).where(p.c.run_pk == run.pk, p.c.metric_id == metric_id, p.c.head == head)
+            return conn.execute(q.limit(1)).first() is not None
+
+    def search_runs(self, *, projects: Sequence[str] | None, status: str | None = None, name: str | None = None,
+                    created: tuple[float | None, float | None] = (None, None),
+                    updated: tuple[float | None, float | None] = (None, None),
+                    ever_above: tuple[str, float] | None = None, latest_above: tuple[str, float] | None = None,
+                    alerts: Sequence[tuple[Sequence[str], bool]] = (), limit: int = 100,
+                    offset: int = 0) -> tuple[list[m.RunRow], int]:
+        """Runs matching every filter given, newest activity first, and their count.
+
+        Args:
+            projects: the projects to look in; None = all.
+            created, updated: (after, before) bounds in epoch seconds, inclusive; None = open.
+            ever_above: (metric, x): some layer value or scalar of ``metric``, at any step of any
+                attempt, was above x (NaN never is; +inf always is).
+            latest_above: (metric, x): the latest value of some layer (or the scalar) is above x.
+            alerts: (rule names, wanted) pairs: the run has (wanted True) or has not (False) had
+                an alert, firing or resolved, of one of the rules.
+        """
+        r = m.runs
+        where = []
+        if projects is not None:
+            where.append(r.c.project.in_(list(projects)))
+        where += [r.c.status == status] if status else []
+        where += [r.c.name == name] if name else []
+        for column, (after, before) in ((r.c.created_at, created), (r.c.updated_at, updated)):
+            where += [column >= after] if after is not None else []
+            where += [column <= before] if before is not None else []
+        with self._read() as conn:
+            if ever_above is not None:
+                where.append(self._ever_above(conn, *ever_above))
+            if latest_above is not None:
+                lt = m.latest
+                where.append(sa.exists().where(lt.c.run_pk == r.c.pk, lt.c.metric == latest_above[0],
+                                               lt.c.value > latest_above[1]))
+            for rules, wanted in alerts:
+                a = m.alerts
+                had = sa.exists().where(a.c.run_pk == r.c.pk, a.c.rule.in_(list(rules)))
+                where.append(had if wanted else ~had)
+            count = conn.execute(sa.select(sa.func.count()).select_from(r).where(*where)).scalar()
+            rows = conn.execute(sa.select(r).where(*where).order_by(r.c.updated_at.desc(), r.c.pk.desc())
+                                .limit(limit).offset(offset)).all()
+        return [_run_row(row) for row in rows], int(count or 0)
+
+    def _ever_above(self, conn: sa.Connection, metric: str, threshold: float) -> sa.ColumnElement[bool]:
+        metric_id = self._metric_id(conn, metric)
+        if metric_id is None:
+            return sa.false()
+        p = m.points
+        # An index range per run: (run_pk, metric_id, head) is the primary key's prefix.
+        return sa.exists().where(p.c.run_pk == m.runs.c.pk, p.c.metric_id == metric_id, p.c.head == m.LAYER_VALUE,
+                                 p.c.value > threshold)
+
+    def history(self, run: m.RunRow, metrics: Sequence[str], *, start: int | None = None, end: int | None = None,
+                attempt: int | None = None, max_points: int | None = None) -> dict[str, m.Heatmap]:
+        """Every layer value and run-level scalar of ``metrics``, unbucketed: per metric, steps x layers.
+
+        Layer values come from the frames (one row per report and metric, as the heatmap reads
+        them), scalars from the points, as layer -1. Per (step, layer) the latest attempt that
+        logged it wins, unless ``attempt`` picks one. A cell is None where nothing was measured;
+        a metric without values in the range is absent.
+
+        Raises:
+            Invalid: the answer would hold more than ``max_points`` values.
+        """
+        rows = self._history_rows(run, metrics, start, end, attempt, max_points)
+        return {name: _grid(frames.merge_steps(r[1:] for r in fr), sc) for name, (fr, sc) in rows.items()}
+
+    def history_doubles(self, run: m.RunRow, metrics: Sequence[str], *, start: int | None = None,
+                        end: int | None = None, attempt: int | None = None,
+                        max_points: int | None = None) -> dict[str, tuple[list[int], list[int], bytes, bytes | None]]:
+        """:meth:`history` as float64 bytes: per metric (steps, layers, values, measured).
+
+        ``values`` holds the steps x layers doubles, step-major, in native byte order, NaN where
+        nothing was measured; ``measured`` one byte per value (1: measured), or None when all were.
+        A metric stored as one full frame per step (one attempt, every layer reported at once: the
+        usual run) is its frames' bytes as stored, with no value handled one by one.
+        """
+        out = {}
+        for name, (fr, sc) in self._history_rows(run, metrics, start, end, attempt, max_points).items():
+            if not sc and _one_full_frame_per_step(fr):
+                out[name] = ([r[1] for r in fr], list(range(len(fr[0][2]) // 8)), b"".join(r[2] for r in fr), None)
+            else:
+                out[name] = _doubles(_grid(frames.merge_steps(r[1:] for r in fr), sc))
+        return out
+
+    def _history_rows(self, run: m.RunRow, metrics: Sequence[str], start: int | None, end: int | None,
+                      attempt: int | None, max_points: int | None) -> dict[str, tuple[list, list]]:
+        """Per metric with values: its frame rows (metric id, step, vals, present, has_nan) in (step, attempt)
+        order, and its scalar points (step, value) in the merged view (or of ``attempt``)."""
+        f, p = m.frames, m.points
+        with self._read() as conn:
+            ids = {i: name for name in metrics if (i := self._metric_id(conn, name)) is not None}
+            if not ids:
+                return {}
+            fw = [f.c.run_pk == run.pk, f.c.metric_id.in_(list(ids))]
+            fw += [f.c.step >= start] if start is not None else []
+            fw += [f.c.step <= end] if end is not None else []
+            fw += [f.c.attempt == attempt] if attempt is not None else []
+            frame_rows = conn.execute(sa.select(f.c.metric_id, f.c.step, f.c.vals, f.c.present, f.c.has_nan)
+                                      .where(*fw).order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask)).all()
+            values = sum(len(row[2]) for row in frame_rows) // 8
+            if max_points is not None and values > max_points:
+                raise Invalid(f"the history holds {values} values, more than {max_points} in one answer: "
+                              "ask for fewer metrics or a step range (start, end)")
+            pw = [p.c.run_pk == run.pk, p.c.metric_id.in_(list(ids)), p.c.head == m.LAYER_VALUE,
+                  p.c.layer == m.RUN_SCALAR, *_step_range(start, end)]
+            if attempt is not None:
+                pw.append(p.c.attempt == attempt)
+            elif run.latest_attempt > 1:
+                q = m.points.alias("newer")
+                pw.append(~sa.exists().where(q.c.run_pk == p.c.run_pk, q.c.metric_id == p.c.metric_id,
+                                             q.c.head == p.c.head, q.c.layer == p.c.layer, q.c.step == p.c.step,
+                                             q.c.attempt > p.c.attempt))
+            scalar_rows = conn.execute(sa.select(p.c.metric_id, p.c.step, p.c.value).where(*pw)
+                                       .order_by(p.c.metric_id, p.c.step)).all()
+        by_metric: dict[int, tuple[list, list]] = {i: ([], []) for i in ids}
+        for row in frame_rows:
+            by_metric[row[0]][0].append(row)
+        for row in scalar_rows:
+            by_metric[row.metric_id][1].append((row.step, _nan(row.value)))
+        return {ids[i]: (fr, sc) for i, (fr, sc) in by_metric.items() if fr or sc}
+
 
 def _step_range(start: int | None, end: int | None) -> list:
     out = []
@@ -764,3 +974,46 @@ def _pivot(rows: Sequence[sa.Row], downsampled: bool) -> m.Heatmap:
             steps[i], first[i] = step, False
         values[i][li[layer]] = _agg(value, non_null)
     return m.Heatmap(steps, layers, values, downsampled)
+
+
+def _grid(steps: list, scalars: list[tuple[int, float]]) -> m.Heatmap:
+    """Merged frames (``frames.merge_steps``) and scalar points -> a steps x layers grid (layer -1: the scalar)."""
+    n = max((len(s.values) for s in steps), default=0)
+    seen = [False] * n
+    for s in steps:
+        if s.clean:
+            seen[: len(s.values)] = [True] * len(s.values)
+        else:
+            for i, v in enumerate(s.values):
+                seen[i] = seen[i] or v is not None
+    layers = [i for i in range(n) if seen[i]]
+    rows = {s.step: s.values if len(s.values) == n else s.values + [None] * (n - len(s.values)) for s in steps}
+    if len(layers) < n:
+        rows = {step: [row[i] for i in layers] for step, row in rows.items()}
+    if not scalars:
+        return m.Heatmap(list(rows), layers, list(rows.values()), False)
+    by_step = dict(scalars)
+    order = sorted(rows.keys() | by_step.keys())
+    empty = [None] * len(layers)
+    return m.Heatmap(order, [m.RUN_SCALAR, *layers], [[by_step.get(s), *rows.get(s, empty)] for s in order], False)
+
+
+def _one_full_frame_per_step(rows: list) -> bool:
+    """Frame rows (metric id, step, vals, present, has_nan) that are the grid as they are: one per step,
+    every layer."""
+    return bool(rows) and all(r[3] is None for r in rows) and len({len(r[2]) for r in rows}) == 1 and \
+        all(a[1] < b[1] for a, b in pairwise(rows))
+
+
+def _doubles(grid: m.Heatmap) -> tuple[list[int], list[int], bytes, bytes | None]:
+    """A grid -> (steps, layers, float64 bytes step-major with NaN where not measured, measured bytes or None)."""
+    vals, measured, holes = array("d"), bytearray(), False
+    for row in grid.values:
+        if None in row:
+            holes = True
+            vals.extend(math.nan if v is None else v for v in row)
+            measured += bytes(v is not None for v in row)
+        else:
+            vals.extend(row)
+            measured += b"\x01" * len(row)
+    return grid.steps, grid.layers, vals.tobytes(), bytes(measured) if holes else None

@@ -95,34 +95,120 @@ def test_weight_metrics_match_the_checkpoint_view(tmp_path: Path) -> None:
             assert report["layers"][name][layer] == pytest.approx(offline.layers[layer][name], rel=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "bert", "nanogpt"])
-def test_adapters_find_every_layer(kind: str, tmp_path: Path) -> None:
+def weight_reference(wq: np.ndarray, wk: np.ndarray, n_heads: int) -> dict[str, float]:
+    """A layer's qkai, stable_rank and qk_cos from float64 numpy: ``nn.Linear`` layout in
+    (``(n_heads * d_head, d_model)``, rows of head h together), SVDs of each head."""
+    d_head = wq.shape[0] // n_heads
+    qkai, srank = [], []
+    for h in range(n_heads):
+        q, k = wq[h * d_head : (h + 1) * d_head].T, wk[h * d_head : (h + 1) * d_head].T  # (d_model, d_head)
+        uq, uk = np.linalg.svd(q, full_matrices=False)[0], np.linalg.svd(k, full_matrices=False)[0]
+        qkai.append(np.mean(np.linalg.svd(uq.T @ uk, compute_uv=False) ** 2))
+        s = np.linalg.svd(q @ k.T, compute_uv=False)
+        srank.append((s**2).sum() / s[0] ** 2)
+    cos = np.abs((wq * wk).sum(1)) / (np.linalg.norm(wq, axis=1) * np.linalg.norm(wk, axis=1))
+    return {"qkai": float(np.mean(qkai)), "stable_rank": float(np.mean(srank)), "qk_cos": float(cos.mean())}
+
+
+def entropy_reference(p: np.ndarray, causal: bool) -> float:
+    """Mean normalised entropy of attention probabilities ``p (B, H, T, T)`` over every row that sees
+    more than one key (causal: row i sees i + 1 keys, normalised by log(i + 1); otherwise log T)."""
+    t = p.shape[-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)  # (B, H, T)
+    if not causal:
+        return float((h / np.log(t)).mean())
+    return float((h[..., 1:] / np.log(np.arange(2, t + 1))).mean())
+
+
+def causal_probs(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """softmax(q k^T / sqrt(d_head)) with the causal mask; q, k ``(B, H, T, d_head)``."""
+    t = q.shape[-2]
+    logits = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    logits = np.where(np.tril(np.ones((t, t), dtype=bool)), logits, -np.inf)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    return p / p.sum(-1, keepdims=True)
+
+
+def _adapter_model(kind: str):
+    """The model, its per-layer (W_Q, W_K) in ``nn.Linear`` layout read here from each layout, its heads.
+
+    Queries and keys are scaled up so that attention is sharp (at initialisation it is nearly
+    uniform, where every entropy reads about 1 whatever is measured).
+    """
     if kind == "nanogpt":
         model = TinyGPT()
-    else:
-        from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+        d = model.h[0].attn.c_attn.in_features
+        with torch.no_grad():
+            for block in model.h:
+                block.attn.c_attn.weight[: 2 * d].mul_(3.0)
+        weights = [(b.attn.c_attn.weight[:d], b.attn.c_attn.weight[d : 2 * d]) for b in model.h]  # rows [q; k; v]
+        return model, weights, model.h[0].attn.n_head
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
 
-        model = (
-            GPT2LMHeadModel(GPT2Config(n_embd=32, n_head=4, n_layer=3, vocab_size=50, n_positions=64))
-            if kind == "gpt2"
-            else BertModel(
-                BertConfig(
-                    hidden_size=32, num_attention_heads=4, num_hidden_layers=3, intermediate_size=64, vocab_size=50
-                )
-            )
+    if kind == "gpt2":
+        config = GPT2Config(
+            n_embd=32, n_head=4, n_layer=3, vocab_size=50, n_positions=64, bos_token_id=0, eos_token_id=0
         )
-    n_layers = 4 if kind == "nanogpt" else 3
+        model = GPT2LMHeadModel(config).eval()  # eval: no dropout between the two forwards
+        with torch.no_grad():
+            for block in model.transformer.h:
+                block.attn.c_attn.weight[:, :64].mul_(12.0)
+        # Conv1D: (d_model, 3 d_model), columns [q | k | v]
+        weights = [(b.attn.c_attn.weight[:, :32].T, b.attn.c_attn.weight[:, 32:64].T) for b in model.transformer.h]
+        return model, weights, 4
+    config = BertConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=3, intermediate_size=64, vocab_size=50)
+    model = BertModel(config).eval()
+    with torch.no_grad():
+        for layer in model.encoder.layer:
+            layer.attention.self.query.weight.mul_(12.0)
+            layer.attention.self.key.weight.mul_(12.0)
+    weights = [(x.attention.self.query.weight, x.attention.self.key.weight) for x in model.encoder.layer]
+    return model, weights, 4
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "nanogpt"])
+def test_adapters_find_every_layer(kind: str, tmp_path: Path) -> None:
+    """Each adapter reads the right W_Q and W_K (Conv1D's transposed fused layout, BERT's separate
+    projections, nanoGPT's fused Linear) and taps the queries and keys the model attends with: the
+    report against numpy on the weights and on attention computed outside the agent (the model's
+    own eager attention for the HF models, softmax of ``c_attn``'s output for nanoGPT)."""
+    model, weights, n_heads = _adapter_model(kind)
+    n_layers = len(weights)
+    x = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(3))
     a = agent.attach(model, spool=str(tmp_path), run=kind, every=1, **OFFLINE)
     a.step(0)
     with torch.no_grad():
-        model(torch.randint(0, 50, (2, 24)))
+        model(x)
     (report,) = spooled(a)
+    assert "events" not in report  # no missing layers
+    assert a.sites[0].causal is (kind != "bert")  # BERT is not causal: every row sees every key
     for name in ("qkai", "stable_rank", "attn_entropy", "pr_q", "qk_erank"):
         values = report["layers"][name]
         assert len(values) == n_layers and all(isinstance(v, float) and math.isfinite(v) for v in values), name
-    assert "events" not in report  # no missing layers
-    if kind == "bert":  # non-causal: every row sees every key
-        assert a.sites[0].causal is False
+    with torch.no_grad():
+        if kind == "nanogpt":
+            outputs = []
+            handles = [b.attn.c_attn.register_forward_hook(lambda m, i, o: outputs.append(o)) for b in model.h]
+            model(x)
+            for handle in handles:
+                handle.remove()
+            d = 32
+            probs = []
+            for out in outputs:  # (B, T, 3 d): [q | k | v], heads side by side
+                q, k = (out[..., i * d : (i + 1) * d].double().numpy() for i in (0, 1))
+                q, k = (z.reshape(2, 24, n_heads, -1).transpose(0, 2, 1, 3) for z in (q, k))  # (B, H, T, hs)
+                probs.append(causal_probs(q, k))
+        else:
+            model.set_attn_implementation("eager")
+            probs = [p.double().numpy() for p in model(x, output_attentions=True).attentions]
+    entropies = [entropy_reference(p, causal=kind != "bert") for p in probs]
+    assert min(entropies) > 0.2 and max(entropies) < 0.9  # sharp enough to tell rows and keys apart
+    for layer, (wq, wk) in enumerate(weights):
+        want = weight_reference(wq.detach().double().numpy(), wk.detach().double().numpy(), n_heads)
+        for name in ("qkai", "stable_rank", "qk_cos"):
+            assert report["layers"][name][layer] == pytest.approx(want[name], rel=1e-4, abs=1e-6), (name, layer)
+        assert report["layers"]["attn_entropy"][layer] == pytest.approx(entropies[layer], abs=1e-4), layer
 
 
 def test_unknown_model_lists_what_it_saw() -> None:
@@ -132,6 +218,9 @@ def test_unknown_model_lists_what_it_saw() -> None:
 
 
 def test_explicit_mapping(tmp_path: Path) -> None:
+    """A model no adapter knows, named by a Mapping (separate q and k projections, 2 heads, causal
+    by default): the report against numpy on its weights and on its projections' outputs."""
+
     class Attn(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -140,7 +229,12 @@ def test_explicit_mapping(tmp_path: Path) -> None:
         def forward(self, x):
             return self.wq(x) + self.wk(x)
 
+    torch.manual_seed(0)
     model = torch.nn.ModuleDict({"layers": torch.nn.ModuleList(Attn() for _ in range(2))})
+    with torch.no_grad():
+        for layer in model["layers"]:  # sharp attention (see _adapter_model)
+            layer.wq.weight.mul_(4.0)
+            layer.wk.weight.mul_(4.0)
     sites = find_sites(model, agent.Mapping(q="layers.{i}.wq", k="layers.{i}.wk", n_heads=2))
     assert [s.layer for s in sites] == [0, 1] and sites[0].d_head == 8
     a = agent.attach(
@@ -152,10 +246,21 @@ def test_explicit_mapping(tmp_path: Path) -> None:
         **OFFLINE,
     )
     a.step(0)
-    for layer in model["layers"]:
-        layer(torch.randn(1, 10, 16))
+    inputs = [torch.randn(1, 10, 16, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    for layer, x in zip(model["layers"], inputs, strict=True):
+        layer(x)
     (report,) = spooled(a)
-    assert all(isinstance(v, float) for v in report["layers"]["attn_entropy"])
+    for i, (layer, x) in enumerate(zip(model["layers"], inputs, strict=True)):
+        wq, wk = (m.weight.detach().double().numpy() for m in (layer.wq, layer.wk))
+        want = weight_reference(wq, wk, 2)
+        for name in ("qkai", "stable_rank", "qk_cos"):
+            assert report["layers"][name][i] == pytest.approx(want[name], rel=1e-4, abs=1e-6), (name, i)
+        xs = x.double().numpy()[0]  # (T, d_model)
+        q = (xs @ wq.T + layer.wq.bias.detach().double().numpy()).reshape(1, 10, 2, 8).transpose(0, 2, 1, 3)
+        k = (xs @ wk.T + layer.wk.bias.detach().double().numpy()).reshape(1, 10, 2, 8).transpose(0, 2, 1, 3)
+        entropy = entropy_reference(causal_probs(q, k), causal=True)
+        assert 0.2 < entropy < 0.9
+        assert report["layers"]["attn_entropy"][i] == pytest.approx(entropy, abs=1e-4), i
 
 
 def test_missing_layers_are_reported_on_the_first_report(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -71,6 +73,57 @@ def test_corruption_in_the_middle_is_skipped(tmp_path: Path) -> None:
     data[middle + 2] ^= 0xFF  # a flipped bit: the checksum fails
     segment.write_bytes(bytes(data))
     assert reports(Spool(tmp_path)) == [0, 2, 3]
+
+
+def records_of(path: Path) -> list[tuple[int, bytes]]:
+    """(offset, payload) of each record of a segment, parsed here from the documented format
+    ``MAGIC | u32 length | u32 crc32(payload) | payload`` (little endian), not with the spool's reader."""
+    data, out, pos = path.read_bytes(), [], 0
+    while pos < len(data):
+        assert data[pos : pos + 4] == b"QKW1"
+        (length,) = struct.unpack_from("<I", data, pos + 4)
+        out.append((pos, data[pos + 12 : pos + 12 + length]))
+        pos += 12 + length
+    return out
+
+
+def test_a_changed_digit_that_leaves_valid_json_is_caught_by_the_checksum(tmp_path: Path) -> None:
+    """Corruption the JSON parser cannot see: only the CRC tells the changed record from a good one."""
+    written = [{"step": step, "loss": 0.125 + step} for step in range(4)]
+    spool = Spool(tmp_path)
+    for payload in written:
+        spool.append(payload)
+    spool.close()
+    (segment,) = tmp_path.glob("seg-*.log")
+    offset, payload = records_of(segment)[1]
+    data = bytearray(segment.read_bytes())
+    digit = offset + 12 + payload.index(b"1.125") + 2  # "1.125" -> "1.725": still a valid report
+    data[digit : digit + 1] = b"7"
+    assert json.loads(data[offset + 12 : offset + 12 + len(payload)]) == {"step": 1, "loss": 1.725}
+    segment.write_bytes(bytes(data))
+    survivors = [r.payload for r in Spool(tmp_path).pending(100)]
+    assert survivors == [written[0], written[2], written[3]]  # the changed one is dropped, not delivered
+
+
+@pytest.mark.parametrize("delta", [-1, 1, 7, 10_000])
+def test_a_corrupted_length_field_in_the_middle_loses_only_that_record(tmp_path: Path, delta: int) -> None:
+    """A wrong length, shorter, longer, or past the end of the segment (which must not be taken for
+    a torn tail: the records after it are intact and must be neither skipped nor truncated)."""
+    spool = Spool(tmp_path)
+    for step in range(4):
+        spool.append({"step": step, "loss": 0.5})
+    spool.close()
+    (segment,) = tmp_path.glob("seg-*.log")
+    offset, payload = records_of(segment)[1]
+    data = bytearray(segment.read_bytes())
+    struct.pack_into("<I", data, offset + 4, len(payload) + delta)
+    segment.write_bytes(bytes(data))
+    size = len(data)
+    reopened = Spool(tmp_path)  # a new owner: recovers the tail of the newest segment
+    assert reports(reopened) == [0, 2, 3]
+    assert segment.stat().st_size == size  # nothing after the damaged record was cut off as a "torn tail"
+    reopened.append({"step": 4})
+    assert reports(reopened) == [0, 2, 3, 4]
 
 
 def test_size_cap_drops_oldest_segments_and_counts(tmp_path: Path) -> None:

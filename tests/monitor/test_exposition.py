@@ -17,7 +17,7 @@ def db_url(isolated_db_url: str) -> str:
 
 
 def scrape(h) -> dict[str, list]:
-    text = h.client.get("/metrics").text
+    text = h.client.get("/metrics", headers=h.headers("read")).text
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
 
 
@@ -119,7 +119,7 @@ def test_server_errors_are_counted_by_route_template(make_harness, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(h.store, "list_runs", broken)  # a failure below the route, as a dropped database gives
+    monkeypatch.setattr(h.store, "search_runs", broken)  # a failure below the route, as a dropped database gives
     client = TestClient(h.app, raise_server_exceptions=False)  # answer the 500 as a server would
     assert client.get("/v1/runs", headers=h.headers("read")).status_code == 500
     assert client.get("/v1/runs/nope", headers=h.headers("read")).status_code == 404

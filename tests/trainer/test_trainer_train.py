@@ -6,11 +6,14 @@ import dataclasses
 import json
 import logging
 
+import numpy as np
 import pytest
 import torch
 
 from agent.metrics import qkai, split_heads
 from trainer.checkpoint import FORMAT, export_model, load_exported
+from trainer.init import init_weights
+from trainer.model import GPT
 from trainer.monitoring import NullMonitor, open_monitor
 from trainer.raa import ScheduleConfig
 from trainer.train import run
@@ -98,8 +101,23 @@ class RecordingMonitor:
         pass
 
 
+def numpy_par(wq: np.ndarray, wk: np.ndarray, n_heads: int, n_kv_heads: int, tau_factor: float) -> float:
+    """``sum_h ReLU(sum_i c_i^2 - tau)^2``, tau = tau_factor * d_head, from float64 SVDs of each head
+    (``nn.Linear`` layout in: rows ``h * d_head ...`` are head h; query head h reads key head h // group)."""
+    d_head = wq.shape[0] // n_heads
+    group = n_heads // n_kv_heads
+    total = 0.0
+    for h in range(n_heads):
+        g = h // group
+        uq = np.linalg.svd(wq[h * d_head : (h + 1) * d_head].T, full_matrices=False)[0]
+        uk = np.linalg.svd(wk[g * d_head : (g + 1) * d_head].T, full_matrices=False)[0]
+        overlap = (np.linalg.svd(uq.T @ uk, compute_uv=False) ** 2).sum()
+        total += max(overlap - tau_factor * d_head, 0.0) ** 2
+    return total
+
+
 def test_the_loop_calls_the_monitor_in_order_and_applies_its_lambdas(tiny_run, tmp_path):
-    cfg = tiny_run(steps=3, init={"qk_regime": "qk_identical", "qk_layers": [1, 2]})
+    cfg = tiny_run(steps=3, init={"qk_regime": "qk_identical", "qk_layers": [1, 3]})
     advice = [0.0, 2e-3, 0.0, 5e-3]  # e.g. an operator override of layers 1 and 3
     monitor = RecordingMonitor(advice)
     run(cfg, tmp_path, monitor=monitor)
@@ -112,10 +130,28 @@ def test_the_loop_calls_the_monitor_in_order_and_applies_its_lambdas(tiny_run, t
         layers = next(c[2] for c in monitor.calls if c[0] == "log_layers" and c[1] == step)
         assert layers["lambda"] == advice  # the lambda metric shows what was applied
         par = layers["par"]
-        assert par.shape == (4,) and par[0] == 0 and par[2] == 0 and par[1] > 0  # layer 1 starts aligned
+        assert par.shape == (4,) and par[0] == 0 and par[2] == 0 and par[1] > 0  # layers 1 and 3 start aligned
         scalars = next(c[2] for c in monitor.calls if c[0] == "log" and c[1] == step)
         assert set(scalars) == {"loss", "lr", "grad_norm", "par"}
-        torch.testing.assert_close(scalars["par"], (2e-3 * par[1] / 2e-3 + 5e-3 * par[3] / 5e-3).reshape(()))
+        torch.testing.assert_close(scalars["par"], par.sum())  # the loss term is the sum of the layers' terms
+    # Step 0 trains the initial weights, which depend on the config and seed alone: rebuilt here,
+    # each layer's PAR_l comes from numpy SVDs, and the loss term must be sum_l k lambda_l PAR_l.
+    model = GPT(cfg.model_config())
+    init_weights(model, cfg.init, cfg.seed)
+    raa = cfg.raa
+    reference = []
+    for block in model.blocks:
+        attn = block.attn
+        wq, wk = (w.detach().double().numpy() for w in (attn.q_proj.weight, attn.k_proj.weight))
+        reference.append(numpy_par(wq, wk, attn.n_heads, attn.n_kv_heads, raa.tau_factor))
+    d_head, n_heads = model.blocks[1].attn.d_head, model.blocks[1].attn.n_heads
+    aligned = n_heads * (d_head * (1 - raa.tau_factor)) ** 2  # every c_i = 1
+    assert reference[1] == pytest.approx(aligned, rel=1e-5) and reference[3] == pytest.approx(aligned, rel=1e-5)
+    expected = [raa.every * lam * p for lam, p in zip(advice, reference, strict=True)]
+    first_layers = next(c[2] for c in monitor.calls if c[0] == "log_layers" and c[1] == 0)
+    first = next(c[2] for c in monitor.calls if c[0] == "log" and c[1] == 0)
+    np.testing.assert_allclose(first_layers["par"].double().numpy(), expected, rtol=1e-4, atol=1e-9)
+    assert first["par"].item() == pytest.approx(sum(expected), rel=1e-4)
 
 
 def test_open_monitor_attaches_the_agent_only_with_a_collector(monkeypatch, tmp_path, tiny_model):

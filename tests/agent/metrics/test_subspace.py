@@ -122,10 +122,22 @@ def test_random_subspaces_average_r_over_d_model() -> None:
 
 
 def test_stable_rank_of_prescribed_spectrum() -> None:
-    # M = Wq Wk^T with Wq = U diag(s), Wk = V: the singular values of M are s exactly.
+    # M = Wq Wk^T with Wq = U A, Wk = V B and A B^T = X diag(s) Y^T (X, Y orthogonal): the singular
+    # values of M are s exactly. B is a dense random matrix and A = X diag(s) Y^T B^{-T}, so neither
+    # Gram (A^T A, B^T B) is diagonal and their Cholesky factors are full triangles: the core
+    # Rq Rk^T differs from its transposes, and only the right one has the singular values s.
     s = np.array([4.0, 2.0, 2.0, 1.0, 0.5, 0.5, 0.25, 0.1])
-    wq = orthonormal(64, 8) * s
-    wk = orthonormal(64, 8)
+    x, y = orthonormal(8, 8), orthonormal(8, 8)
+    b = RNG.standard_normal((8, 8)) + 3 * np.eye(8)  # well conditioned: the closed form holds to ~1e-13
+    a = x @ np.diag(s) @ y.T @ np.linalg.inv(b).T
+    wq, wk = orthonormal(64, 8) @ a, orthonormal(64, 8) @ b
+    lq, lk = np.linalg.cholesky(wq.T @ wq), np.linalg.cholesky(wk.T @ wk)
+    below = np.tril_indices(8, -1)
+    for chol in (lq, lk):  # full triangles, not diagonals
+        assert np.abs(chol[below]).max() > 0.1 * np.abs(np.diag(chol)).max()
+    for wrong in (lq @ lk.T, lq.T @ lk.T, lq @ lk):  # what a transposed core would measure
+        sv = np.linalg.svd(wrong, compute_uv=False)
+        assert abs((sv**2).sum() / sv[0] ** 2 - (s**2).sum() / 16.0) > 0.05
     assert abs(stable_rank(t(wq), t(wk)).item() - (s**2).sum() / 16.0) < 1e-12
     flat = stable_rank(t(orthonormal(64, 8)), t(orthonormal(64, 8)))
     assert abs(flat.item() - 8.0) < 1e-9  # all singular values equal -> d_head
@@ -141,16 +153,22 @@ def test_stable_rank_matches_forming_the_product() -> None:
 
 @pytest.mark.parametrize("kappa", [1.0, 30.0, 1e3, 1e5, 1e8])
 def test_float32_stays_within_accuracy_at_any_conditioning(kappa: float) -> None:
-    """The cascade recomputes ill-conditioned heads, so float32 inputs keep ACCURACY."""
+    """The cascade recomputes ill-conditioned heads, so float32 inputs keep ACCURACY.
+
+    ACCURACY bounds the error from the computation, on the weights as given. Rounding the
+    weights to float32 moves the answer too (by 3.6e-4 from the construction's exact value at
+    kappa 1e8, when the smallest directions are of the size of the rounding): that is the input,
+    not the computation, so the reference is numpy's float64 SVD of the very float32 weights.
+    """
     cosines = np.sqrt(RNG.uniform(0, 1, 32))
     uq, uk = pair_with_angles(256, cosines)
     spectrum = np.logspace(0, -math.log10(kappa), 32)
     wq = uq @ (orthonormal(32, 32) * spectrum) @ orthonormal(32, 32)
     wk = uk @ RNG.standard_normal((32, 32))
-    got = qkai(t(wq, torch.float32), t(wk, torch.float32))
-    want = np.mean(cosines**2)
-    # float32 rounding of the inputs themselves perturbs small directions by ~u*kappa
-    assert abs(got.item() - want) < ACCURACY + 32 * 6e-8 * kappa / 32
+    wq32, wk32 = t(wq, torch.float32), t(wk, torch.float32)
+    got = qkai(wq32, wk32)
+    want = reference_qkai(wq32.double().numpy(), wk32.double().numpy(), 32)
+    assert abs(got.item() - want) < ACCURACY
 
 
 def test_rank_deficient_and_non_finite_heads_give_nan_not_a_crash() -> None:
@@ -235,12 +253,38 @@ def test_seed001_initial_alignments() -> None:
     assert torch.allclose(qkai(split_heads(wq_dis, n_heads), split_heads(wk_dis, n_heads)), torch.zeros(n_heads))
 
 
-def test_geometry_shares_one_pass_and_agrees() -> None:
-    wq, wk = torch.randn(2, 3, 5, 40, 10)
-    geo = geometry(wq, wk)
-    assert torch.allclose(geo["qkai"], qkai(wq, wk))
-    assert torch.allclose(geo["stable_rank"], stable_rank(wq, wk))
-    assert torch.allclose(geometry(wq, wk, rank=4)["qkai"], qkai(wq, wk, rank=4))
+def reference_qk_cos(wq: np.ndarray, wk: np.ndarray) -> float:
+    """Mean over the head's columns j (its output features) of |cos(Wq[:, j], Wk[:, j])|."""
+    cos = [abs(wq[:, j] @ wk[:, j]) / (np.linalg.norm(wq[:, j]) * np.linalg.norm(wk[:, j])) for j in range(wq.shape[1])]
+    return float(np.mean(cos))
+
+
+def test_geometry_matches_independent_float64_references() -> None:
+    """What the agent reports, head by head, against numpy's float64 SVDs and column cosines.
+
+    Float32 weights (as the agent reads them) of 3 layers, 4 query heads on 2 key heads (query
+    head h reads key head h // 2), with one ill-conditioned head (recomputed by the cascade) and
+    one nearly aligned pair; the references take the same float32 values, in float64.
+    """
+    layers, heads, kv, d_model, d_head = 3, 4, 2, 40, 10
+    wq = RNG.standard_normal((layers, heads, d_model, d_head))
+    wk = RNG.standard_normal((layers, kv, d_model, d_head))
+    wq[1, 2] = wq[1, 2] @ np.diag(np.logspace(0, -5, d_head))  # kappa 1e5
+    wk[2, 0] = wq[2, 1] @ RNG.standard_normal((d_head, d_head)) + 0.05 * RNG.standard_normal((d_model, d_head))
+    wq32, wk32 = t(wq, torch.float32), t(wk, torch.float32)
+    q, k = wq32.double().numpy(), wk32.double().numpy()
+    geo, top4 = geometry(wq32, wk32), geometry(wq32, wk32, rank=4)
+    for name in ("qkai", "stable_rank", "qk_cos"):
+        assert geo[name].shape == (layers, heads) and geo[name].dtype == torch.float32
+    for layer in range(layers):
+        for h in range(heads):
+            wq_h, wk_h = q[layer, h], k[layer, h // 2]
+            at = (layer, h)
+            assert abs(geo["qkai"][at].item() - reference_qkai(wq_h, wk_h, d_head)) < ACCURACY, at
+            assert abs(top4["qkai"][at].item() - reference_qkai(wq_h, wk_h, 4)) < ACCURACY, at
+            assert geo["stable_rank"][at].item() == pytest.approx(reference_stable_rank(wq_h, wk_h), rel=1e-5), at
+            assert geo["qk_cos"][at].item() == pytest.approx(reference_qk_cos(wq_h, wk_h), abs=1e-6), at
+    assert geo["qkai"][2, 1].item() > 0.95  # the nearly aligned pair reads as nearly aligned
 
 
 @pytest.mark.parametrize(

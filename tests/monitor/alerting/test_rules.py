@@ -70,7 +70,7 @@ def test_rules_file_parsing_and_errors():
         ({"rules": [{"name": "a", "colour": 1}]}, "colour"),
         ({"alerts": []}, "alerts"),
         ({"rules": [{"name": "a"}, {"name": "a"}]}, "twice"),
-        ({"webhooks": ["ftp://x"]}, "webhooks"),
+        ({"rules": [], "webhooks": ["ftp://x"]}, "webhooks"),
     ):
         with pytest.raises(ValueError, match=needle):
             RuleSet.from_mapping(bad)

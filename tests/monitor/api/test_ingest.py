@@ -68,7 +68,7 @@ def test_bare_nan_is_refused_naming_the_field_and_nothing_is_stored(h):
     assert r.status_code == 422
     assert r.json()["detail"][0]["loc"] == ["body", "reports", 1, "layers", "qkai", 1]
     assert "nan" in r.json()["detail"][0]["msg"]
-    assert h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=0)["steps"] == []
+    h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=0, expect=404)  # nothing was stored
 
 
 def test_wrong_type_and_missing_field_name_the_field(h):
@@ -111,7 +111,7 @@ def test_body_over_the_limit_is_413_before_reading(make_harness):
         headers={**h.headers("ingest"), "content-type": "application/json"},
     )
     assert r.status_code == 413
-    assert h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=0)["steps"] == []
+    h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=0, expect=404)  # nothing was stored
 
 
 def test_too_many_points_is_413(make_harness):
@@ -133,13 +133,14 @@ def test_events_are_stored_once_per_step_and_kind(h):
     h.send(run["id"], [report(7, events=[ev])])
     events = h.get(f"/v1/runs/{run['id']}/events")
     assert events["count"] == 1
-    assert events["data"][0] | {"time": 0} == {
+    assert events["data"][0] | {"time": 0, "time_iso": ""} == {
         "attempt": 1,
         "step": 7,
         "kind": "missing_layers",
         "message": ev["message"],
         "data": {"layers": [3, 4]},
         "time": 0,
+        "time_iso": "",
     }
 
 

@@ -136,7 +136,8 @@ def test_delete_removes_the_run_and_its_points(h):
     h.get(f"/v1/runs/{run['id']}/series", expect=404, metric="qkai", layer=0)
     assert h.get(f"/v1/runs/{keep['id']}/series", metric="qkai", layer=0)["values"] == [0.8]
     again = h.create_run(run["name"])  # the name is free again: a new, empty run
-    assert again["id"] != run["id"] and h.get(f"/v1/runs/{again['id']}/series", metric="qkai", layer=0)["steps"] == []
+    assert again["id"] != run["id"]
+    h.get(f"/v1/runs/{again['id']}/series", metric="qkai", layer=0, expect=404)  # none of the old points
 
 
 def test_retention_deletes_old_finished_runs_only(make_harness):
@@ -171,4 +172,4 @@ def test_heatmap_bucket_ignores_nan_unless_all_nan(h):
     run = h.create_run()
     h.send(run["id"], [report(0, {"qkai": ["nan", "nan"]}), report(1, {"qkai": [0.4, "nan"]})])
     assert h.get(f"/v1/runs/{run['id']}/heatmap", metric="qkai", max_steps=1)["values"] == [[0.4, "nan"]]
-    assert h.get(f"/v1/runs/{run['id']}/heatmap", metric="nope")["steps"] == []
+    h.get(f"/v1/runs/{run['id']}/heatmap", metric="nope", expect=404)

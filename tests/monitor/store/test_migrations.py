@@ -11,10 +11,12 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
+from monitor.alerting.rules import RuleSet
 from monitor.store import models as m
 from monitor.store.engine import make_engine
 from monitor.store.migrate import alembic_config, upgrade
 from monitor.store.store import Store
+from monitor.wire import ReportBatch, RunCreate
 
 
 @pytest.fixture
@@ -81,5 +83,30 @@ def test_metric_ids_migration_keeps_points_and_frames(db_url: str):
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM points WHERE metric = 'qkai'")).scalar() == 2
         upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def test_frames_that_disagree_with_their_points_are_repaired(db_url: str):
+    """0005: a frame stored before one value per point held on every read path is rewritten with its points' values."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        _downgrade(engine, "0004")
+        store = Store(engine)
+        run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
+        batch = {"batch_id": str(uuid.uuid4()), "reports": [{"step": 100, "time": 0.0, "layers": {"qkai": [0.1, 0.2]}}]}
+        store.add_reports(run.id, ReportBatch.model_validate(batch), RuleSet.default())
+        with engine.begin() as conn:  # what the collector stored for step 100 re-sent with three layers, before 0005
+            metric_id = conn.execute(sa.text("SELECT id FROM metric_names WHERE name = 'qkai'")).scalar()
+            conn.execute(sa.text("INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
+                                 "VALUES (:pk, :m, -1, 2, 100, 1, 0.9)"), {"pk": run.pk, "m": metric_id})
+            conn.execute(sa.text("INSERT INTO frames (run_pk, metric_id, step, attempt, mask, vals, present, has_nan) "
+                                 "VALUES (:pk, :m, 100, 1, 'a3', :vals, NULL, :f)"),
+                         {"pk": run.pk, "m": metric_id, "vals": array("d", [0.9, 0.9, 0.9]).tobytes(), "f": False})
+        assert store.heatmap(run, "qkai").values == [[0.9, 0.9, 0.9]]  # the second value: the bug
+        upgrade(engine)
+        assert store.heatmap(run, "qkai").values == [[0.1, 0.2, 0.9]]
+        assert [store.series(run, "qkai", la).values for la in range(3)] == [[0.1], [0.2], [0.9]]
     finally:
         engine.dispose()
