@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Agent", "AgentConfig", "Mapping", "ScheduleConfig", "attach"]
+__all__ = ["Agent", "AgentConfig", "Layout", "Mapping", "ScheduleConfig", "attach"]
 
 
 def attach(model: Any, **kwargs: Any) -> Any:
@@ -37,8 +37,8 @@ def __getattr__(name: str) -> Any:
         from monitor.scheduling import ScheduleConfig
 
         return ScheduleConfig
-    if name == "Mapping":
-        from agent.adapters import Mapping
+    if name in ("Layout", "Mapping"):  # Mapping: the older name of an explicit layout
+        from agent.layouts import Layout
 
-        return Mapping
+        return Layout
     raise AttributeError(f"module 'agent' has no attribute {name!r}")

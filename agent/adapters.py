@@ -15,11 +15,16 @@ Known models:
   (``sdpa``, flash, eager: unchanged); the model's config is pointed at it and restored on close.
 * nanoGPT's ``CausalSelfAttention`` (fused ``c_attn``, no rotary embedding): q and k are read
   off ``c_attn``'s output.
-* anything else through an explicit :class:`Mapping`.
+* anything else through an explicit :class:`agent.layouts.Layout` (module paths of the projections,
+  head counts, and the module to tap after RoPE).
+
+Every site read off its projections (the last three kinds) is built by one function,
+:func:`projection_site`; qkwatch's GPT hands over its own weights and tap.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import sys
 from collections.abc import Callable
@@ -29,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from agent.layouts import Layout
 from agent.metrics import split_heads, split_qkv
 
 TapFn = Callable[[Tensor, Tensor], None]
@@ -36,7 +42,7 @@ TapFn = Callable[[Tensor, Tensor], None]
 
 
 class AdapterError(Exception):
-    """No attention found (or a mapping that does not fit); the message lists what was seen."""
+    """No attention found (or a layout that does not fit); the message lists what was seen."""
 
 
 @dataclass
@@ -58,31 +64,65 @@ class Site:
 
 
 @dataclass(frozen=True)
-class Mapping:
-    """Explicit module paths (``{i}`` = layer index) for a model no adapter knows."""
+class Projections:
+    """One layer's query and key projections: separate ``q`` and ``k``, or one fused ``qkv``."""
 
-    q: str | None = None
-    """Query projection (an ``nn.Linear``)."""
-    k: str | None = None
-    """Key projection."""
-    qkv: str | None = None
-    """Fused QKV projection (an ``nn.Linear``, rows ``[q; k; v]``)."""
-    n_heads: int = 0
-    n_kv_heads: int | None = None
-    causal: bool = True
-    tap: str | None = None
-    """A module called as ``tap(q, k)`` with post-RoPE tensors; without it q and k are the
-    projection outputs (right for models without rotary embeddings)."""
+    q: nn.Module | None = None
+    k: nn.Module | None = None
+    qkv: nn.Module | None = None
+    """Rows ``[q; k; v]`` (an ``nn.Linear``), or columns (``conv1d``: GPT-2's ``Conv1D``)."""
+    conv1d: bool = False
+
+    def weights(self, h: int, g: int) -> Callable[[], tuple[Tensor, Tensor, None]]:
+        """Per-head ``wq (H, D, hs)`` and ``wk (G, D, hs)``, read when called."""
+        if self.qkv is not None:
+            return lambda: _fused(self.qkv.weight, h, g, conv1d=self.conv1d)
+        return lambda: (split_heads(self.q.weight, h), split_heads(self.k.weight, g), None)
+
+    def tap(self, h: int, g: int) -> Callable[[TapFn], Callable[[], None]]:
+        """Installs a tap on the projections' outputs (q and k before any rotary embedding)."""
+        if self.qkv is not None:
+            return lambda fn: _forward_hook_tap(self.qkv, _split_output(fn, h, g), output=True)
+        return lambda fn: _pair_tap(self.q, self.k, fn, h, g)
 
 
-def find_sites(model: nn.Module, mapping: Mapping | None = None) -> list[Site]:
-    """Every attention layer of ``model``, in layer order.
+def projection_site(
+    layer: int,
+    name: str,
+    module: nn.Module,
+    projections: Projections,
+    n_heads: int,
+    n_kv_heads: int,
+    *,
+    d_head: int | None = None,
+    causal: bool = True,
+    install_tap: Callable[[TapFn], Callable[[], None]] | None = None,
+) -> Site:
+    """A site whose weights are its projections'; q and k from their outputs unless ``install_tap``
+    reads them where the model attends (after RoPE). ``d_head`` defaults to the weights' head size."""
+    weights = projections.weights(n_heads, n_kv_heads)
+    return Site(
+        layer=layer,
+        name=name,
+        module=module,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        d_head=d_head or weights()[0].shape[-1],
+        causal=causal,
+        weights=weights,
+        install_tap=install_tap or projections.tap(n_heads, n_kv_heads),
+    )
+
+
+def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
+    """Every attention layer of ``model``, in layer order; where ``layout`` says, if given.
 
     Raises:
-        AdapterError: nothing found; the message lists the module types seen.
+        AdapterError: nothing found (the message lists the module types seen), or a layout that
+            does not fit the model.
     """
-    if mapping is not None:
-        return _mapped(model, mapping)
+    if layout is not None:
+        return _laid_out(model, layout)
     for finder in (_qkwatch_gpt, _huggingface, _nanogpt):
         sites = finder(model)
         if sites:
@@ -91,7 +131,7 @@ def find_sites(model: nn.Module, mapping: Mapping | None = None) -> list[Site]:
     raise AdapterError(
         "found no attention layers the agent knows (qkwatch GPT, HuggingFace Llama/Mistral/Qwen/BERT/GPT-2, "
         f"nanoGPT). Module types in this model: {', '.join(kinds[:40])}"
-        f"{' ...' if len(kinds) > 40 else ''}. Pass mapping=agent.Mapping(q='layers.{{i}}.wq', "
+        f"{' ...' if len(kinds) > 40 else ''}. Pass layout=agent.Layout(q='layers.{{i}}.wq', "
         "k='layers.{i}.wk', n_heads=..., tap=...) to name them."
     )
 
@@ -114,7 +154,7 @@ def _qkwatch_gpt(model: nn.Module) -> list[Site]:
                 d_head=module.d_head,
                 causal=True,
                 weights=_gpt_weights(module),
-                install_tap=lambda fn, m=module: _forward_hook_tap(m.qk_tap, lambda args: fn(args[0], args[1])),
+                install_tap=_module_tap(module.qk_tap),
                 remove_outlier=bool(getattr(module, "remove_outlier", False)),
             )
         )
@@ -147,35 +187,32 @@ def _huggingface(model: nn.Module) -> list[Site]:
     d_head = _cfg(config, "head_dim") or width // n_heads
     sites = []
     for name, module in _numbered(model):
-        weights = _hf_weights(module, n_heads, n_kv)
-        if weights is None:
+        projections = _hf_projections(module)
+        if projections is None:
             continue
-        sites.append(
-            Site(
-                layer=len(sites),
-                name=name,
-                module=module,
-                n_heads=n_heads,
-                n_kv_heads=n_kv,
-                d_head=d_head,
-                causal=bool(getattr(module, "is_causal", True)),
-                weights=weights,
-                install_tap=lambda fn, m=module: _hf_tap(model, m, fn),
-            )
+        site = projection_site(
+            len(sites),
+            name,
+            module,
+            projections,
+            n_heads,
+            n_kv,
+            d_head=d_head,
+            causal=bool(getattr(module, "is_causal", True)),
+            install_tap=lambda fn, m=module: _hf_tap(model, m, fn),
         )
+        sites.append(site)
     return sites
 
 
-def _hf_weights(module: nn.Module, n_heads: int, n_kv: int):
-    if isinstance(getattr(module, "q_proj", None), nn.Linear) and isinstance(
-        getattr(module, "k_proj", None), nn.Linear
-    ):
-        return lambda: (split_heads(module.q_proj.weight, n_heads), split_heads(module.k_proj.weight, n_kv), None)
-    if isinstance(getattr(module, "query", None), nn.Linear) and isinstance(getattr(module, "key", None), nn.Linear):
-        return lambda: (split_heads(module.query.weight, n_heads), split_heads(module.key.weight, n_kv), None)
+def _hf_projections(module: nn.Module) -> Projections | None:
+    for q, k in (("q_proj", "k_proj"), ("query", "key")):
+        q_mod, k_mod = getattr(module, q, None), getattr(module, k, None)
+        if isinstance(q_mod, nn.Linear) and isinstance(k_mod, nn.Linear):
+            return Projections(q=q_mod, k=k_mod)
     c_attn = getattr(module, "c_attn", None)
     if c_attn is not None and type(c_attn).__name__ == "Conv1D" and not getattr(module, "is_cross_attention", False):
-        return lambda: _fused(c_attn.weight, n_heads, n_kv, conv1d=True)
+        return Projections(qkv=c_attn, conv1d=True)
     return None
 
 
@@ -232,60 +269,41 @@ def _nanogpt(model: nn.Module) -> list[Site]:
         if not isinstance(c_attn, nn.Linear) or not isinstance(n_head, int):
             continue
         d_head = c_attn.in_features // n_head
-        sites.append(
-            Site(
-                layer=len(sites),
-                name=name,
-                module=module,
-                n_heads=n_head,
-                n_kv_heads=n_head,
-                d_head=d_head,
-                causal=True,
-                weights=lambda c=c_attn, h=n_head: _fused(c.weight, h, h),
-                install_tap=lambda fn, c=c_attn, h=n_head: _forward_hook_tap(c, _split_output(fn, h, h), output=True),
-            )
-        )
+        sites.append(projection_site(len(sites), name, module, Projections(qkv=c_attn), n_head, n_head, d_head=d_head))
     return sites
 
 
-# --- explicit mapping -------------------------------------------------------------------------
+# --- an explicit layout ------------------------------------------------------------------------
 
 
-def _mapped(model: nn.Module, mapping: Mapping) -> list[Site]:
-    if not mapping.n_heads:
-        raise AdapterError("a mapping needs n_heads")
-    if bool(mapping.qkv) == bool(mapping.q or mapping.k) or (not mapping.qkv and not (mapping.q and mapping.k)):
-        raise AdapterError("a mapping needs either qkv, or both q and k")
+def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
+    """Layers 0, 1, ... for as long as the layout's projection modules exist."""
+    if not layout.n_heads:
+        raise AdapterError("a layout needs n_heads")
+    if bool(layout.qkv) == bool(layout.q or layout.k) or (not layout.qkv and not (layout.q and layout.k)):
+        raise AdapterError("a layout needs either qkv, or both q and k")
+    for pattern in (layout.q, layout.k, layout.qkv, layout.tap):
+        if pattern and "{i}" not in pattern:
+            raise AdapterError(f"layout path {pattern!r} must contain {{i}} where the layer index goes")
     modules = dict(model.named_modules())
-    h, g = mapping.n_heads, mapping.n_kv_heads or mapping.n_heads
-    sites = []
-    i = 0
-    while True:
-        paths = [p.format(i=i) for p in (mapping.qkv,) if p] or [mapping.q.format(i=i), mapping.k.format(i=i)]
+    h, g = layout.n_heads, layout.n_kv_heads or layout.n_heads
+    sites: list[Site] = []
+    for i in itertools.count():
+        paths = layout.module_paths(i)
         if not all(p in modules for p in paths):
             break
         owner = modules[paths[0].rsplit(".", 1)[0]] if "." in paths[0] else model
-        if mapping.qkv:
-            fused = modules[paths[0]]
-            weights = lambda f=fused: _fused(f.weight, h, g)  # noqa: E731
-            proj_tap = lambda fn, f=fused: _forward_hook_tap(f, _split_output(fn, h, g), output=True)  # noqa: E731
-        else:
-            q_mod, k_mod = modules[paths[0]], modules[paths[1]]
-            weights = lambda a=q_mod, b=k_mod: (split_heads(a.weight, h), split_heads(b.weight, g), None)  # noqa: E731
-            proj_tap = lambda fn, a=q_mod, b=k_mod: _pair_tap(a, b, fn, h, g)  # noqa: E731
-        tap_path = mapping.tap.format(i=i) if mapping.tap else None
+        found = [modules[p] for p in paths]
+        projections = Projections(qkv=found[0], conv1d=layout.conv1d) if layout.qkv else Projections(*found)
+        tap_path = layout.tap_path(i)
         if tap_path is not None and tap_path not in modules:
-            raise AdapterError(f"mapping.tap: no module named {tap_path!r}")
-        install = (
-            (lambda fn, t=modules[tap_path]: _forward_hook_tap(t, lambda args: fn(args[0], args[1])))
-            if tap_path
-            else proj_tap
+            raise AdapterError(f"layout.tap: no module named {tap_path!r}")
+        install = _module_tap(modules[tap_path]) if tap_path else None
+        sites.append(
+            projection_site(i, paths[0], owner, projections, h, g, causal=layout.causal, install_tap=install)
         )
-        d_head = weights()[0].shape[-1]
-        sites.append(Site(i, paths[0], owner, h, g, d_head, mapping.causal, weights, install))
-        i += 1
     if not sites:
-        raise AdapterError(f"mapping matched no module for layer 0 ({mapping.q or mapping.qkv!r})")
+        raise AdapterError(f"layout matched no module for layer 0 ({layout.q or layout.qkv!r})")
     return sites
 
 
@@ -303,6 +321,11 @@ def _forward_hook_tap(module: nn.Module, fn: Callable[[Any], None], *, output: b
     else:
         handle = module.register_forward_hook(lambda mod, args, out: fn(args))
     return handle.remove
+
+
+def _module_tap(module: nn.Module) -> Callable[[TapFn], Callable[[], None]]:
+    """Installs a tap on a module called as ``module(q, k)`` with the tensors the model attends with."""
+    return lambda fn: _forward_hook_tap(module, lambda args: fn(args[0], args[1]))
 
 
 def _split_output(fn: TapFn, h: int, g: int) -> Callable[[Tensor], None]:

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("path", help="model folder (config.json + weights) or checkpoint file")
     fmt = p.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="one JSON object (DESIGN.md's format)")
+    fmt.add_argument("--json", action="store_true", help="one JSON object (the format of docs/metrics.md)")
     fmt.add_argument("--csv", action="store_true", help="CSV, one row per layer")
     p.add_argument("--heads", action="store_true", help="add per-head values")
     p.add_argument("--rank", type=int, default=None, metavar="R", help="r for QKAI (default d_head)")
@@ -63,12 +63,15 @@ def run_analyze(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from agent.analyze import AnalyzeError, Mapping, analyze
-    from agent.render import band, to_csv, to_json, to_table
+    from agent.layouts import LayoutError, custom
+    from agent.offline.analyze import AnalyzeError, analyze
+    from agent.offline.render import band, to_csv, to_json, to_table
 
     err = Console(stderr=True)
-    mapping = Mapping(args.q_key, args.k_key, args.qkv_key, args.conv1d, args.n_heads, args.n_kv_heads)
     try:
+        layout = custom(
+            args.q_key, args.k_key, args.qkv_key, args.conv1d, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads
+        )
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("analyzing layers", total=None)
             result = analyze(
@@ -76,10 +79,10 @@ def run_analyze(args: argparse.Namespace) -> int:
                 rank=args.rank,
                 heads=args.heads,
                 spectra=not args.no_spectra,
-                mapping=mapping,
+                layout=layout,
                 progress=lambda done, total: bar.update(task, completed=done, total=total),
             )
-    except AnalyzeError as exc:
+    except (AnalyzeError, LayoutError) as exc:
         print(f"qkwatch analyze: {exc}", file=sys.stderr)  # unwrapped: one greppable line
         return 2
     if args.json:

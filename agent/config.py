@@ -1,26 +1,71 @@
-"""The agent's settings: explicit argument, then environment variable, then default, then validate."""
+"""The agent's settings: explicit argument, then environment variable, then default, then validate.
+
+:func:`agent.attach` takes every setting as a flat keyword (``every=``, ``sample_rows=``,
+``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the six the environment may give
+(:class:`AgentEnvironment`, ``QKWATCH_URL``... as the collector reads its own with
+pydantic-settings) and hands each remaining keyword to the component that owns it: the probe
+(:class:`agent.probe.ProbeConfig`), the spool (:class:`agent.spool.SpoolConfig`), the sender
+(:class:`agent.shipper.SenderConfig`) and the lambdas (:class:`agent.lambdas.LambdasConfig`).
+"""
 
 from __future__ import annotations
 
-import math
-import os
+import dataclasses
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-ENV = {
-    "url": "QKWATCH_URL",
-    "token": "QKWATCH_TOKEN",
-    "project": "QKWATCH_PROJECT",
-    "run": "QKWATCH_RUN",
-    "spool": "QKWATCH_SPOOL",
-    "every": "QKWATCH_EVERY",
-}
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from agent.checks import SettingError, cadences, positive_ints, positive_seconds
+from agent.lambdas import LambdasConfig
+from agent.probe import ProbeConfig
+from agent.shipper import SenderConfig
+from agent.spool import SpoolConfig
+
 NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,200}$")
+COMPONENTS = {"probe": ProbeConfig, "spooling": SpoolConfig, "sender": SenderConfig, "lambdas": LambdasConfig}
+"""AgentConfig's component slots and their configs; every setting of theirs is also a keyword of attach()."""
+
+
+class AgentEnvironment(BaseSettings):
+    """The settings the environment may give; an unset or empty variable gives nothing (None)."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, env_ignore_empty=True, extra="ignore")
+
+    url: str | None = Field(None, validation_alias="QKWATCH_URL")
+    token: str | None = Field(None, validation_alias="QKWATCH_TOKEN")
+    project: str | None = Field(None, validation_alias="QKWATCH_PROJECT")
+    run: str | None = Field(None, validation_alias="QKWATCH_RUN")
+    spool: str | None = Field(None, validation_alias="QKWATCH_SPOOL")
+    every: int | None = Field(None, validation_alias="QKWATCH_EVERY")
+
+    @classmethod
+    def variable(cls, key: str) -> str:
+        """The environment variable of setting ``key``."""
+        return cls.model_fields[key].validation_alias
+
+    @classmethod
+    def read(cls) -> dict[str, Any]:
+        """The settings the environment gives, by setting name.
+
+        Raises:
+            ValueError: naming the variable, its value and the setting, for a value of the wrong type.
+        """
+        try:
+            return cls().model_dump(exclude_none=True)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            var = error["loc"][0]
+            key = next(k for k in cls.model_fields if cls.variable(k) == var)
+            raise ValueError(f"{var}={error['input']!r}: {key}: {error['msg']}") from None
 
 
 @dataclass
 class AgentConfig:
+    """Every setting of the agent; the lifecycle's own here, each component's in its config."""
+
     url: str | None = None
     """Collector base URL (``QKWATCH_URL``); None works offline: everything stays in the spool."""
     token: str | None = None
@@ -37,94 +82,42 @@ class AgentConfig:
     """Cadence of the weight metrics (QKAI, stable rank, ...); default ``every``."""
     spectra_every: int | None = None
     """Cadence of the projection SVDs (norms, ``wk_erank``); default 10 x ``weight_every``; 0 = never."""
-    sample_rows: int = 64
-    """Query rows per layer for the attention row statistics, spread over ``sample_seqs`` sequences
-    (``qk_erank`` takes this many from the first sequence)."""
-    sample_seqs: int = 4
-    """Sequences of the micro-batch the row statistics average over (at most the batch). One
-    sequence makes the entropy the schedule reads swing with what that sequence is (prose, code, a
-    synthetic task): on the trained collapse_cpu model, over 40 batches, one sequence gives a
-    healthy layer's entropy a standard deviation of 0.04-0.07 (jumps of up to 0.38 between two
-    batches), four give 0.025-0.038 with 16 rows each and 0.023-0.030 with 64: the noise is in
-    the sequence, not the row, so the rows are spread and the cost stays that of 64 rows."""
-    spectrum_window: int = 256
-    """W: ``attn_srank`` and ``attn_gap1`` are those of the attention matrix of the first W tokens
-    of one sequence (``W x W`` per head; causal, it is exactly the leading block of the full one)."""
-    pr_rows: int = 4096
-    """Rows (positions of the whole micro-batch, evenly strided) for ``pr_q`` and ``pr_k``; at least
-    2. Few rows bias the participation ratio low: isotropic width 256 reads about 50 from 64 rows,
-    241 from 4,096."""
-    heads: bool = False
-    """Also ship per-head values of the per-head metrics."""
-    lambda_sync_every: int = 10
-    """Steps between lambda exchanges (all ranks switch to new lambdas at the same step)."""
-    lambda_poll_seconds: float = 5.0
-    """How often rank 0 asks the collector for lambdas, in the background."""
-    lambda_stale_seconds: float = 120.0
-    """Collector lambdas older than this fall back to the local schedule."""
-    batch_max_reports: int = 64
-    """Reports per POST at most."""
-    flush_seconds: float = 0.5
-    """The sender wakes at least this often when reports wait."""
     request_timeout: float = 10.0
     """Seconds for one HTTP request (connect: at most 3)."""
-    backoff_base: float = 0.5
-    """First retry delay ceiling in seconds (full jitter, doubling)."""
-    backoff_cap: float = 30.0
-    """Largest retry delay in seconds."""
-    spool_max_bytes: int = 256 * 2**20
-    """Undelivered spool kept at most (bytes); beyond, the oldest segments are dropped and counted."""
-    spool_max_age_seconds: float = 7 * 24 * 3600.0
-    """Undelivered spool segments older than this are dropped and counted."""
-    segment_bytes: int = 4 * 2**20
-    """Spool segment size before rotation."""
     distributed: bool | None = None
     """Share layers and lambdas over the ranks of ``torch.distributed`` (default: when it is
     initialised with more than one rank); False makes this agent see only its own process."""
     config: dict[str, Any] = field(default_factory=dict)
     """The run's config sent to the collector (recipe, model shape, ``schedule`` parameters)."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    """What a report step samples."""
+    spooling: SpoolConfig = field(default_factory=SpoolConfig)
+    """How each rank's spool is cut and capped."""
+    sender: SenderConfig = field(default_factory=SenderConfig)
+    """How reports are batched and retried."""
+    lambdas: LambdasConfig = field(default_factory=LambdasConfig)
+    """How lambdas are fetched, exchanged and trusted."""
 
     def __post_init__(self) -> None:
         if self.url is not None and not re.match(r"^https?://[^\s]+$", self.url):
-            raise ValueError(f"url must be an http(s) URL, got {self.url!r}")
+            raise SettingError("url", f"url must be an http(s) URL, got {self.url!r}")
         for key in ("project", "run"):
             value = getattr(self, key)
             if value is not None and not NAME.match(value):
-                raise ValueError(f"{key} must be 1-200 characters without whitespace or '/', got {value!r}")
-        for key in (
-            "every",
-            "sample_rows",
-            "sample_seqs",
-            "spectrum_window",
-            "lambda_sync_every",
-            "batch_max_reports",
-            "segment_bytes",
-            "spool_max_bytes",
-        ):
-            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
-                raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
-        if not isinstance(self.pr_rows, int) or self.pr_rows < 2:
-            raise ValueError(f"pr_rows must be an integer >= 2, got {self.pr_rows!r}")
-        for key in ("weight_every", "spectra_every"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{key} must be an integer >= 0 (0 = never), got {value!r}")
-        for key in (
-            "lambda_poll_seconds",
-            "lambda_stale_seconds",
-            "flush_seconds",
-            "request_timeout",
-            "backoff_base",
-            "backoff_cap",
-            "spool_max_age_seconds",
-        ):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{key} must be a positive number of seconds, got {value!r}")
+                raise SettingError(key, f"{key} must be 1-200 characters without whitespace or '/', got {value!r}")
+        positive_ints(self, "every")
+        cadences(self, "weight_every", "spectra_every")
+        positive_seconds(self, "request_timeout")
         if self.weight_every is None:
             self.weight_every = self.every
         if self.spectra_every is None:
             self.spectra_every = 10 * self.weight_every
+
+    @classmethod
+    def settings(cls) -> list[str]:
+        """Every keyword :meth:`resolve` (and so :func:`agent.attach`) takes."""
+        own = [f.name for f in dataclasses.fields(cls) if f.name not in COMPONENTS]
+        return own + [f.name for config in COMPONENTS.values() for f in dataclasses.fields(config)]
 
     @classmethod
     def resolve(cls, **explicit: Any) -> AgentConfig:
@@ -134,20 +127,21 @@ class AgentConfig:
             ValueError: naming the setting, for an unknown setting or an invalid value (an
                 environment value says which variable it came from).
         """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(explicit) - known)
+        known = cls.settings()
+        unknown = sorted(set(explicit) - set(known))
         if unknown:
             raise ValueError(f"unknown agent setting {unknown[0]!r} (known: {', '.join(sorted(known))})")
-        values = {k: v for k, v in explicit.items() if v is not None}
-        for key, var in ENV.items():
-            if key in values or not os.environ.get(var):
-                continue
-            raw = os.environ[var]
-            if key == "every":
-                try:
-                    values[key] = int(raw)
-                except ValueError:
-                    raise ValueError(f"{var}={raw!r}: every must be a positive integer") from None
-            else:
-                values[key] = raw
-        return cls(**values)
+        given = {k: v for k, v in explicit.items() if v is not None}
+        from_env = {k: v for k, v in AgentEnvironment.read().items() if k not in given}
+        values = {**from_env, **given}
+        try:
+            parts = {
+                slot: config(**{f.name: values.pop(f.name) for f in dataclasses.fields(config) if f.name in values})
+                for slot, config in COMPONENTS.items()
+            }
+            return cls(**values, **parts)
+        except SettingError as exc:
+            if exc.key not in from_env:
+                raise
+            var = AgentEnvironment.variable(exc.key)
+            raise ValueError(f"{var}={from_env[exc.key]!r}: {exc}") from None

@@ -11,6 +11,9 @@ takes part in one small all-reduce on a CPU (gloo) group carrying rank 0's colle
 each rank's local schedule for its own layers; all ranks then switch to the same values at the
 same step. The exchange is chosen by the step number alone and carries whatever rank 0 last
 fetched: no rank ever waits on the network.
+
+Rank 0 reads the collector's lambdas once before the first step (:func:`fetch_first`, which also
+creates the run) and then every ``lambda_poll_seconds`` from a :class:`LambdaPoller` thread.
 """
 
 from __future__ import annotations
@@ -20,11 +23,15 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from agent.checks import positive_ints, positive_seconds
+from agent.identity import RunIdentity
+from agent.transport import Transport, TransportError
 from monitor.scheduling import ScheduleConfig, ema_update, entropy_floor
 from monitor.wire import decode_value, encode_value
 
@@ -35,7 +42,36 @@ LOCAL = -1.0
 """In the exchanged vector, a collector value that gave way to the local schedule (valid ones are >= 0)."""
 
 
+@dataclass
+class LambdasConfig:
+    """How the lambdas are fetched, exchanged between ranks, and trusted."""
+
+    lambda_sync_every: int = 10
+    """Steps between lambda exchanges (all ranks switch to new lambdas at the same step)."""
+    lambda_poll_seconds: float = 5.0
+    """How often rank 0 asks the collector for lambdas, in the background."""
+    lambda_stale_seconds: float = 120.0
+    """Collector lambdas older than this fall back to the local schedule."""
+
+    def __post_init__(self) -> None:
+        positive_ints(self, "lambda_sync_every")
+        positive_seconds(self, "lambda_poll_seconds", "lambda_stale_seconds")
+
+    def build(self, n_layers: int, schedule: ScheduleConfig, group: dist.ProcessGroup | None = None) -> Lambdas:
+        return Lambdas(
+            n_layers, schedule, sync_every=self.lambda_sync_every, stale_seconds=self.lambda_stale_seconds, group=group
+        )
+
+    def poller(
+        self, run_id: Callable[[], str | None], transports: Callable[[], Transport], offer: Callable[[dict], bool]
+    ) -> LambdaPoller:
+        """A poller (not started) offering what the collector serves for ``run_id()`` to ``offer``."""
+        return LambdaPoller(run_id, transports, offer, self.lambda_poll_seconds)
+
+
 class Lambdas:
+    """The lambdas of every step, on every rank; see the module docstring."""
+
     def __init__(
         self,
         n_layers: int,
@@ -196,6 +232,77 @@ class Lambdas:
                 self._entropy[layer] = known[0] if known else None
             self.applied = [float(v) for v in states[0]["applied"]]
             self._synced_at = states[0]["synced_at"]
+
+
+class LambdaPoller:
+    """Rank 0 only: fetch the run's lambdas every ``period`` seconds once the run exists."""
+
+    def __init__(
+        self,
+        run_id: Callable[[], str | None],
+        transport_factory: Callable[[], Transport],
+        offer: Callable[[dict], bool],
+        period: float,
+    ):
+        self.run_id = run_id
+        """The collector's id of the run (the sender learns it), or None while it is unknown."""
+        self.transport_factory = transport_factory
+        self.offer = offer
+        self.period = period
+        self.answered = 0
+        """Polls whose answer was offered (taken or not)."""
+        self.failed = 0
+        """Polls that got no answer (the collector away, or refusing)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="qkwatch-lambdas", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll_once(self, transport: Transport) -> bool:
+        run_id = self.run_id()
+        if run_id is None:
+            return False
+        try:
+            answer = transport.get_lambdas(run_id)
+        except TransportError as exc:
+            logger.debug("lambdas not fetched: %s", exc)
+            self.failed += 1
+            return False
+        taken = self.offer(answer)  # what it refuses or clips, it warns about (once) and reports
+        self.answered += 1
+        return taken
+
+    def close(self, timeout: float = 1.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        transport = self.transport_factory()
+        try:
+            while not self._stop.is_set():
+                self.poll_once(transport)
+                self._stop.wait(self.period)
+        finally:
+            transport.close()
+
+
+def fetch_first(transport: Transport, identity: RunIdentity, offer: Callable[[dict], bool]) -> str | None:
+    """Before the first step: create (or resume) the run and offer its lambdas, if the collector answers.
+
+    Returns the run's id, or None when the collector did not answer (the sender creates the run later).
+    """
+    try:
+        run_id = transport.create_run(identity.create_body())["id"]
+    except (TransportError, KeyError) as exc:
+        logger.info("qkwatch: collector not reachable at start (%s); working offline until it is", exc)
+        return None
+    try:
+        offer(transport.get_lambdas(run_id))
+    except TransportError as exc:
+        logger.info("qkwatch: collector not reachable at start (%s); working offline until it is", exc)
+    return run_id
 
 
 def _describe(

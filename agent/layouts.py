@@ -1,9 +1,12 @@
-"""Where each architecture keeps its query and key projections, and how many heads it has.
+"""One map of model internals: where a model keeps each layer's query and key projections.
 
-A layout names the modules by path pattern (``{i}`` = layer index); a checkpoint's tensor is the
-module path plus ``.weight``, so the same layout serves a state dict on disk and a live module
-tree. Checkpoints may carry a prefix (``bert.``, ``model.``, ``transformer.``, ``module.``):
-detection finds it.
+A :class:`Layout` names the modules by path pattern (``{i}`` = layer index). A checkpoint's
+tensor is the module path plus ``.weight``, so the same layout serves offline analysis of a state
+dict on disk (``qkwatch analyze``) and the live agent on a module tree (``agent.attach(model,
+layout=...)`` for a model no adapter knows). Checkpoints may carry a prefix (``bert.``,
+``model.``, ``transformer.``, ``module.``): detection finds it.
+
+Pure: strings in, strings out.
 """
 
 from __future__ import annotations
@@ -20,19 +23,31 @@ class LayoutError(Exception):
 
 @dataclass(frozen=True)
 class Layout:
-    name: str
+    """Where each layer's query and key projections are, and how many heads attend through them."""
+
+    name: str = "custom"
     """Architecture family, e.g. ``"gpt2"``."""
     q: str | None = None
-    """Query projection module path, e.g. ``"encoder.layer.{i}.attention.self.query"``."""
+    """Query projection module path (an ``nn.Linear``), e.g. ``"encoder.layer.{i}.attention.self.query"``."""
     k: str | None = None
     """Key projection module path."""
     qkv: str | None = None
-    """Fused QKV projection module path (nanoGPT's ``c_attn``, GPT-2's Conv1D)."""
+    """Fused QKV projection module path, rows ``[q; k; v]`` (nanoGPT's ``c_attn``, GPT-2's Conv1D)."""
     conv1d: bool = False
     """The fused weight is stored transposed, ``(d_model, 3 d_model)`` (GPT-2 ``Conv1D``)."""
     rotation: str | None = None
-    """Householder key-rotation vectors ``(n_kv_heads, p, d_head)`` (qkwatch's GPT with RAA)."""
+    """Householder key-rotation vectors ``(n_kv_heads, p, d_head)`` (qkwatch's GPT with RAA; offline)."""
+    tap: str | None = None
+    """Live models: a module called as ``tap(q, k)`` with the tensors the model attends with (after
+    RoPE); without it q and k are the projections' outputs (right for models without rotary embeddings)."""
+    causal: bool = True
+    """Live models: each query attends to the keys up to its own position."""
+    n_heads: int | None = None
+    """Query heads; None: from the checkpoint's config (offline). A live model needs it."""
+    n_kv_heads: int | None = None
+    """Key/value heads (GQA); None: from the config, else ``n_heads``."""
     layers: tuple[str, ...] = ("num_hidden_layers", "n_layer", "n_layers")
+    """Config keys that may hold the layer count (and below: the head counts, width and head size)."""
     heads: tuple[str, ...] = ("num_attention_heads", "n_head", "n_heads")
     kv_heads: tuple[str, ...] = ("num_key_value_heads", "n_kv_heads", "n_kv_head")
     width: tuple[str, ...] = ("hidden_size", "n_embd", "d_model")
@@ -40,12 +55,24 @@ class Layout:
     prefix: str = ""
     """Prefix found in the checkpoint's keys (set by :func:`detect`)."""
 
-    def weight_keys(self, layer: int) -> list[str]:
+    @property
+    def names_projections(self) -> bool:
+        """Whether it says where the projections are (else it carries head counts only)."""
+        return bool(self.qkv or self.q or self.k)
+
+    def module_paths(self, layer: int) -> list[str]:
+        """The projection modules of ``layer``: ``[qkv]``, or ``[q, k]``."""
         paths = [self.qkv] if self.qkv else [self.q, self.k]
-        return [f"{self.prefix}{p.format(i=layer)}.weight" for p in paths if p]
+        return [f"{self.prefix}{p.format(i=layer)}" for p in paths if p]
+
+    def weight_keys(self, layer: int) -> list[str]:
+        return [f"{path}.weight" for path in self.module_paths(layer)]
 
     def rotation_key(self, layer: int) -> str | None:
         return f"{self.prefix}{self.rotation.format(i=layer)}" if self.rotation else None
+
+    def tap_path(self, layer: int) -> str | None:
+        return f"{self.prefix}{self.tap.format(i=layer)}" if self.tap else None
 
 
 LAYOUTS = (
@@ -82,8 +109,21 @@ def detect(keys: Iterable[str], config: Mapping[str, Any]) -> Layout:
     return found[0]
 
 
-def custom(q: str | None, k: str | None, qkv: str | None, conv1d: bool = False) -> Layout:
-    """A layout from user-supplied key patterns (``--q-key``/``--k-key`` or ``--qkv-key``)."""
+def custom(
+    q: str | None,
+    k: str | None,
+    qkv: str | None,
+    conv1d: bool = False,
+    *,
+    n_heads: int | None = None,
+    n_kv_heads: int | None = None,
+) -> Layout:
+    """A layout from user-supplied weight key patterns (``--q-key``/``--k-key`` or ``--qkv-key``).
+
+    Without any pattern it carries only the head counts (the layout itself is then detected).
+    """
+    if not (q or k or qkv):
+        return Layout(n_heads=n_heads, n_kv_heads=n_kv_heads)
     if qkv and (q or k):
         raise LayoutError("give either --qkv-key or both --q-key and --k-key, not both")
     if not qkv and not (q and k):
@@ -91,7 +131,15 @@ def custom(q: str | None, k: str | None, qkv: str | None, conv1d: bool = False) 
     for pattern in (q, k, qkv):
         if pattern and "{i}" not in pattern:
             raise LayoutError(f"key pattern {pattern!r} must contain {{i}} where the layer index goes")
-    return Layout("custom", q=_module_path(q), k=_module_path(k), qkv=_module_path(qkv), conv1d=conv1d)
+    return Layout(
+        "custom",
+        q=_module_path(q),
+        k=_module_path(k),
+        qkv=_module_path(qkv),
+        conv1d=conv1d,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+    )
 
 
 def _module_path(pattern: str | None) -> str | None:

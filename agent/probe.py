@@ -36,12 +36,55 @@ import torch
 from torch import Tensor
 
 from agent.adapters import Site
+from agent.checks import SettingError, positive_ints
 from agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
 from agent.metrics.summary import weight_metrics
 
 logger = logging.getLogger(__name__)
 
 ACTIVATION_HEAD_METRICS = ("attn_entropy", "attn_entropy_nats", "attn_top1", "logit_std", "qk_erank")
+
+
+@dataclass
+class ProbeConfig:
+    """What the probe samples on a report step (the cadence of report steps is the agent's)."""
+
+    sample_rows: int = 64
+    """Query rows per layer for the attention row statistics, spread over ``sample_seqs`` sequences
+    (``qk_erank`` takes this many from the first sequence)."""
+    sample_seqs: int = 4
+    """Sequences of the micro-batch the row statistics average over (at most the batch). One
+    sequence makes the entropy the schedule reads swing with what that sequence is (prose, code, a
+    synthetic task): on the trained collapse_cpu model, over 40 batches, one sequence gives a
+    healthy layer's entropy a standard deviation of 0.04-0.07 (jumps of up to 0.38 between two
+    batches), four give 0.025-0.038 with 16 rows each and 0.023-0.030 with 64: the noise is in
+    the sequence, not the row, so the rows are spread and the cost stays that of 64 rows."""
+    spectrum_window: int = 256
+    """W: ``attn_srank`` and ``attn_gap1`` are those of the attention matrix of the first W tokens
+    of one sequence (``W x W`` per head; causal, it is exactly the leading block of the full one)."""
+    pr_rows: int = 4096
+    """Rows (positions of the whole micro-batch, evenly strided) for ``pr_q`` and ``pr_k``; at least
+    2. Few rows bias the participation ratio low: isotropic width 256 reads about 50 from 64 rows,
+    241 from 4,096."""
+    heads: bool = False
+    """Also ship per-head values of the per-head metrics."""
+
+    def __post_init__(self) -> None:
+        positive_ints(self, "sample_rows", "sample_seqs", "spectrum_window")
+        if not isinstance(self.pr_rows, int) or self.pr_rows < 2:
+            raise SettingError("pr_rows", f"pr_rows must be an integer >= 2, got {self.pr_rows!r}")
+
+    def build(self, sites: list[Site], owned: set[int]) -> Probe:
+        """A probe hooked into ``sites``, measuring the layers in ``owned``."""
+        return Probe(
+            sites,
+            owned,
+            sample_rows=self.sample_rows,
+            sample_seqs=self.sample_seqs,
+            heads=self.heads,
+            pr_rows=self.pr_rows,
+            spectrum_window=self.spectrum_window,
+        )
 
 
 @dataclass
@@ -52,6 +95,16 @@ class Plan:
     weights: bool = False
     spectra: bool = False
     activations: bool = False
+
+    @classmethod
+    def at(cls, step: int, *, every: int, weight_every: int, spectra_every: int) -> Plan:
+        """What ``step`` measures at these cadences (a cadence of 0 never comes due)."""
+        return cls(
+            step,
+            weights=_due(step, weight_every),
+            spectra=_due(step, spectra_every),
+            activations=_due(step, every),
+        )
 
     @property
     def any(self) -> bool:
@@ -300,6 +353,10 @@ def _tap_op(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
 @_tap_op.register_fake
 def _(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
     return None
+
+
+def _due(step: int, every: int) -> bool:
+    return bool(every) and step % every == 0
 
 
 def _sharded(t: Tensor) -> bool:

@@ -31,6 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agent.checks import positive_ints, positive_seconds
+from agent.health import Health
+from agent.identity import RunIdentity
 from agent.spool import Position, Record, Spool
 from agent.transport import Transport, TransportError
 
@@ -42,22 +45,41 @@ NAMESPACE = uuid.UUID("6f1c2f0e-9c3e-4d0a-8a57-2f3c1e7b9a10")
 
 
 @dataclass
-class Health:
-    """The agent's own counters; they travel with every report."""
+class SenderConfig:
+    """How the sender batches and retries."""
 
-    sent: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-    written: int = 0
-    acked: int = 0
-    last_error: str = ""
+    batch_max_reports: int = 64
+    """Reports per POST at most."""
+    flush_seconds: float = 0.5
+    """The sender wakes at least this often when reports wait."""
+    backoff_base: float = 0.5
+    """First retry delay ceiling in seconds (full jitter, doubling)."""
+    backoff_cap: float = 30.0
+    """Largest retry delay in seconds."""
 
-    @property
-    def queue_depth(self) -> int:
-        return max(0, self.written - self.acked)
+    def __post_init__(self) -> None:
+        positive_ints(self, "batch_max_reports")
+        positive_seconds(self, "flush_seconds", "backoff_base", "backoff_cap")
+
+    def build(
+        self, spool: Spool, transports: Callable[[], Transport], *, health: Health, name: str = "qkwatch-sender"
+    ) -> Sender:
+        """A sender (not started) delivering ``spool`` over transports from ``transports``."""
+        return Sender(
+            spool,
+            transports,
+            batch_max=self.batch_max_reports,
+            flush_seconds=self.flush_seconds,
+            backoff_base=self.backoff_base,
+            backoff_cap=self.backoff_cap,
+            health=health,
+            name=name,
+        )
 
 
 class Sender:
+    """Delivers one spool from a named daemon thread (or synchronously: :meth:`deliver_all`)."""
+
     def __init__(
         self,
         spool: Spool,
@@ -173,14 +195,7 @@ class Sender:
     def _attempt(self, key: str, payload: dict[str, Any]) -> int:
         if key not in self._attempts:
             meta = self.spool.read_meta()
-            answer = self._client().create_run(
-                {
-                    "project": meta["project"],
-                    "name": meta["name"],
-                    "config": meta.get("config", {}),
-                    "attempt_key": key or None,
-                }
-            )
+            answer = self._client().create_run(RunIdentity.of_spool(meta, key).create_body())
             self.run_id, self._attempts[key] = answer["id"], int(answer.get("attempt", 1))
             if meta.get("run_id") != self.run_id:
                 self.spool.write_meta({**meta, "run_id": self.run_id})
@@ -260,54 +275,6 @@ class Sender:
         if self._transport is None:
             self._transport = self.transport_factory()
         return self._transport
-
-
-class LambdaPoller:
-    """Rank 0 only: fetch the run's lambdas every ``period`` seconds once the run exists."""
-
-    def __init__(
-        self, sender: Sender, transport_factory: Callable[[], Transport], offer: Callable[[dict], bool], period: float
-    ):
-        self.sender = sender
-        self.transport_factory = transport_factory
-        self.offer = offer
-        self.period = period
-        self.answered = 0
-        """Polls whose answer was offered (taken or not)."""
-        self.failed = 0
-        """Polls that got no answer (the collector away, or refusing)."""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="qkwatch-lambdas", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def poll_once(self, transport: Transport) -> bool:
-        if self.sender.run_id is None:
-            return False
-        try:
-            answer = transport.get_lambdas(self.sender.run_id)
-        except TransportError as exc:
-            logger.debug("lambdas not fetched: %s", exc)
-            self.failed += 1
-            return False
-        taken = self.offer(answer)  # what it refuses or clips, it warns about (once) and reports
-        self.answered += 1
-        return taken
-
-    def close(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        transport = self.transport_factory()
-        try:
-            while not self._stop.is_set():
-                self.poll_once(transport)
-                self._stop.wait(self.period)
-        finally:
-            transport.close()
 
 
 def _reports(records: list[Record], key: str):

@@ -16,7 +16,8 @@ fsync: they survive the process being killed (``kill -9``), not a power cut.
 
 Acknowledged segments are deleted. Beyond ``max_bytes`` of undelivered data, or for segments
 older than ``max_age``, the oldest segments are dropped whole and their records counted in
-``cursor.json``'s ``dropped``; that count travels to the collector with the next reports.
+``cursor.json``'s ``dropped``; that count travels to the collector with the next reports (so do
+reports the agent's spooler could not take: :meth:`Spool.count_dropped`).
 """
 
 from __future__ import annotations
@@ -34,11 +35,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.checks import positive_ints, positive_seconds
+
 logger = logging.getLogger(__name__)
 
 MAGIC = b"QKW1"
 HEADER = struct.Struct("<4sII")  # magic, length, crc32
 MAX_RECORD = 64 * 2**20
+
+
+@dataclass
+class SpoolConfig:
+    """How each rank's spool is cut into segments and capped."""
+
+    segment_bytes: int = 4 * 2**20
+    """Spool segment size before rotation."""
+    spool_max_bytes: int = 256 * 2**20
+    """Undelivered spool kept at most (bytes); beyond, the oldest segments are dropped and counted."""
+    spool_max_age_seconds: float = 7 * 24 * 3600.0
+    """Undelivered spool segments older than this are dropped and counted."""
+
+    def __post_init__(self) -> None:
+        positive_ints(self, "segment_bytes", "spool_max_bytes")
+        positive_seconds(self, "spool_max_age_seconds")
+
+    def open(self, path: str | Path) -> Spool:
+        """The spool at ``path`` (created if new), owned by this process. Raises SpoolLocked."""
+        return Spool(
+            path, segment_bytes=self.segment_bytes, max_bytes=self.spool_max_bytes, max_age=self.spool_max_age_seconds
+        )
 
 
 class SpoolLocked(Exception):
@@ -68,9 +93,9 @@ class Spool:
         self,
         path: str | Path,
         *,
-        segment_bytes: int = 4 * 2**20,
-        max_bytes: int = 256 * 2**20,
-        max_age: float = 7 * 24 * 3600.0,
+        segment_bytes: int = SpoolConfig.segment_bytes,
+        max_bytes: int = SpoolConfig.spool_max_bytes,
+        max_age: float = SpoolConfig.spool_max_age_seconds,
     ):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -212,6 +237,12 @@ class Spool:
                 self.dropped += dropped
                 self._save_cursor()
             return dropped
+
+    def count_dropped(self, count: int) -> None:
+        """``count`` reports never appended (the spooler could not take them) join the dropped count."""
+        with self._lock:
+            self.dropped += count
+            self._save_cursor()
 
     def bytes_pending(self) -> int:
         total = 0

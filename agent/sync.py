@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.shipper import Health, Sender
+from agent.health import Health
+from agent.shipper import Sender
 from agent.spool import Spool, SpoolLocked
 from agent.transport import HttpTransport
 

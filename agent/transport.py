@@ -1,6 +1,7 @@
 """The agent's only HTTP code: four calls to the collector behind a small protocol.
 
-Every failure becomes a :class:`TransportError` that says whether retrying can help: connection
+:class:`HttpTransport` makes them; :class:`OfflineTransport` stands in when no collector URL is
+configured. Every failure becomes a :class:`TransportError` that says whether retrying can help: connection
 errors, timeouts, 408, 429 and 5xx can; any other 4xx cannot (the request itself is wrong).
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
@@ -88,6 +90,25 @@ class HttpTransport:
             retry_after=parse_retry_after(response.headers.get("Retry-After")),
             body=response.text,
         )
+
+
+class OfflineTransport:
+    """The transport of an agent without a collector URL: every call fails retryably."""
+
+    def _down(self, *args: Any) -> dict[str, Any]:
+        raise TransportError("no collector URL configured (QKWATCH_URL)", retryable=True)
+
+    create_run = post_reports = get_lambdas = set_status = _down
+
+    def close(self) -> None:
+        pass
+
+
+def transports(url: str | None, token: str | None, timeout: float) -> Callable[[], Transport]:
+    """A factory of transports to ``url`` (one per thread that uses it); offline ones without a URL."""
+    if not url:
+        return OfflineTransport
+    return lambda: HttpTransport(url, token, timeout)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

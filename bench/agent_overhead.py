@@ -32,8 +32,41 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import agent
-from tests.agent.tiny import Block
-from tests.live import LiveCollector, free_port
+from qkwatch.launch import CollectorProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: one fused ``c_attn`` for q, k and v, SDPA (what the agent finds automatically)."""
+
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.c_attn = nn.Linear(d_model, 3 * d_model)
+        self.c_proj = nn.Linear(d_model, d_model)
+        self.n_head = n_head
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+        v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_head: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head)
+        self.ln_2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
 
 
 class SmallGPT(nn.Module):
@@ -128,7 +161,8 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     workdir = Path(tempfile.mkdtemp())
-    with LiveCollector(workdir) as collector:
+    with CollectorProcess(f"sqlite:///{workdir / 'collector.db'}", log=workdir / "collector.log",
+                          cwd=ROOT) as collector:
         rows.append(ab("collector up", collector.url, args, device, sync))
     rows.append(ab("collector down", f"http://127.0.0.1:{free_port()}", args, device, sync))
     rows.append(ab("offline (no URL)", None, args, device, sync))

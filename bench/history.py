@@ -35,13 +35,12 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest import (  # the workload, the servers and MLflow's read of bench/ingest.py
+from ingest import (  # the workload, the databases, the MLflow server and its read of bench/ingest.py
     METRICS,
     MLFLOW_VENV,
     ROOT,
     _mlflow_history,
     database,
-    free_port,
     reports,
     server,
     setup_mlflow,
@@ -50,6 +49,7 @@ from ingest import (  # the workload, the servers and MLflow's read of bench/ing
 
 sys.path.insert(0, str(ROOT))
 from monitor.client import Client, HistoryGrid
+from qkwatch.launch import CollectorProcess, free_port
 
 
 def load_qkwatch(url: str, steps: int, layers: int) -> str:
@@ -108,15 +108,15 @@ def compare(kind: str, tmp: Path, args: argparse.Namespace) -> dict:
     q_port = m_port = free_port()
     while m_port == q_port:
         m_port = free_port()
-    q_url, m_url = f"http://127.0.0.1:{q_port}", f"http://127.0.0.1:{m_port}"
+    m_url = f"http://127.0.0.1:{m_port}"
     with database(kind, tmp, args.pg_url, "qkwatch", "postgresql+psycopg") as q_db, \
             database(kind, tmp, args.pg_url, "mlflow", "postgresql+psycopg2") as m_db:
-        q_cmd = [sys.executable, "-m", "qkwatch.cli", "serve", "--open", "--host", "127.0.0.1", "--port", str(q_port),
-                 "--database-url", q_db]
         m_cmd = [str(MLFLOW_VENV / "bin" / "mlflow"), "server", "--backend-store-uri", m_db, "--default-artifact-root",
                  str(tmp / f"mlartifacts-{kind}"), "--host", "127.0.0.1", "--port", str(m_port), "--workers", "1"]
-        with server(q_cmd, f"{q_url}/healthz", tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"}), \
+        with CollectorProcess(q_db, port=q_port, log=tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"},
+                              cwd=ROOT, start_timeout=120) as collector, \
                 server(m_cmd, f"{m_url}/health", tmp / f"mlflow-{kind}.log"):
+            q_url = collector.url
             t0 = time.perf_counter()
             q_run = load_qkwatch(q_url, args.steps, args.layers)
             m_run, keys = load_mlflow(m_url, args.steps, args.layers)

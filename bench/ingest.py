@@ -29,7 +29,6 @@ import math
 import os
 import secrets
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,14 +42,11 @@ import httpx
 import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from qkwatch.launch import CollectorProcess, free_port  # noqa: E402
+
 MLFLOW_VENV = ROOT / "bench" / ".venvs" / "mlflow"
 METRICS = ("qkai", "qkai_max", "stable_rank", "attn_entropy", "attn_top1", "pr_gap")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen, tries: int = 600) -> None:
@@ -200,27 +196,13 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run_qkwatch(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> dict:
-    with database(kind, tmp, pg_url, "qkwatch", "postgresql+psycopg") as db:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "qkwatch.cli",
-            "serve",
-            "--open",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database-url",
-            db,
-        ]
-        with server(cmd, f"{url}/healthz", tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"}):
-            out = qkwatch_ingest(url, args.steps, args.layers, args.batch_reports)
-            out["heatmap"] = qkwatch_heatmap(
-                url, args.heatmap_steps, args.heatmap_layers, args.heatmap_reports, args.repeats
-            )
+    with database(kind, tmp, pg_url, "qkwatch", "postgresql+psycopg") as db, \
+            CollectorProcess(db, log=tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"}, cwd=ROOT,
+                             start_timeout=120) as collector:
+        out = qkwatch_ingest(collector.url, args.steps, args.layers, args.batch_reports)
+        out["heatmap"] = qkwatch_heatmap(
+            collector.url, args.heatmap_steps, args.heatmap_layers, args.heatmap_reports, args.repeats
+        )
     return out
 
 

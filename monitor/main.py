@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
@@ -45,8 +46,8 @@ SCHEMA_ERRORS = ("42P01", "42703")
 """PostgreSQL's undefined table and undefined column: the schema is not the one the code expects."""
 
 try:
-    from qkwatch import __version__
-except ImportError:  # pragma: no cover - monitor installed without the CLI package
+    __version__ = version("qkwatch")  # the distribution's, not the qkwatch package's: monitor imports nothing above it
+except PackageNotFoundError:  # pragma: no cover - running from a source tree that was never installed
     __version__ = "0"
 
 

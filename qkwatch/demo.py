@@ -17,7 +17,6 @@ import argparse
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -54,7 +53,8 @@ class Trainee:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from trainer.train import resolve_config
+    from qkwatch.launch import CollectorLaunchError, CollectorProcess
+    from trainer.cli import resolve_config
 
     try:
         cfg = resolve_config(args.recipe, args.set)
@@ -63,12 +63,14 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    port = args.port or _free_port()
-    url = f"http://127.0.0.1:{port}"
-    collector = _start_collector(workdir, port)
+    collector = CollectorProcess(f"sqlite:///{workdir / 'collector.db'}", port=args.port or None,
+                                 log=workdir / "collector.log")
+    url = collector.url
     trainees: list[Trainee] = []
     try:
-        if not _wait_healthy(url, collector):
+        try:
+            collector.start()
+        except CollectorLaunchError:
             print(f"qkwatch demo: the collector did not start; see {workdir / 'collector.log'}", file=sys.stderr)
             return 1
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -77,7 +79,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"\nqkwatch demo: {args.recipe} twice, vanilla and with RAA, into the collector at {url}\n"
               f"  (about {cfg.train.steps} steps each; the band is induced on layers {_layers(band)}; "
               f"logs in {workdir})", flush=True)
-        with _client(url) as client:
+        with collector.client(timeout=10.0) as client:
             _announce_page(client, url, trainees)
             _follow(client, trainees, band, cfg.train.steps)
             failed = [t for t in trainees if t.process.returncode != 0]
@@ -102,9 +104,7 @@ def run_demo(args: argparse.Namespace) -> int:
             if t.process.poll() is None:
                 t.process.send_signal(signal.SIGTERM)
                 t.process.wait(timeout=60)
-        if collector.poll() is None:
-            collector.send_signal(signal.SIGTERM)
-            collector.wait(timeout=30)
+        collector.stop()
 
 
 def onset(cfg) -> int:
@@ -122,14 +122,6 @@ def band_layers(cfg) -> list[int]:
 # --- processes ------------------------------------------------------------------------------------
 
 
-def _start_collector(workdir: Path, port: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "qkwatch.cli", "serve", "--open", "--host", "127.0.0.1", "--port", str(port),
-         "--database-url", f"sqlite:///{workdir / 'collector.db'}"],
-        stdout=open(workdir / "collector.log", "a"), stderr=subprocess.STDOUT,
-    )
-
-
 def _start_run(variant: str, name: str, args: argparse.Namespace, url: str, workdir: Path) -> Trainee:
     env = {**os.environ, "QKWATCH_URL": url, "QKWATCH_PROJECT": "demo", "QKWATCH_RUN": name,
            "QKWATCH_SPOOL": str(workdir / "spool")}
@@ -141,12 +133,6 @@ def _start_run(variant: str, name: str, args: argparse.Namespace, url: str, work
         env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
     )
     return Trainee(variant, name, process, log)
-
-
-def _client(url: str):
-    from monitor.client import Client
-
-    return Client(url, timeout=10.0)
 
 
 def _announce_page(client, url: str, trainees: list[Trainee], timeout: float = 180.0) -> None:
@@ -287,21 +273,3 @@ def _layers(band: list[int]) -> str:
         return "none"
     return f"{band[0]}-{band[-1]}" if band == list(range(band[0], band[-1] + 1)) else ", ".join(map(str, band))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> bool:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                return True
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    return False

@@ -2,35 +2,28 @@
 
 Used by the agent, trainer and end-to-end tests: the collector keeps its SQLite file across
 restarts (an outage, not a wipe), and the database is read back through ``monitor.client.Client``
-or directly with SQLAlchemy.
+or directly with SQLAlchemy. The process itself is ``qkwatch.launch.CollectorProcess``, which the
+demo and the benchmarks use too.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
-import httpx
+from qkwatch.launch import CollectorProcess, free_port
 
-from monitor.client import Client
+__all__ = ["ROOT", "BlackHole", "LiveCollector", "free_port"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveCollector:
-    """``qkwatch serve --open`` on 127.0.0.1:<port> over a SQLite file; ``stop()`` and ``start()`` at will.
+class LiveCollector(CollectorProcess):
+    """``qkwatch serve --open`` on 127.0.0.1:<port> over ``<workdir>/collector.db``; ``stop()`` and ``start()``
+    at will. Its output goes to ``<workdir>/collector.log``.
 
     Tests get one from the ``collector`` fixture (tests/conftest.py), which stops it even when
     the test fails.
@@ -46,59 +39,12 @@ class LiveCollector:
     ):
         """``extra``: more ``serve`` arguments; ``env``: settings as ``QKWATCH_*`` variables (e.g. the
         body and rate limits); ``open_access=False`` requires tokens (``token()`` mints them)."""
-        self.db_url = f"sqlite:///{workdir / 'collector.db'}"
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.extra = extra
-        self.env = dict(env or {})
-        self.open_access = open_access
-        self.log = workdir / "collector.log"
-        self.proc: subprocess.Popen | None = None
+        super().__init__(f"sqlite:///{workdir / 'collector.db'}", port=port, log=workdir / "collector.log",
+                         open_access=open_access, args=extra, env=env, cwd=ROOT)
 
-    def start(self, timeout: float = 60.0) -> LiveCollector:
-        assert self.proc is None, "already running"
-        command = [
-            sys.executable,
-            "-m",
-            "qkwatch.cli",
-            "serve",
-            *(["--open"] if self.open_access else []),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--database-url",
-            self.db_url,
-            *self.extra,
-        ]
-        with open(self.log, "a") as out:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"qkwatch serve exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise AssertionError(f"qkwatch serve did not become healthy:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self, hard: bool = False) -> None:
-        if self.proc is None:
-            return
-        self.proc.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
-        self.proc.wait(timeout=30)
-        self.proc = None
-
-    def client(self, token: str | None = None) -> Client:
-        return Client(self.url, token=token)
+    @property
+    def db_url(self) -> str:
+        return self.database_url
 
     def token(self, *scopes: str, project: str = "tests") -> str:
         """A new token with ``scopes`` on this collector's database, minted by ``qkwatch token create``."""
@@ -122,12 +68,6 @@ class LiveCollector:
         )
         assert done.returncode == 0, done.stderr
         return done.stdout.split()[0]
-
-    def __enter__(self) -> LiveCollector:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 class BlackHole:

@@ -1,20 +1,35 @@
-"""``qkwatch train`` and ``qkwatch eval``. Only argparse at import time: torch loads in the handlers."""
+"""The trainer's command line: ``qkwatch train``, ``qkwatch eval`` and ``python -m trainer``.
+
+    python -m trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
+    torchrun --nproc_per_node 2 -m trainer --recipe debug_cpu ...      # FSDP2, one process per rank
+
+Only argparse at import time (``qkwatch --help`` stays fast): torch loads in the handlers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
     train = subparsers.add_parser(
-        "train", help="train a GPT recipe (one process; use torchrun -m trainer.train for several)",
-        description="Train a recipe. For several processes: torchrun --nproc_per_node N -m trainer.train "
+        "train", help="train a GPT recipe (one process; use torchrun -m trainer for several)",
+        description="Train a recipe. For several processes: torchrun --nproc_per_node N -m trainer "
                     "--recipe NAME [...]. The agent is attached when QKWATCH_URL (or --collector) is set.")
     add_train_arguments(train, verbose=False)
-    train.set_defaults(handler=_train)
+    train.set_defaults(handler=train_command)
 
     ev = subparsers.add_parser("eval", help="passkey / variable binding / perplexity of a checkpoint",
                                description="Evaluate a model.pt export, a run folder or a DCP checkpoint folder.")
@@ -43,10 +58,65 @@ def add_train_arguments(parser: argparse.ArgumentParser, verbose: bool = True) -
         parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
-def _train(args: argparse.Namespace) -> int:
-    from trainer.train import train_command
-
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer`` (and ``torchrun ... -m trainer``): logging set up per rank, then :func:`train_command`."""
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train a qkwatch GPT recipe.")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    if rank != "0":  # one voice per job: other ranks only warn
+        logging.getLogger().setLevel(logging.WARNING)
+    if not args.verbose:  # the agent's httpx logs every request at INFO
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     return train_command(args)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """``qkwatch train`` / ``python -m trainer``: 0 on success, 2 on a bad config."""
+    if args.list:
+        print_recipes()
+        return 0
+    try:
+        cfg = resolve_config(args.recipe, args.set or [])
+    except ValueError as exc:
+        print(f"qkwatch train: {exc}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+        return 0
+    if args.collector:
+        os.environ["QKWATCH_URL"] = args.collector
+    from trainer.train import run
+
+    out = Path(args.out or Path("runs") / cfg.recipe)
+    try:
+        result = run(cfg, out, resume=args.resume)
+    except ValueError as exc:
+        print(f"qkwatch train: {exc}", file=sys.stderr)
+        return 2
+    logger.info("done: %d steps, loss %.4f, val_loss %s, run %s, out %s", result.steps, result.loss,
+                f"{result.val_loss:.4f}" if result.val_loss is not None else "-", result.run_name, result.out_dir)
+    return 0
+
+
+def resolve_config(recipe: str, overrides: list[str]) -> RunConfig:
+    """The recipe's :class:`trainer.config.RunConfig` with the ``key=value`` overrides applied and validated."""
+    from trainer import recipes
+    from trainer.config import apply_overrides
+
+    return apply_overrides(recipes.get(recipe), overrides)
+
+
+def print_recipes() -> None:
+    from trainer import recipes
+
+    for name, fn in recipes.RECIPES.items():
+        cfg = fn()
+        print(f"{name:24s} {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
+              f"{cfg.model_config().num_params() / 1e6:,.1f}M params")
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -21,17 +21,24 @@ Other weights: normal(0, ``init_std``) with the residual output projections scal
 ``1/sqrt(2 n_layers)`` (GPT-2); DeepNorm instead uses Xavier normal with gain ``(8N)^(-1/4)`` on
 the value, output and MLP weights and gain 1 on the queries and keys; norms start at 1, biases and
 ReZero gates at 0; RAA's Householder vectors come in equal pairs (identity rotation).
+
+:func:`build_model` is where a model comes to exist: built on the meta device, handed to the
+parallelizer (``trainer.parallelize``: sharding, activation checkpointing, compile), then
+materialised and initialised here, shard by shard.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from trainer.model import GPT, ModelConfig
 
 POWER_ITERATIONS_AT_INIT = 50
 """sigma-Reparam's estimate at initialisation; training then adds one iteration per step."""
@@ -104,6 +111,26 @@ def assign(param: Tensor, full: Tensor) -> None:
 def full_tensor(t: Tensor) -> Tensor:
     """The whole tensor (an all-gather when it is a sharded DTensor: every rank must call it)."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def build_model(config: ModelConfig, init: InitConfig, seed: int, device: torch.device,
+                parallelize: Callable[[nn.Module], object] | None = None) -> GPT:
+    """A GPT built on the meta device, materialised on ``device`` and initialised.
+
+    Args:
+        parallelize: applied to the model while it is still on the meta device (for example
+            ``trainer.parallelize.parallelize`` bound to its config and env), so that a sharded
+            model is materialised and initialised shard by shard: no rank ever holds all of it.
+    """
+    with torch.device("meta"):
+        model = GPT(config)
+    if parallelize is not None:
+        parallelize(model)
+    model.to_empty(device=device)
+    if not isinstance(model.tok_emb.weight, DTensor):
+        model.tie_weights()  # FSDP2 keeps the tie through to_empty; a plain module does not
+    init_weights(model, init, seed)
+    return model
 
 
 @torch.no_grad()

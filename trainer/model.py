@@ -21,7 +21,7 @@ The seams other parts rely on (the agent's adapter, ``qkwatch analyze``, RAA):
   ``v_proj``, ``o_proj`` and attributes ``n_heads``, ``n_kv_heads``, ``d_head``.
 * ``Attention.key_rotation`` is RAA's Householder rotation (``vectors``: ``(n_kv_heads, p, d_head)``),
   or None. It is folded into the key projection (``k = R_g W_k x``, then RoPE): the effective key
-  map of DESIGN.md, ``Wk_h R_h^T`` in math layout, costs weight-sized work instead of passes over
+  map of docs/metrics.md, ``Wk_h R_h^T`` in math layout, costs weight-sized work instead of passes over
   every key.
 * ``Attention.qk_tap`` is an identity module called as ``qk_tap(q, k)`` right before attention
   with ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)`` as the model uses them.

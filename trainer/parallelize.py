@@ -6,8 +6,9 @@ place, names kept) and FSDP2: ``fully_shard`` on every block, then on the root. 
 parameters are gathered in bf16 and gradients reduced in fp32 (``MixedPrecisionPolicy``); on the
 CPU everything is fp32. NCCL on GPUs, gloo with an explicit CPU device mesh on the CPU.
 
-A model is built on the meta device, parallelized, then materialised with ``to_empty`` and
-initialised shard by shard (``trainer.init``): no rank ever holds the whole model.
+``trainer.init.build_model`` builds a model on the meta device, calls ``parallelize`` on it, then
+materialises it with ``to_empty`` and initialises it shard by shard: no rank ever holds the whole
+model. This module knows nothing of how a model is built or initialised.
 """
 
 from __future__ import annotations
@@ -158,17 +159,3 @@ def apply_fsdp(model: nn.Module, env: Env, reshard_after_forward: bool = True) -
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
 
-
-def build_model(model_config, parallel: ParallelConfig, env: Env, init_config, seed: int) -> nn.Module:
-    """A GPT built on the meta device, parallelized, materialised on ``env.device`` and initialised."""
-    from trainer.init import init_weights
-    from trainer.model import GPT
-
-    with torch.device("meta"):
-        model = GPT(model_config)
-    parallelize(model, parallel, env)
-    model.to_empty(device=env.device)
-    if not env.distributed:
-        model.tie_weights()  # FSDP2 keeps the tie through to_empty; a plain module does not
-    init_weights(model, init_config, seed)
-    return model

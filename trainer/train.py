@@ -1,6 +1,6 @@
-"""Training: ``main()`` reads the command line, ``run()`` is a loop of named steps.
+"""Training: ``run()`` is a loop of named steps (the command line is ``trainer.cli``).
 
-    torchrun --nproc_per_node 2 -m trainer.train --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
+    torchrun --nproc_per_node 2 -m trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
 
 Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``interventions.before_step``
 -> ``train_step`` (forward, loss with the RAA penalty and any intervention's term, backward, clip,
@@ -8,20 +8,17 @@ AdamW) -> ``maybe_intervene`` (seed 001's weight surgery) ->
 ``log_step`` -> ``maybe_log_qkai`` -> ``maybe_validate`` -> ``maybe_checkpoint``. A SIGTERM
 (preemption) makes every rank checkpoint and stop at the next log step. What a run writes, in ``--out``:
 ``run.json`` (the collector run's name and attempts), ``config.json``, ``metrics.jsonl`` (rank 0,
-every ``train.log_every`` steps), ``checkpoints/step-N/`` (DCP) and ``model.pt`` (the
-qkwatch-gpt export).
+every ``train.log_every`` steps: ``trainer.metrics_log``), ``checkpoints/step-N/`` (DCP) and
+``model.pt`` (the qkwatch-gpt export).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,11 +34,12 @@ from agent.metrics import qkai, split_heads
 from trainer.checkpoint import Checkpointer, export_model
 from trainer.config import RunConfig
 from trainer.data import TrainData
-from trainer.init import full_tensor
+from trainer.init import build_model, full_tensor
 from trainer.interventions import Interventions
+from trainer.metrics_log import MetricsLog
 from trainer.monitoring import Monitor, open_monitor
 from trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
-from trainer.parallelize import Env, build_model, close_distributed, init_distributed
+from trainer.parallelize import Env, close_distributed, init_distributed, parallelize
 from trainer.raa import RAAController
 
 logger = logging.getLogger(__name__)
@@ -95,6 +93,8 @@ class Run:
     interventions: Interventions
     checkpointer: Checkpointer
     monitor: Monitor
+    metrics: MetricsLog
+    """``metrics.jsonl``; rank 0 writes it."""
     total_steps: int
     micro_batch: int
     accumulation: int
@@ -181,7 +181,8 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
     if latest is not None and not resume:
         raise ValueError(f"{out_dir} holds checkpoints of an earlier run: pass --resume, or another --out")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model_config(), cfg.parallel, env, cfg.init, cfg.seed)
+    model = build_model(cfg.model_config(), cfg.init, cfg.seed, env.device,
+                        parallelize=lambda m: parallelize(m, cfg.parallel, env))
     optimizer = build_optimizer(model, cfg.optim)
     data = TrainData(cfg.data, cfg.seq_len, cfg.train.global_batch_size, cfg.seed)
     interventions = Interventions(cfg.intervention, model, data.steps_per_epoch, cfg.seed)
@@ -189,7 +190,8 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
     total = cfg.train.steps if cfg.train.epochs is None else math.ceil(cfg.train.epochs * data.steps_per_epoch)
     micro, accum = cfg.train.accumulation(env.world_size)
     run_name = resolve_run_name(cfg, out_dir, env, resumed=latest is not None)
-    write_run_files(cfg, out_dir, env, run_name, start)
+    metrics = MetricsLog(out_dir / "metrics.jsonl")
+    write_run_files(cfg, out_dir, env, run_name, start, metrics)
     monitor = monitor or open_monitor(model, config=cfg.to_dict(), run=run_name, project=cfg.project,
                                       every=cfg.train.report_every,
                                       offline_spool=out_dir / "spool" if cfg.raa.uses_schedule else None)
@@ -201,7 +203,7 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
                 "on" if cfg.raa.enabled else "off", total, cfg.train.global_batch_size, cfg.seq_len, env.world_size,
                 out_dir)
     return Run(cfg, env, out_dir, run_name, model, optimizer, data, raa, interventions, checkpointer, monitor,
-               total, micro, accum, start_step=start, tick_step=start)
+               metrics, total, micro, accum, start_step=start, tick_step=start)
 
 
 def apply_lambdas(r: Run, step: int) -> list[float]:
@@ -302,8 +304,7 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
               "tokens_per_s": tokens_per_s, "time": time.time()}
     if r.env.device.type == "cuda":
         record["max_memory_gib"] = torch.cuda.max_memory_allocated(r.env.device) / 2**30
-    with open(r.out_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(record) + "\n")
+    r.metrics.append(record)
 
 
 def maybe_log_qkai(r: Run, steps_done: int) -> None:
@@ -314,8 +315,7 @@ def maybe_log_qkai(r: Run, steps_done: int) -> None:
     values = layer_qkai(r.model).tolist()
     if r.env.is_main:
         logger.info("step %d  qkai by layer: %s", steps_done - 1, " ".join(f"{v:.2f}" for v in values))
-        with open(r.out_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": steps_done - 1, "qkai": values}) + "\n")
+        r.metrics.append({"step": steps_done - 1, "qkai": values})
 
 
 @torch.no_grad()
@@ -338,8 +338,7 @@ def maybe_validate(r: Run, steps_done: int) -> None:
         if r.env.is_main:
             logger.info("step %d  val_loss %.4f  (%.3f bits/byte)", steps_done - 1, r.last_val,
                         r.last_val / math.log(2))
-            with open(r.out_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"step": steps_done - 1, "val_loss": r.last_val}) + "\n")
+            r.metrics.append({"step": steps_done - 1, "val_loss": r.last_val})
 
 
 @torch.no_grad()
@@ -413,7 +412,8 @@ def resolve_run_name(cfg: RunConfig, out_dir: Path, env: Env, resumed: bool) -> 
     return name
 
 
-def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, start: int) -> None:
+def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, start: int,
+                    metrics: MetricsLog) -> None:
     """run.json (name, attempts), config.json, and metrics.jsonl cut back to the resumed step."""
     if not env.is_main:
         return
@@ -424,69 +424,12 @@ def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, star
     info.write_text(json.dumps({"run": run_name, "project": cfg.project, "recipe": cfg.recipe,
                                 "attempts": attempts}, indent=2))
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    metrics = out_dir / "metrics.jsonl"
-    if metrics.is_file():
-        kept = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] < start]
-        metrics.write_text("".join(line + "\n" for line in kept))
+    metrics.truncate(start)
 
 
-# --- command line ---------------------------------------------------------------------------------
+if __name__ == "__main__":  # the entry point of old command lines: `python -m trainer` is the one now
+    import sys
 
+    from trainer.cli import main
 
-def resolve_config(recipe: str, overrides: list[str]) -> RunConfig:
-    from trainer import recipes
-    from trainer.config import apply_overrides
-
-    return apply_overrides(recipes.get(recipe), overrides)
-
-
-def train_command(args: argparse.Namespace) -> int:
-    """``qkwatch train`` / ``python -m trainer.train``: 0 on success, 2 on a bad config."""
-    if args.list:
-        from trainer import recipes
-
-        for name, fn in recipes.RECIPES.items():
-            cfg = fn()
-            print(f"{name:24s} {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
-                  f"{cfg.model_config().num_params() / 1e6:,.1f}M params")
-        return 0
-    try:
-        cfg = resolve_config(args.recipe, args.set or [])
-    except ValueError as exc:
-        print(f"qkwatch train: {exc}", file=sys.stderr)
-        return 2
-    if args.print_config:
-        print(json.dumps(dataclasses.asdict(cfg), indent=2))
-        return 0
-    if args.collector:
-        os.environ["QKWATCH_URL"] = args.collector
-    out = Path(args.out or Path("runs") / cfg.recipe)
-    try:
-        result = run(cfg, out, resume=args.resume)
-    except ValueError as exc:
-        print(f"qkwatch train: {exc}", file=sys.stderr)
-        return 2
-    logger.info("done: %d steps, loss %.4f, val_loss %s, run %s, out %s", result.steps, result.loss,
-                f"{result.val_loss:.4f}" if result.val_loss is not None else "-", result.run_name, result.out_dir)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer.cli import add_train_arguments
-
-    parser = argparse.ArgumentParser(prog="python -m trainer.train", description="Train a qkwatch GPT recipe.")
-    add_train_arguments(parser)
-    args = parser.parse_args(argv)
-    rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
-    if rank != "0":  # one voice per job: other ranks only warn
-        logging.getLogger().setLevel(logging.WARNING)
-    if not args.verbose:  # the agent's httpx logs every request at INFO
-        for name in ("httpx", "httpcore"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-    return train_command(args)
-
-
-if __name__ == "__main__":
     sys.exit(main())

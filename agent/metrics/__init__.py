@@ -2,7 +2,7 @@
 
 Every function is batched over any leading dimensions (layers x heads in one call), computes
 in float32 by default (float64 on request), and runs on whatever device its inputs live on.
-The definitions are DESIGN.md's metric table.
+The definitions are docs/metrics.md's metric tables.
 """
 
 from agent.metrics.attention import SPECTRUM_NAMES, STAT_NAMES, attention_spectrum, attention_stats, qk_erank

@@ -1,6 +1,6 @@
 """From projection weights to per-head factors in math layout.
 
-Math layout (DESIGN.md): for one head, ``Wq_h`` and ``Wk_h`` are ``d_model x d_head``; their
+Math layout (docs/metrics.md): for one head, ``Wq_h`` and ``Wk_h`` are ``d_model x d_head``; their
 columns span the head's query / key subspace of the residual stream.
 """
 

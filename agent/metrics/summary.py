@@ -23,7 +23,7 @@ def weight_metrics(
     spectra: bool = True,
     dtype: torch.dtype | None = None,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """DESIGN.md's weight metrics for a stack of layers.
+    """The weight metrics of docs/metrics.md for a stack of layers.
 
     Args:
         wq: ``(..., n_heads, d_model, d_head)`` query factors (``split_heads``).

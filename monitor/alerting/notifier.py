@@ -4,6 +4,9 @@ Notifications are an outbox in the database (queued in the same transaction as t
 none is lost when the process dies; a replica claims a due one with a lease before sending it,
 so several replicas do not send it twice. A failed delivery is retried with exponential backoff
 up to ``webhook_max_attempts`` times, then given up and logged.
+
+The notifier needs two things of the store, the :class:`Outbox` protocol; it does not import the
+store (which imports :mod:`monitor.alerting` to evaluate the rules on ingest).
 """
 
 from __future__ import annotations
@@ -13,15 +16,28 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import httpx
 
 from monitor.store.models import AlertRow, PendingNotification
-from monitor.store.store import Store
 
 logger = logging.getLogger(__name__)
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+class Outbox(Protocol):
+    """The notification outbox, as the notifier uses it (:class:`monitor.store.store.Store` is one)."""
+
+    def claim_notifications(self, now: float) -> Sequence[PendingNotification]:
+        """Claim the notifications due at ``now`` for delivery (a lease: no other replica sends them meanwhile)."""
+        ...
+
+    def finish_notification(self, nid: int, *, delivered: bool, error: str | None, next_try_at: float | None,
+                            give_up: bool, now: float) -> None:
+        """Record one delivery attempt of notification ``nid`` and release its claim."""
+        ...
 
 
 def _rfc3339(ts: float | None) -> str:
@@ -68,7 +84,7 @@ def alertmanager_payload(n: PendingNotification, external_url: str, receiver: st
 class Notifier:
     """Sends due notifications; ``deliver_pending`` is called by the maintenance thread (or a test)."""
 
-    def __init__(self, store: Store, urls: Sequence[str], *, max_attempts: int = 8, timeout_s: float = 5.0,
+    def __init__(self, store: Outbox, urls: Sequence[str], *, max_attempts: int = 8, timeout_s: float = 5.0,
                  external_url: str = "", backoff_s: float = 2.0, max_backoff_s: float = 300.0) -> None:
         self.store = store
         self.urls = list(urls)

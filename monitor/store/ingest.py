@@ -1,4 +1,8 @@
-"""Flattening report batches into rows, and the bulk insert paths of each database.
+"""A batch of reports into the database: flattened into rows, written in one transaction.
+
+:func:`write_batch` is the transaction's body: the batch id (exactly once), the points, frames,
+events and latest values, then the run's schedule state and its alerts (decided in
+:mod:`monitor.alerting.evaluator`, written through :class:`monitor.store.alerts.AlertRows`).
 
 The cost of a batch is constant in the run's history: points go in with insert-or-ignore on
 their natural key (an index probe each), never a read of what is already stored.
@@ -8,11 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import sqlalchemy as sa
 
-from monitor.store import frames, models
+from monitor.alerting.evaluator import evaluate_batch
+from monitor.alerting.rules import RuleSet
+from monitor.store import alerts, events, frames, lambdas, models, runs, sql
 from monitor.store.engine import is_postgres
+from monitor.store.errors import Invalid
 from monitor.store.models import LAYER_VALUE, RUN_SCALAR
 from monitor.wire import ReportBatch, decode_value
 
@@ -34,10 +42,6 @@ class FlatBatch:
     max_step: int = -1
 
 
-def _stored(value: float | None) -> float | None:
-    return None if value is None or math.isnan(value) else value
-
-
 def flatten(batch: ReportBatch) -> FlatBatch:
     """Decode every value and lay the batch out as point rows (nulls, "not measured", are dropped)."""
     flat = FlatBatch()
@@ -54,18 +58,18 @@ def flatten(batch: ReportBatch) -> FlatBatch:
                 flat.frames.append(frame)
             for layer, value in enumerate(row):
                 if value is not None:
-                    pts.append((metric, LAYER_VALUE, layer, step, _stored(value)))
+                    pts.append((metric, LAYER_VALUE, layer, step, sql.to_db(value)))
                     _keep_latest(flat.latest, metric, layer, step, value)
         for metric, per_layer in report.heads.items():
             for layer, heads in enumerate(per_layer):
                 for head, raw in enumerate(heads or ()):
                     value = decode_value(raw)
                     if value is not None:
-                        pts.append((metric, head, layer, step, _stored(value)))
+                        pts.append((metric, head, layer, step, sql.to_db(value)))
         for name, raw in report.scalars.items():
             value = decode_value(raw)
             if value is not None:
-                pts.append((name, RUN_SCALAR, RUN_SCALAR, step, _stored(value)))
+                pts.append((name, RUN_SCALAR, RUN_SCALAR, step, sql.to_db(value)))
                 _keep_latest(flat.latest, name, RUN_SCALAR, step, value)
         flat.layer_values.append((step, decoded))
         flat.events += [(step, e.kind, e.message, e.data, report.time) for e in report.events]
@@ -75,7 +79,74 @@ def flatten(batch: ReportBatch) -> FlatBatch:
 def _keep_latest(latest: dict, metric: str, layer: int, step: int, value: float) -> None:
     key = (metric, layer)
     if key not in latest or latest[key][0] <= step:
-        latest[key] = (step, _stored(value))
+        latest[key] = (step, sql.to_db(value))
+
+
+def write_batch(conn: sa.Connection, run_id: str, batch: ReportBatch, flat: FlatBatch, ids: dict[str, int],
+                rules: RuleSet, now: float) -> models.IngestResult:
+    """Store a flattened batch whole or not at all (the caller's transaction), exactly once.
+
+    Args:
+        ids: the id of every metric name of ``flat``, registered before the transaction.
+
+    Raises:
+        NotFound: unknown run.
+        Invalid: the batch names an attempt the run does not have.
+    """
+    total = len(flat.points)
+    run = runs.locked(conn, run_id)
+    attempt = batch.attempt or run.latest_attempt
+    if attempt > run.latest_attempt:
+        raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt}); "
+                      "start one with POST /v1/runs and an attempt_key")
+    if not _record_batch(conn, run, str(batch.batch_id), attempt, total, now):
+        return models.IngestResult(inserted=0, duplicates=total, replayed_batch=True)
+    inserted = insert_points(conn, run.pk, attempt, flat.points, ids)
+    if inserted < total:
+        # Some points were stored before (or come twice in this batch): the first value of a point
+        # stays, and the frames, latest values, schedule and rules take what is stored, so that
+        # every read path shows one value per point.
+        keep_first_values(conn, run.pk, attempt, flat, ids)
+    insert_frames(conn, run.pk, attempt, flat.frames, ids)
+    events.insert(conn, run.pk, attempt, flat.events)
+    _upsert_latest(conn, run.pk, attempt, flat.latest)
+    lambda_step = lambdas.feed_schedule(conn, run, attempt, flat.layer_values)
+    queued = evaluate_batch(rules, alerts.AlertRows(conn, run.pk, now), attempt, flat.layer_values)
+    _touch_run(conn, run, flat.max_step, inserted, lambda_step, now)
+    return models.IngestResult(inserted=inserted, duplicates=total - inserted, notifications=queued)
+
+
+def _record_batch(conn: sa.Connection, run: models.RunRow, batch_id: str, attempt: int, points: int,
+                  now: float) -> bool:
+    """Record the batch id; False when the run has it already (a replay, stored before)."""
+    # The batch id is the run's, whatever the attempt: a resumed process re-sending it is a replay.
+    # (RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT DO NOTHING.)
+    b = models.batches
+    return conn.execute(sql.insert(conn, b).values(
+        run_pk=run.pk, batch_id=batch_id, attempt=attempt, points=points, received_at=now,
+    ).on_conflict_do_nothing().returning(b.c.batch_id)).first() is not None
+
+
+def _upsert_latest(conn: sa.Connection, pk: int, attempt: int, latest: dict) -> None:
+    rows = [{"run_pk": pk, "metric": metric, "layer": layer, "attempt": attempt, "step": step, "value": value}
+            for (metric, layer), (step, value) in latest.items()]
+    # Only a newer (attempt, step) replaces the stored value: late batches do not.
+    sql.upsert(conn, models.latest, rows, where="excluded.attempt > t.attempt OR "
+                                                "(excluded.attempt = t.attempt AND excluded.step >= t.step)")
+
+
+def _touch_run(conn: sa.Connection, run: models.RunRow, max_step: int, inserted: int, lambda_step: int | None,
+               now: float) -> None:
+    """The run after a batch: its last report and step, a new lambda version when the schedule moved."""
+    values: dict[str, Any] = {"last_report_at": now, "updated_at": now,
+                              "last_step": max(max_step, run.last_step if run.last_step is not None else -1)}
+    if lambda_step is not None:
+        values["lambda_version"] = run.lambda_version + 1
+        values["lambda_step"] = lambda_step
+    if run.status == "crashed" and run.status_reason == "stale" and inserted:
+        # The heartbeat guessed wrong: the run was only quiet.
+        values.update(status="running", status_reason=None)
+    conn.execute(sa.update(models.runs).where(models.runs.c.pk == run.pk).values(**values))
 
 
 def keep_first_values(conn: sa.Connection, run_pk: int, attempt: int, flat: FlatBatch, ids: dict[str, int]) -> None:
@@ -98,7 +169,7 @@ def keep_first_values(conn: sa.Connection, run_pk: int, attempt: int, flat: Flat
                          for step, decoded in flat.layer_values]
     flat.frames = [frame for step, decoded in flat.layer_values for metric, row in decoded.items()
                    if (frame := frames.pack(metric, step, row)) is not None]
-    flat.latest = {(metric, layer): (step, _stored(first(metric, layer, step, math.nan if v is None else v)))
+    flat.latest = {(metric, layer): (step, sql.to_db(first(metric, layer, step, math.nan if v is None else v)))
                    for (metric, layer), (step, v) in flat.latest.items()}
 
 
@@ -173,43 +244,6 @@ def insert_frames(conn: sa.Connection, run_pk: int, attempt: int, rows: list[fra
                   ids: dict[str, int]) -> None:
     """Insert-or-ignore the batch's frames (their key mirrors the points' natural key)."""
     if rows:
-        upsert(conn, models.frames, [{"run_pk": run_pk, "metric_id": ids[m], "step": s, "attempt": attempt, "mask": k,
-                                      "vals": v, "present": p, "has_nan": n} for (m, s, k, v, p, n) in rows],
-               update=False)
-
-
-# PostgreSQL array types of our column types, most specific first (BigInteger is an Integer).
-_PG_ARRAY = ((sa.BigInteger, "int8"), (sa.Integer, "int4"), (sa.Float, "float8"), (sa.Boolean, "bool"),
-             (sa.LargeBinary, "bytea"), (sa.String, "text"))
-
-
-def _pg_array_type(column: sa.Column) -> str:
-    return next(name for kind, name in _PG_ARRAY if isinstance(column.type, kind))
-
-
-def upsert(conn: sa.Connection, table: sa.Table, rows: list[dict], *, update: bool = True,
-           where: str | None = None) -> None:
-    """Insert rows; on a primary-key conflict update the other columns (``update``) or do nothing.
-
-    ``where`` (SQL over ``t`` = the stored row and ``excluded``) restricts which conflicting rows
-    are updated. PostgreSQL gets one statement for all rows (arrays through ``unnest``); SQLite
-    an executemany, which is just as fast there.
-    """
-    if not rows:
-        return
-    cols = list(rows[0])
-    keys = [c.name for c in table.primary_key.columns]
-    if is_postgres(conn):
-        arrays = ", ".join(f"%({c})s::{_pg_array_type(table.c[c])}[]" for c in cols)
-        sql = f"INSERT INTO {table.name} AS t ({', '.join(cols)}) SELECT * FROM unnest({arrays})"
-        params = {c: [r[c] for r in rows] for c in cols}
-    else:
-        sql = f"INSERT INTO {table.name} AS t ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        params = [tuple(r[c] for c in cols) for r in rows]
-    sql += f" ON CONFLICT ({', '.join(keys)}) "
-    if update:
-        sql += "DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys)
-        sql += f" WHERE {where}" if where else ""
-    else:
-        sql += "DO NOTHING"
-    conn.exec_driver_sql(sql, params)
+        sql.upsert(conn, models.frames, [{"run_pk": run_pk, "metric_id": ids[m], "step": s, "attempt": attempt,
+                                          "mask": k, "vals": v, "present": p, "has_nan": n}
+                                         for (m, s, k, v, p, n) in rows], update=False)

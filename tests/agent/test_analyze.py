@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from agent.analyze import AnalyzeError, Mapping, analyze
-from agent.checkpoint import Checkpoint
+from agent.layouts import LayoutError, custom
+from agent.offline.analyze import AnalyzeError, analyze
+from agent.offline.checkpoint import Checkpoint
 from tests.conftest import missing_service
 
 
@@ -234,6 +235,19 @@ def test_nanogpt_checkpoint_with_compile_prefix(tmp_path: Path) -> None:
     assert result.layers[1]["qkai"] == pytest.approx(numpy_reference(w[:32], w[32:64], 4)["qkai"], abs=2e-5)
 
 
+def test_head_counts_alone_keep_the_detected_layout(tmp_path: Path) -> None:
+    """``--n-heads`` without key patterns: the layout is detected, the head count is the one given."""
+    gen = torch.Generator().manual_seed(3)
+    state = {f"transformer.h.{i}.attn.c_attn.weight": torch.randn(96, 32, generator=gen) for i in range(2)}
+    torch.save(state, tmp_path / "bare.pt")  # a bare state dict: no config, so no head count
+    with pytest.raises(AnalyzeError, match="pass --n-heads"):
+        analyze(tmp_path / "bare.pt")
+    result = analyze(tmp_path / "bare.pt", layout=custom(None, None, None, n_heads=4))
+    assert result.layout == "nanogpt" and result.shape.n_heads == 4 and result.shape.d_head == 8
+    w = state["transformer.h.1.attn.c_attn.weight"].double().numpy()
+    assert result.layers[1]["qkai"] == pytest.approx(numpy_reference(w[:32], w[32:64], 4)["qkai"], abs=2e-5)
+
+
 def test_qkwatch_gpt_export_uses_the_rotated_key_map(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(2)
     d_model, heads, d_head = 32, 4, 8
@@ -284,8 +298,10 @@ def test_explicit_mapping_for_an_unknown_layout(tmp_path: Path) -> None:
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["n_layers"] == 2
-    with pytest.raises(AnalyzeError, match="must contain \\{i\\}"):
-        analyze(tmp_path / "weird.pt", mapping=Mapping(q_key="net.0.wq.weight", k_key="net.{i}.wk.weight"))
+    with pytest.raises(LayoutError, match="must contain \\{i\\}"):
+        custom(q="net.0.wq.weight", k="net.{i}.wk.weight", qkv=None)
+    explicit = analyze(tmp_path / "weird.pt", layout=custom("net.{i}.wq.weight", "net.{i}.wk.weight", None, n_heads=2))
+    assert explicit.layout == "custom" and explicit.shape.n_heads == 2 and explicit.shape.n_layers == 2
 
 
 def test_bad_input_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:

@@ -1,10 +1,15 @@
-"""Settings resolve as argument, then environment, then default, then validate."""
+"""Settings resolve as argument, then environment, then default, then validate; each component's
+settings land in its own config."""
 
 from __future__ import annotations
 
 import pytest
 
 from agent.config import AgentConfig
+from agent.lambdas import LambdasConfig
+from agent.probe import ProbeConfig
+from agent.shipper import SenderConfig
+from agent.spool import SpoolConfig
 
 
 def test_argument_beats_environment_beats_default(monkeypatch) -> None:
@@ -22,7 +27,12 @@ def test_argument_beats_environment_beats_default(monkeypatch) -> None:
     ("kwargs", "env", "match"),
     [
         ({"every": 0}, {}, "every must be a positive integer"),
-        ({}, {"QKWATCH_EVERY": "often"}, "QKWATCH_EVERY='often'"),
+        ({}, {"QKWATCH_EVERY": "often"}, "QKWATCH_EVERY='often': every"),
+        ({}, {"QKWATCH_EVERY": "0"}, "QKWATCH_EVERY=0: every must be a positive integer"),
+        ({}, {"QKWATCH_RUN": "a b"}, "QKWATCH_RUN='a b': run must be"),
+        ({"pr_rows": 1}, {}, "pr_rows must be an integer >= 2"),
+        ({"spool_max_bytes": 0}, {}, "spool_max_bytes must be a positive integer"),
+        ({"lambda_stale_seconds": float("nan")}, {}, "lambda_stale_seconds must be a positive number"),
         ({"url": "ftp://x"}, {}, "url must be an http"),
         ({"run": "has space"}, {}, "run must be"),
         ({"flush_seconds": -1}, {}, "flush_seconds must be a positive number"),
@@ -34,3 +44,15 @@ def test_bad_settings_name_the_setting(monkeypatch, kwargs, env, match) -> None:
         monkeypatch.setenv(key, value)
     with pytest.raises(ValueError, match=match):
         AgentConfig.resolve(**kwargs)
+
+
+def test_each_setting_lands_in_the_config_of_its_owner(monkeypatch) -> None:
+    monkeypatch.setenv("QKWATCH_SAMPLE_ROWS", "8")  # only the six documented variables are read
+    monkeypatch.setenv("qkwatch_every", "3")  # and with their exact names
+    cfg = AgentConfig.resolve(sample_rows=None, heads=True, segment_bytes=1024, flush_seconds=0.1, lambda_sync_every=2)
+    assert cfg.every == 50
+    assert cfg.probe == ProbeConfig(heads=True)
+    assert cfg.spooling == SpoolConfig(segment_bytes=1024)
+    assert cfg.sender == SenderConfig(flush_seconds=0.1)
+    assert cfg.lambdas == LambdasConfig(lambda_sync_every=2)
+    assert set(AgentConfig.settings()) >= {"url", "every", "sample_rows", "spool_max_age_seconds", "backoff_cap"}

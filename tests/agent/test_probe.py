@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 import agent
 from agent.adapters import AdapterError, find_sites
+from agent.offline.analyze import analyze
+from agent.probe import ProbeConfig
 from agent.spool import Spool
 from tests.agent.tiny import TinyGPT, batch, train
 
@@ -80,8 +82,6 @@ def test_sampled_entropy_against_full_eager_attention(tmp_path: Path) -> None:
 
 def test_weight_metrics_match_the_checkpoint_view(tmp_path: Path) -> None:
     """The agent's live QKAI per layer equals `qkwatch analyze` on the same model saved to disk."""
-    from agent.analyze import analyze
-
     model = llama()
     model.save_pretrained(tmp_path / "model")
     a = agent.attach(model, spool=str(tmp_path / "s"), run="w", every=1, **OFFLINE)
@@ -217,9 +217,10 @@ def test_unknown_model_lists_what_it_saw() -> None:
         find_sites(model)
 
 
-def test_explicit_mapping(tmp_path: Path) -> None:
-    """A model no adapter knows, named by a Mapping (separate q and k projections, 2 heads, causal
-    by default): the report against numpy on its weights and on its projections' outputs."""
+def test_explicit_layout(tmp_path: Path) -> None:
+    """A model no adapter knows, named by a Layout (separate q and k projections, 2 heads, causal
+    by default): the report against numpy on its weights and on its projections' outputs, and the
+    same layout read off the model's state dict on disk gives the same weight metrics."""
 
     class Attn(torch.nn.Module):
         def __init__(self):
@@ -235,16 +236,10 @@ def test_explicit_mapping(tmp_path: Path) -> None:
         for layer in model["layers"]:  # sharp attention (see _adapter_model)
             layer.wq.weight.mul_(4.0)
             layer.wk.weight.mul_(4.0)
-    sites = find_sites(model, agent.Mapping(q="layers.{i}.wq", k="layers.{i}.wk", n_heads=2))
+    layout = agent.Layout(q="layers.{i}.wq", k="layers.{i}.wk", n_heads=2)
+    sites = find_sites(model, layout)
     assert [s.layer for s in sites] == [0, 1] and sites[0].d_head == 8
-    a = agent.attach(
-        model,
-        spool=str(tmp_path),
-        run="m",
-        every=1,
-        mapping=agent.Mapping(q="layers.{i}.wq", k="layers.{i}.wk", n_heads=2),
-        **OFFLINE,
-    )
+    a = agent.attach(model, spool=str(tmp_path), run="m", every=1, layout=layout, **OFFLINE)
     a.step(0)
     inputs = [torch.randn(1, 10, 16, generator=torch.Generator().manual_seed(i)) for i in range(2)]
     for layer, x in zip(model["layers"], inputs, strict=True):
@@ -261,6 +256,21 @@ def test_explicit_mapping(tmp_path: Path) -> None:
         entropy = entropy_reference(causal_probs(q, k), causal=True)
         assert 0.2 < entropy < 0.9
         assert report["layers"]["attn_entropy"][i] == pytest.approx(entropy, abs=1e-4), i
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    offline = analyze(tmp_path / "model.pt", layout=layout, spectra=False)
+    assert offline.shape.n_layers == 2 and offline.shape.n_heads == 2
+    for i in range(2):
+        assert report["layers"]["qkai"][i] == pytest.approx(offline.layers[i]["qkai"], rel=1e-5)
+
+
+def test_a_layout_names_every_pattern_with_the_layer_index() -> None:
+    """``agent.Mapping``, the older name, is the same type; a path without ``{i}`` is refused, not looped on."""
+    assert agent.Mapping is agent.Layout
+    model = torch.nn.ModuleDict({"wq": torch.nn.Linear(4, 4), "wk": torch.nn.Linear(4, 4)})
+    with pytest.raises(AdapterError, match="must contain"):
+        find_sites(model, agent.Layout(q="wq", k="wk", n_heads=2))
+    with pytest.raises(AdapterError, match="needs n_heads"):
+        find_sites(model, agent.Layout(q="{i}.wq", k="{i}.wk"))
 
 
 def test_missing_layers_are_reported_on_the_first_report(tmp_path: Path) -> None:
@@ -463,8 +473,10 @@ def test_participation_ratio_reads_rows_of_the_whole_micro_batch(tmp_path: Path)
 )
 def test_spectrum_and_pr_settings_are_validated(setting: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        agent.AgentConfig(**setting)
-    defaults = agent.AgentConfig()
+        ProbeConfig(**setting)
+    with pytest.raises(ValueError, match=match):  # the flat keywords of agent.attach reach the same check
+        agent.AgentConfig.resolve(**setting)
+    defaults = agent.AgentConfig().probe
     assert (defaults.pr_rows, defaults.spectrum_window) == (4096, 256)
 
 

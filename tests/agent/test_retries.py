@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from agent.shipper import Health, Sender
+from agent.health import Health
+from agent.shipper import Sender
 from agent.spool import Spool
 from agent.transport import HttpTransport, TransportError, parse_retry_after
 from tests.live import LiveCollector

@@ -137,18 +137,55 @@ def test_on_a_gpu_the_status_is_spooled_after_the_report_still_on_its_way(tmp_pa
     """
     import torch
 
-    from agent.agent import _Pending, _Spooler
+    from agent.report import Packed
+    from agent.spooler import Spooler
 
     class SlowCopy:
         def synchronize(self) -> None:
             time.sleep(0.3)
 
     a = attach(TinyGPT(), None, tmp_path / "s", "gpu")
-    a._spooler = _Spooler(a)
-    a._spooler.put(_Pending(7, 1.0, [], torch.zeros(0), {}, [], SlowCopy()))
+    a._spooler = Spooler(a._write_report, a._append_status)
+    assert a._spooler.put(Packed(7, 1.0, [], torch.zeros(0), {}, [], SlowCopy()))
     a.close(timeout=2.0, status="crashed", reason="RuntimeError: CUDA error")
     spool = Spool(a.spool_path)
     *_, last_report, status = [r.payload for r in spool.pending(100)]
     spool.close()
     assert last_report["report"]["step"] == 7
     assert status["status"] == {"status": "crashed", "reason": "RuntimeError: CUDA error"}
+
+
+def test_a_full_spooler_queue_drops_and_counts_and_never_blocks_the_step(tmp_path: Path, monkeypatch) -> None:
+    """The spooler's queue is bounded: a report that finds it full is dropped at once and counted with
+    the spool's drops (``agent_dropped_total``, a ``dropped`` event); every report is kept or counted.
+
+    Run on the CPU with a stand-in for the CUDA copy that lands only when released (no GPU here).
+    """
+    import threading
+
+    import agent.agent as lifecycle
+    from agent.spooler import Spooler
+
+    release = threading.Event()
+
+    class StuckCopy:
+        def synchronize(self) -> None:
+            release.wait(30)
+
+    monkeypatch.setattr(lifecycle, "start_host_copy", lambda values: (values, StuckCopy()))
+    model = TinyGPT()
+    a = attach(model, None, tmp_path / "s", "full")
+    a._spooler = Spooler(a._write_report, a._append_status, maxsize=2)
+    start = time.monotonic()
+    train(a, model, 6)  # reports of steps 0-4 meet a spooler stuck on the first copy
+    assert time.monotonic() - start < 10  # no step waited for the copy (it would have waited 30 s)
+    release.set()
+    while not a._spooler.queue.empty():
+        time.sleep(0.01)
+    a.close(timeout=5.0)  # step 5's report, then the status
+    spool = Spool(a.spool_path)
+    reports = [r.payload["report"] for r in spool.pending(100) if "report" in r.payload]
+    spool.close()
+    dropped = reports[-1]["scalars"]["agent_dropped_total"]
+    assert dropped >= 1 and len(reports) + dropped == 6
+    assert [e["data"]["count"] for r in reports for e in r.get("events", []) if e["kind"] == "dropped"] == [dropped]

@@ -3,7 +3,7 @@ operator's override above the trainer's lambda_max reaches it clipped while the 
 
 The debug_cpu recipe, shortened with ``train.steps``. A mid-training failure and a collector
 outage are injected through the loop's ``maybe_intervene`` step (the trainer runs in this
-process); the preemption is a real SIGTERM to a real ``python -m trainer.train``.
+process); the preemption is a real SIGTERM to a real ``python -m trainer``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 from tests.live import ROOT, LiveCollector
 from trainer import train as trainer_train
-from trainer.train import resolve_config
+from trainer.cli import resolve_config
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def train_command(out: Path, steps: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "trainer.train",
+        "trainer",
         "--recipe",
         "debug_cpu",
         "--set",

@@ -50,7 +50,7 @@ def test_debug_cpu_under_torchrun_reports_every_layer_and_applies_the_overrides(
             "--nproc_per_node",
             "2",
             "-m",
-            "trainer.train",
+            "trainer",
             "--recipe",
             "debug_cpu",
             "--out",

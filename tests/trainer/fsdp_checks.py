@@ -8,7 +8,7 @@ Writes a JSON report to ``argv[1]`` (rank 0); ``test_trainer_distributed.py`` as
   global batch (averaged over ranks, not summed: pytorch#162338), and PAR's alone too;
 * a run stopped after 3 steps and resumed from its sharded DCP checkpoint has the loss curve of an
   uninterrupted one;
-* ``debug_cpu`` runs to the end through ``python -m trainer.train``'s ``main``.
+* ``debug_cpu`` runs to the end through ``python -m trainer``'s ``main``.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer import recipes
+from trainer.cli import main as train_main
 from trainer.config import TrainConfig
-from trainer.init import InitConfig, assign, full_tensor
+from trainer.init import InitConfig, assign, build_model, full_tensor
 from trainer.interventions import InterventionConfig, Interventions
-from trainer.parallelize import Env, build_model, init_distributed
+from trainer.parallelize import Env, init_distributed, parallelize
 from trainer.raa import RAAController
-from trainer.train import main as train_main
 from trainer.train import run
 
 
@@ -42,6 +42,12 @@ def small_config():
         data=dataclasses.replace(cfg.data, task_mix=0.0),
         train=TrainConfig(steps=6, global_batch_size=4, log_every=1, report_every=1, val_batches=2),
     )
+
+
+def build(cfg, env: Env):
+    """The run's model as ``trainer.train.setup`` builds it on ``env``."""
+    return build_model(cfg.model_config(), cfg.init, cfg.seed, env.device,
+                       parallelize=lambda m: parallelize(m, cfg.parallel, env))
 
 
 def grads(model, loss_fn, env) -> dict[str, torch.Tensor]:
@@ -63,9 +69,9 @@ def compare(sharded: dict, single: dict) -> dict:
 def gradient_checks(env: Env) -> dict:
     # aligned but not identical query/key subspaces everywhere, so that PAR has a gradient
     cfg = dataclasses.replace(small_config(), init=InitConfig(qk_regime="qk_identical"))
-    sharded = build_model(cfg.model_config(), cfg.parallel, env, cfg.init, cfg.seed)
+    sharded = build(cfg, env)
     single_env = Env(0, 1, torch.device("cpu"), None, torch.float32, torch.float32)
-    single = build_model(cfg.model_config(), cfg.parallel, single_env, cfg.init, cfg.seed)
+    single = build(cfg, single_env)
     gen = torch.Generator().manual_seed(11)
     for sharded_block, single_block in zip(sharded.blocks, single.blocks, strict=True):
         wk = single_block.attn.k_proj.weight
@@ -104,7 +110,7 @@ def intervention_checks(env: Env) -> dict:
     out = {}
     for kind, fields in (("forced_k_contraction", {"every": 1, "tail_rank": 4}), ("freeze_q", {}),
                          ("k_spectrum_clamp", {"every": 1})):
-        models = [build_model(cfg.model_config(), cfg.parallel, e, cfg.init, cfg.seed) for e in (env, single_env)]
+        models = [build(cfg, e) for e in (env, single_env)]
         ivs = [Interventions(InterventionConfig(kind=kind, **fields), m, 10, cfg.seed) for m in models]
         gen = torch.Generator().manual_seed(5)
         for block_s, block_1 in zip(models[0].blocks, models[1].blocks, strict=True):

@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +16,13 @@ import torch
 from agent.metrics import qkai, split_heads
 from trainer.checkpoint import FORMAT, export_model, load_exported
 from trainer.init import init_weights
+from trainer.metrics_log import MetricsLog
 from trainer.model import GPT
 from trainer.monitoring import NullMonitor, open_monitor
 from trainer.raa import ScheduleConfig
 from trainer.train import run
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _curve(out) -> list[tuple[int, float]]:
@@ -230,6 +236,29 @@ def test_qkwatch_train_and_eval_from_the_command_line(tmp_path, capsys, monkeypa
     assert {r["name"] for r in results["results"]} == {"binding_acc_64", "ppl_16", "ppl_64"}  # 2 hops need 45
     assert main(["train", "--recipe", "debug_cpu", "--set", "model.n_layerz=2"]) == 2
     assert "unknown config key 'model.n_layerz'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["trainer", "trainer.train"])
+def test_python_dash_m_trains_from_the_command_line(module):
+    """``python -m trainer`` (what torchrun runs) and the older ``python -m trainer.train`` are one command."""
+    done = subprocess.run([sys.executable, "-m", module, "--list"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[0] == "debug_cpu" and "collapse_cpu" in done.stdout
+
+
+def test_metrics_log_appends_records_and_a_resume_cuts_it_back(tmp_path):
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.truncate(3)  # a fresh run folder: nothing to cut
+    assert not log.path.exists()
+    for step in range(5):
+        log.append({"step": step, "loss": 1.0 / (step + 1)})
+    log.append({"step": 4, "val_loss": 0.5})
+    log.truncate(3)
+    assert [json.loads(x) for x in log.path.read_text().splitlines()] == [
+        {"step": 0, "loss": 1.0}, {"step": 1, "loss": 0.5}, {"step": 2, "loss": 1.0 / 3}]
+    log.truncate(0)
+    assert log.path.read_text() == ""
 
 
 def test_eval_passkey_with_one_and_five_needles(tiny_model, tmp_path):

@@ -14,7 +14,7 @@ RNG = np.random.default_rng(3)
 
 
 def reference(q: np.ndarray, k: np.ndarray, causal: bool, q_pos: np.ndarray) -> dict[str, float]:
-    """One head, written from DESIGN.md's table row by row with explicit loops."""
+    """One head, written from docs/metrics.md's table row by row with explicit loops."""
     d = q.shape[-1]
     rows = []
     logits_allowed = []

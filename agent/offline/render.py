@@ -1,4 +1,4 @@
-"""Output of ``qkwatch analyze``: a rich table, JSON exactly as DESIGN.md shows, or CSV."""
+"""Output of ``qkwatch analyze``: a rich table, JSON in the format of docs/metrics.md, or CSV."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 import math
 from dataclasses import asdict
 
-from agent.analyze import Analysis, random_baseline
+from agent.offline.analyze import Analysis, random_baseline
+from monitor.wire import encode_value
 
 HEADERS = {
     "qkai": "qkai",
@@ -24,15 +25,6 @@ HEADERS = {
 
 ALERT_QKAI = 0.70
 """Seed 000: above about 0.70 the stable rank drops and mid-layer entropy climbs to uniform."""
-
-
-def encode_value(x: float) -> float | str:
-    """DESIGN.md's value encoding: a JSON number, or "nan" / "inf" / "-inf"."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
 
 
 def to_json(analysis: Analysis) -> str:

@@ -1,23 +1,23 @@
 """``qkwatch analyze``: the weight geometry of a checkpoint on disk, layer by layer.
 
 Reads only the query and key projections, a chunk of layers at a time (bounded memory on
-large models), and computes DESIGN.md's weight metrics batched over the chunk.
+large models), and computes the weight metrics of docs/metrics.md batched over the chunk.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from agent.checkpoint import Checkpoint, CheckpointError, open_checkpoint
-from agent.layouts import Layout, LayoutError, count_layers, custom, detect, first
+from agent.layouts import Layout, LayoutError, count_layers, detect, first
 from agent.metrics import householder, split_heads, split_qkv
 from agent.metrics.summary import HEAD_METRICS, weight_metrics
+from agent.offline.checkpoint import Checkpoint, CheckpointError, open_checkpoint
 
 CHUNK_BYTES = 512 * 2**20
 """Float32 bytes of query+key weights processed in one batched call."""
@@ -48,42 +48,31 @@ class Analysis:
     """With ``heads=True``: one dict per layer, metric -> per-head values."""
 
 
-@dataclass(frozen=True)
-class Mapping:
-    """Explicit key patterns and head counts for a checkpoint no layout knows."""
-
-    q_key: str | None = None
-    k_key: str | None = None
-    qkv_key: str | None = None
-    conv1d: bool = False
-    n_heads: int | None = None
-    n_kv_heads: int | None = None
-
-    def layout(self) -> Layout | None:
-        if not (self.q_key or self.k_key or self.qkv_key):
-            return None
-        return custom(self.q_key, self.k_key, self.qkv_key, self.conv1d)
-
-
 def analyze(
     path: str | Path,
     *,
     rank: int | None = None,
     heads: bool = False,
     spectra: bool = True,
-    mapping: Mapping | None = None,
+    layout: Layout | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Analysis:
     """Weight metrics of every layer of the checkpoint at ``path``.
 
+    Args:
+        layout: where the projections are (:func:`agent.layouts.custom` makes one from key
+            patterns); None, or one carrying only head counts, detects it from the checkpoint's keys.
+
     Raises:
         AnalyzeError: missing path, unknown layout, or a tensor whose shape does not fit the config.
     """
-    mapping = mapping or Mapping()
+    given = layout or Layout()
     try:
         with open_checkpoint(path) as ckpt:
-            layout = mapping.layout() or detect(ckpt.keys(), ckpt.config)
-            shape = _shape(ckpt, layout, mapping)
+            layout = given
+            if not given.names_projections:
+                layout = replace(detect(ckpt.keys(), ckpt.config), n_heads=given.n_heads, n_kv_heads=given.n_kv_heads)
+            shape = _shape(ckpt, layout)
             r = shape.d_head if rank is None else rank
             if not 1 <= r <= shape.d_head:
                 raise AnalyzeError(f"--rank must be in [1, d_head={shape.d_head}], got {r}")
@@ -99,7 +88,7 @@ def analyze(
         raise AnalyzeError(str(exc)) from None
 
 
-def _shape(ckpt: Checkpoint, layout: Layout, mapping: Mapping) -> Shape:
+def _shape(ckpt: Checkpoint, layout: Layout) -> Shape:
     config, keys = ckpt.config, ckpt.keys()
     n_layers = count_layers(layout, keys)
     declared = first(config, layout.layers)
@@ -108,13 +97,13 @@ def _shape(ckpt: Checkpoint, layout: Layout, mapping: Mapping) -> Shape:
             f"the config declares {declared} layers but the checkpoint holds query/key weights for "
             f"{n_layers} ({', '.join(layout.weight_keys(n_layers))} is missing)"
         )
-    n_heads = mapping.n_heads or first(config, layout.heads)
+    n_heads = layout.n_heads or first(config, layout.heads)
     if n_heads is None:
         raise AnalyzeError(
             "the number of attention heads is unknown: the config has none of "
             f"{', '.join(layout.heads)}; pass --n-heads"
         )
-    n_kv = mapping.n_kv_heads or first(config, layout.kv_heads) or n_heads
+    n_kv = layout.n_kv_heads or first(config, layout.kv_heads) or n_heads
     d_model = first(config, layout.width) or _width_from_weights(ckpt, layout)
     d_head = first(config, layout.head_dim) or d_model // n_heads
     n_heads, n_kv, d_model, d_head = int(n_heads), int(n_kv), int(d_model), int(d_head)

@@ -1,0 +1,123 @@
+"""A run's whole history of some metrics, unbucketed: per metric, a steps x layers grid.
+
+Layer values come from the frames (one row per report and metric, as the heatmap reads them),
+scalars from the points, as layer -1. Per (step, layer) the latest attempt that logged it wins,
+unless one attempt is asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+from itertools import pairwise
+
+import sqlalchemy as sa
+
+from monitor.store import frames, reads, sql
+from monitor.store import models as m
+from monitor.store.errors import Invalid
+from monitor.store.metric_names import MetricNames
+
+Doubles = tuple[list[int], list[int], bytes, bytes | None]
+"""(steps, layers, float64 values step-major with NaN where not measured, measured bytes or None)."""
+
+
+def grids(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Sequence[str], start: int | None,
+          end: int | None, attempt: int | None, max_points: int | None) -> dict[str, m.Heatmap]:
+    """Per metric with values in the range, its grid; a cell is None where nothing was measured.
+
+    Raises:
+        Invalid: the answer would hold more than ``max_points`` values.
+    """
+    rows = _rows(conn, names, run, metrics, start, end, attempt, max_points)
+    return {name: _grid(frames.merge_steps(r[1:] for r in fr), sc) for name, (fr, sc) in rows.items()}
+
+
+def doubles(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Sequence[str], start: int | None,
+            end: int | None, attempt: int | None, max_points: int | None) -> dict[str, Doubles]:
+    """:func:`grids` as float64 bytes: per metric (steps, layers, values, measured).
+
+    ``values`` holds the steps x layers doubles, step-major, in native byte order, NaN where
+    nothing was measured; ``measured`` one byte per value (1: measured), or None when all were.
+    A metric stored as one full frame per step (one attempt, every layer reported at once: the
+    usual run) is its frames' bytes as stored, with no value handled one by one.
+    """
+    out = {}
+    for name, (fr, sc) in _rows(conn, names, run, metrics, start, end, attempt, max_points).items():
+        if not sc and _one_full_frame_per_step(fr):
+            out[name] = ([r[1] for r in fr], list(range(len(fr[0][2]) // 8)), b"".join(r[2] for r in fr), None)
+        else:
+            out[name] = _doubles(_grid(frames.merge_steps(r[1:] for r in fr), sc))
+    return out
+
+
+def _rows(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Sequence[str], start: int | None,
+          end: int | None, attempt: int | None, max_points: int | None) -> dict[str, tuple[list, list]]:
+    """Per metric with values: its frame rows (metric id, step, vals, present, has_nan) in (step, attempt)
+    order, and its scalar points (step, value) in the merged view (or of ``attempt``)."""
+    f, p = m.frames, m.points
+    ids = {i: name for name in metrics if (i := names.lookup(conn, name)) is not None}
+    if not ids:
+        return {}
+    fw = [f.c.run_pk == run.pk, f.c.metric_id.in_(list(ids)), *sql.step_range(f.c.step, start, end)]
+    fw += [f.c.attempt == attempt] if attempt is not None else []
+    frame_rows = conn.execute(sa.select(f.c.metric_id, f.c.step, f.c.vals, f.c.present, f.c.has_nan)
+                              .where(*fw).order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask)).all()
+    values = sum(len(row[2]) for row in frame_rows) // 8
+    if max_points is not None and values > max_points:
+        raise Invalid(f"the history holds {values} values, more than {max_points} in one answer: "
+                      "ask for fewer metrics or a step range (start, end)")
+    pw = [p.c.run_pk == run.pk, p.c.metric_id.in_(list(ids)), p.c.head == m.LAYER_VALUE, p.c.layer == m.RUN_SCALAR,
+          *sql.step_range(p.c.step, start, end), *reads.attempt_filter(run, attempt)]
+    scalar_rows = conn.execute(sa.select(p.c.metric_id, p.c.step, p.c.value).where(*pw)
+                               .order_by(p.c.metric_id, p.c.step)).all()
+    by_metric: dict[int, tuple[list, list]] = {i: ([], []) for i in ids}
+    for row in frame_rows:
+        by_metric[row[0]][0].append(row)
+    for row in scalar_rows:
+        by_metric[row.metric_id][1].append((row.step, sql.from_db(row.value)))
+    return {ids[i]: (fr, sc) for i, (fr, sc) in by_metric.items() if fr or sc}
+
+
+def _grid(steps: list, scalars: list[tuple[int, float]]) -> m.Heatmap:
+    """Merged frames (``frames.merge_steps``) and scalar points -> a steps x layers grid (layer -1: the scalar)."""
+    n = max((len(s.values) for s in steps), default=0)
+    seen = [False] * n
+    for s in steps:
+        if s.clean:
+            seen[: len(s.values)] = [True] * len(s.values)
+        else:
+            for i, v in enumerate(s.values):
+                seen[i] = seen[i] or v is not None
+    layers = [i for i in range(n) if seen[i]]
+    rows = {s.step: s.values if len(s.values) == n else s.values + [None] * (n - len(s.values)) for s in steps}
+    if len(layers) < n:
+        rows = {step: [row[i] for i in layers] for step, row in rows.items()}
+    if not scalars:
+        return m.Heatmap(list(rows), layers, list(rows.values()), False)
+    by_step = dict(scalars)
+    order = sorted(rows.keys() | by_step.keys())
+    empty = [None] * len(layers)
+    return m.Heatmap(order, [m.RUN_SCALAR, *layers], [[by_step.get(s), *rows.get(s, empty)] for s in order], False)
+
+
+def _one_full_frame_per_step(rows: list) -> bool:
+    """Frame rows (metric id, step, vals, present, has_nan) that are the grid as they are: one per step,
+    every layer."""
+    return bool(rows) and all(r[3] is None for r in rows) and len({len(r[2]) for r in rows}) == 1 and \
+        all(a[1] < b[1] for a, b in pairwise(rows))
+
+
+def _doubles(grid: m.Heatmap) -> Doubles:
+    """A grid -> (steps, layers, float64 bytes step-major with NaN where not measured, measured bytes or None)."""
+    vals, measured, holes = array("d"), bytearray(), False
+    for row in grid.values:
+        if None in row:
+            holes = True
+            vals.extend(math.nan if v is None else v for v in row)
+            measured += bytes(v is not None for v in row)
+        else:
+            vals.extend(row)
+            measured += b"\x01" * len(row)
+    return grid.steps, grid.layers, vals.tobytes(), bytes(measured) if holes else None

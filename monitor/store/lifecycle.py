@@ -1,0 +1,162 @@
+"""How a run starts, resumes, ends and goes away: attempts, statuses, the heartbeat, retention."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any
+
+import sqlalchemy as sa
+
+from monitor import scheduling
+from monitor.store import lambdas, runs, sql
+from monitor.store import models as m
+from monitor.store.errors import Invalid
+from monitor.wire import RunCreate
+
+logger = logging.getLogger(__name__)
+
+
+def check_schedule(config: dict[str, Any]) -> scheduling.ScheduleConfig:
+    """The schedule of a run config; Invalid names the bad key."""
+    try:
+        return scheduling.ScheduleConfig.from_mapping(config.get("schedule"))
+    except (ValueError, TypeError) as exc:
+        raise Invalid(f"config.{exc}" if str(exc).startswith("schedule") else f"config.schedule: {exc}") from None
+
+
+def create_or_resume(conn: sa.Connection, body: RunCreate, schedule: scheduling.ScheduleConfig,
+                     now: float) -> tuple[m.RunRow, int]:
+    """Create the run (attempt 1) or resume it; returns the run and the attempt to report under.
+
+    An unseen ``attempt_key`` starts attempt latest+1; a known one returns its attempt; no key
+    returns the latest attempt. A finished or crashed run is set back to running, unless a
+    known key re-registers an attempt whose end was already reported (see :func:`_keeps_status`).
+    A new config whose ``lambda_max`` (of ``schedule``) is below existing overrides clips them (audited).
+    """
+    row = runs.locked_by_name(conn, body.project, body.name)
+    if row is None:
+        row = _insert_run(conn, body, now)
+    known = _known_attempt(conn, row, body.attempt_key)
+    attempt = known if known is not None else _resolve_attempt(conn, row, body.attempt_key, now)
+    values: dict[str, Any] = {"updated_at": now, "latest_attempt": max(attempt, row.latest_attempt)}
+    if not (known is not None and _keeps_status(row)):
+        values.update(status="running", status_reason=None)
+    config = _keep_shape(row, body.config) if body.config else None
+    if config:
+        values["config"] = json.dumps(config)
+    conn.execute(sa.update(m.runs).where(m.runs.c.pk == row.pk).values(**values))
+    if body.config:
+        lambdas.clip_overrides(conn, runs.by_pk(conn, row.pk), schedule, attempt, now)
+    return runs.by_pk(conn, row.pk), attempt
+
+
+def _keep_shape(run: m.RunRow, config: dict[str, Any]) -> dict[str, Any]:
+    """The config to store on a resume: its layer count may not change (Invalid), and one left out is kept.
+
+    The layer count sizes the lambdas the trainer reads and the alerts' layers; a resume that
+    changed it would silently change what they mean. A count stored before it was bounded
+    (more than MAX_LAYERS) does not hold the run to it.
+    """
+    old, new = runs.layer_count(run.config), config.get("n_layers")
+    if old is None:
+        return config
+    if new is None:
+        return {**config, "n_layers": old}
+    if new != old:
+        raise Invalid(f"config.n_layers: run {run.project}/{run.name} has {old} layers, and a resume may not "
+                      f"change that (got {new}); start a new run for a model of another shape")
+    return config
+
+
+def _keeps_status(run: m.RunRow) -> bool:
+    """A run the agent ended (PATCH) stays ended when one of that attempt's processes registers again.
+
+    Another rank's sender, or ``qkwatch sync`` delivering a spool, creates the run again with
+    the attempt key it already has; that must not undo the status. A stale guess
+    (crashed, reason "stale") does not count: the run revives as on reports.
+    """
+    return run.status in runs.TERMINAL and run.status_reason != "stale"
+
+
+def _known_attempt(conn: sa.Connection, run: m.RunRow, key: str | None) -> int | None:
+    if key is None:
+        return None
+    return conn.execute(sa.select(m.attempts.c.attempt).where(
+        m.attempts.c.run_pk == run.pk, m.attempts.c.attempt_key == key)).scalar()
+
+
+def _insert_run(conn: sa.Connection, body: RunCreate, now: float) -> m.RunRow:
+    ins = sql.insert(conn, m.runs).values(
+        id=uuid.uuid4().hex, project=body.project, name=body.name, status="running", config=json.dumps(body.config),
+        created_at=now, updated_at=now, latest_attempt=1, lambda_version=0)
+    # Two replicas creating the same run at once: the loser's insert does nothing and it
+    # reads (and locks) the winner's row.
+    conn.execute(ins.on_conflict_do_nothing(index_elements=["project", "name"]))
+    row = runs.locked_by_name(conn, body.project, body.name)
+    assert row is not None
+    conn.execute(sql.insert(conn, m.attempts).values(run_pk=row.pk, attempt=1, attempt_key=body.attempt_key,
+                                                     created_at=now).on_conflict_do_nothing())
+    return row
+
+
+def _resolve_attempt(conn: sa.Connection, run: m.RunRow, key: str | None, now: float) -> int:
+    """No key: the latest attempt; a key not seen before: a new attempt, latest+1."""
+    if key is None:
+        return run.latest_attempt
+    attempt = run.latest_attempt + 1
+    conn.execute(sa.insert(m.attempts).values(run_pk=run.pk, attempt=attempt, attempt_key=key, created_at=now))
+    return attempt
+
+
+def set_status(conn: sa.Connection, run_id: str, status: str, reason: str | None, attempt: int | None,
+               now: float) -> m.RunRow:
+    """Set how the run ended (idempotent); ``reason`` defaults to "patch".
+
+    A status for an ``attempt`` older than the run's latest is ignored: it is an earlier
+    process's end, delivered late, and the run has been resumed since.
+
+    Raises:
+        NotFound: unknown run. Invalid: an attempt the run does not have.
+    """
+    run = runs.locked(conn, run_id)
+    if attempt is not None and attempt > run.latest_attempt:
+        raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt})")
+    if attempt is not None and attempt < run.latest_attempt:
+        logger.info("run %s: ignoring status %s of attempt %d (latest is %d)", run.id, status, attempt,
+                    run.latest_attempt)
+        return run
+    conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk)
+                 .values(status=status, status_reason=reason or "patch", updated_at=now))
+    return runs.by_pk(conn, run.pk)
+
+
+def delete(conn: sa.Connection, pk: int) -> None:
+    """Delete the run and every row of it (points, frames, alerts and their notifications...)."""
+    alert_ids = sa.select(m.alerts.c.id).where(m.alerts.c.run_pk == pk).scalar_subquery()
+    conn.execute(sa.delete(m.notifications).where(m.notifications.c.alert_id.in_(alert_ids)))
+    for table in (m.points, m.frames, m.latest, m.events, m.batches, m.attempts, m.lambda_state, m.lambda_overrides,
+                  m.lambda_audit, m.alert_state, m.alerts):
+        conn.execute(sa.delete(table).where(table.c.run_pk == pk))
+    conn.execute(sa.delete(m.runs).where(m.runs.c.pk == pk))
+
+
+def mark_stale(conn: sa.Connection, timeout_s: float, now: float) -> list[str]:
+    """Mark running runs without reports (or updates) for ``timeout_s`` as crashed; returns their ids."""
+    last = sa.func.coalesce(m.runs.c.last_report_at, m.runs.c.updated_at)
+    ids = conn.execute(sa.select(m.runs.c.id).where(m.runs.c.status == "running", last < now - timeout_s)
+                       ).scalars().all()
+    if ids:
+        conn.execute(sa.update(m.runs).where(m.runs.c.id.in_(ids))
+                     .values(status="crashed", status_reason="stale", updated_at=now))
+    return list(ids)
+
+
+def apply_retention(conn: sa.Connection, days: float, now: float) -> list[str]:
+    """Delete finished and crashed runs not updated for ``days``; returns their ids."""
+    rows = conn.execute(sa.select(m.runs.c.pk, m.runs.c.id).where(
+        m.runs.c.status.in_(runs.TERMINAL), m.runs.c.updated_at < now - days * 86400)).all()
+    for r in rows:
+        delete(conn, r.pk)
+    return [r.id for r in rows]

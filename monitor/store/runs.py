@@ -1,0 +1,130 @@
+"""The runs table read: a run by id or name (locked for a write), runs by filters.
+
+How a run starts, resumes, ends and goes away is :mod:`monitor.store.lifecycle`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from monitor.store import models as m
+from monitor.store.errors import NotFound
+from monitor.store.metric_names import MetricNames
+from monitor.wire import MAX_LAYERS, clip_depth
+
+TERMINAL = ("finished", "crashed")
+"""The statuses of a run that ended."""
+
+
+def run_row(r: sa.Row) -> m.RunRow:
+    # clip_depth: a config stored before its depth was bounded is read back cut at the bound.
+    return m.RunRow(pk=r.pk, id=r.id, project=r.project, name=r.name, status=r.status,
+                    status_reason=r.status_reason, config=clip_depth(json.loads(r.config)), created_at=r.created_at,
+                    updated_at=r.updated_at, last_report_at=r.last_report_at, last_step=r.last_step,
+                    latest_attempt=r.latest_attempt, lambda_version=r.lambda_version, lambda_step=r.lambda_step)
+
+
+def layer_count(config: dict[str, Any]) -> int | None:
+    """``config["n_layers"]`` when it is a layer count the collector accepts, else None (unknown)."""
+    n = config.get("n_layers")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LAYERS else None
+
+
+def get(conn: sa.Connection, where: sa.ColumnElement[bool]) -> m.RunRow:
+    """The one run matching ``where``; NotFound when none does."""
+    r = conn.execute(sa.select(m.runs).where(where)).first()
+    if r is None:
+        raise NotFound("run not found")
+    return run_row(r)
+
+
+def by_pk(conn: sa.Connection, pk: int) -> m.RunRow:
+    """The run as it is now in this transaction (re-read after an update)."""
+    return get(conn, m.runs.c.pk == pk)
+
+
+def by_name(conn: sa.Connection, project: str, name: str) -> m.RunRow:
+    return get(conn, sa.and_(m.runs.c.project == project, m.runs.c.name == name))
+
+
+def locked(conn: sa.Connection, run_id: str) -> m.RunRow:
+    """The run, locked for this write transaction.
+
+    FOR UPDATE serialises the writes of one run across replicas on PostgreSQL (the schedule and
+    the alert streaks are read-modify-write); SQLite's BEGIN IMMEDIATE already does.
+    """
+    r = conn.execute(sa.select(m.runs).where(m.runs.c.id == run_id).with_for_update()).first()
+    if r is None:
+        raise NotFound(f"run {run_id} not found")
+    return run_row(r)
+
+
+def locked_by_name(conn: sa.Connection, project: str, name: str) -> m.RunRow | None:
+    q = sa.select(m.runs).where(m.runs.c.project == project, m.runs.c.name == name)
+    r = conn.execute(q.with_for_update()).first()
+    return run_row(r) if r else None
+
+
+def compare(conn: sa.Connection, run_ids: Sequence[str]) -> list[m.RunRow]:
+    """The runs of ``run_ids``, in that order; NotFound names the first unknown one."""
+    rows = {r.id: run_row(r) for r in conn.execute(sa.select(m.runs).where(m.runs.c.id.in_(list(run_ids))))}
+    missing = [i for i in run_ids if i not in rows]
+    if missing:
+        raise NotFound(f"run {missing[0]} not found")
+    return [rows[i] for i in run_ids]
+
+
+def page(conn: sa.Connection, where: list, limit: int, offset: int) -> tuple[list[m.RunRow], int]:
+    """Runs matching every condition of ``where``, newest activity first, and their count."""
+    r = m.runs
+    count = conn.execute(sa.select(sa.func.count()).select_from(r).where(*where)).scalar()
+    rows = conn.execute(sa.select(r).where(*where).order_by(r.c.updated_at.desc(), r.c.pk.desc())
+                        .limit(limit).offset(offset)).all()
+    return [run_row(row) for row in rows], int(count or 0)
+
+
+def basic_filters(projects: Sequence[str] | None, status: str | None, name: str | None) -> list:
+    """Conditions on the run's own columns (``projects`` None = all)."""
+    r = m.runs
+    where = []
+    if projects is not None:
+        where.append(r.c.project.in_(list(projects)))
+    where += [r.c.status == status] if status else []
+    where += [r.c.name == name] if name else []
+    return where
+
+
+def search_filters(conn: sa.Connection, names: MetricNames, *, created: tuple[float | None, float | None],
+                   updated: tuple[float | None, float | None], ever_above: tuple[str, float] | None,
+                   latest_above: tuple[str, float] | None, alerts: Sequence[tuple[Sequence[str], bool]]) -> list:
+    """Conditions on times, on what the run reported and on its alerts (see ``Store.search_runs``)."""
+    r = m.runs
+    where = []
+    for column, (after, before) in ((r.c.created_at, created), (r.c.updated_at, updated)):
+        where += [column >= after] if after is not None else []
+        where += [column <= before] if before is not None else []
+    if ever_above is not None:
+        where.append(_ever_above(conn, names, *ever_above))
+    if latest_above is not None:
+        lt = m.latest
+        where.append(sa.exists().where(lt.c.run_pk == r.c.pk, lt.c.metric == latest_above[0],
+                                       lt.c.value > latest_above[1]))
+    for rules, wanted in alerts:
+        a = m.alerts
+        had = sa.exists().where(a.c.run_pk == r.c.pk, a.c.rule.in_(list(rules)))
+        where.append(had if wanted else ~had)
+    return where
+
+
+def _ever_above(conn: sa.Connection, names: MetricNames, metric: str, threshold: float) -> sa.ColumnElement[bool]:
+    metric_id = names.lookup(conn, metric)
+    if metric_id is None:
+        return sa.false()
+    p = m.points
+    # An index range per run: (run_pk, metric_id, head) is the primary key's prefix.
+    return sa.exists().where(p.c.run_pk == m.runs.c.pk, p.c.metric_id == metric_id, p.c.head == m.LAYER_VALUE,
+                             p.c.value > threshold)

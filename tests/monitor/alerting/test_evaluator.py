@@ -1,0 +1,112 @@
+"""The evaluator: rules' transitions -> alerts, notifications and stored state, through a ledger.
+
+The ledger here is an in-memory double of the store's (``monitor.store.alerts.AlertRows``, which
+``tests/monitor/store/test_alert_rows.py`` runs on both databases), so each test sees exactly
+what the evaluator asked the store to write.
+"""
+
+from __future__ import annotations
+
+from monitor.alerting.evaluator import AlertLedger, StateKey, StoredState, evaluate_batch, reports_for
+from monitor.alerting.rules import RuleSet, ThresholdRule, Transition
+
+
+class MemoryLedger:
+    """An :class:`AlertLedger` in memory; it records every call."""
+
+    def __init__(self, states: dict[StateKey, StoredState] | None = None) -> None:
+        self.states = dict(states or {})
+        self.alerts: dict[int, dict] = {}
+        self.notifications: list[tuple[int, str]] = []
+        self.saved: list[dict[StateKey, StoredState]] = []
+        self.loads = 0
+
+    def load_states(self) -> dict[StateKey, StoredState]:
+        self.loads += 1
+        return dict(self.states)
+
+    def save_states(self, states: dict[StateKey, StoredState]) -> None:
+        self.saved.append(states)
+        self.states.update(states)
+
+    def open_alert(self, t: Transition) -> int:
+        alert_id = 100 + len(self.alerts)
+        self.alerts[alert_id] = {"rule": t.rule, "state": "firing", "layers": t.layers, "onset": t.onset_step}
+        return alert_id
+
+    def update_alert(self, alert_id: int, t: Transition) -> None:
+        self.alerts[alert_id]["layers"] = t.layers
+
+    def resolve_alert(self, alert_id: int, t: Transition) -> None:
+        self.alerts[alert_id].update(state="resolved", layers=t.layers, resolved=t.step)
+
+    def queue_notification(self, alert_id: int, status: str) -> None:
+        self.notifications.append((alert_id, status))
+
+
+def qkai(start: int, rows: list[list[float | None]]) -> list[tuple[int, dict[str, list[float | None]]]]:
+    """(step, metric -> values) per report, one step apart from ``start``."""
+    return [(start + i, {"qkai": row}) for i, row in enumerate(rows)]
+
+
+def test_the_memory_ledger_is_a_ledger() -> None:
+    ledger: AlertLedger = MemoryLedger()  # a type checker holds the double to the protocol
+    assert ledger.load_states() == {}
+
+
+def test_reports_without_a_rule_metric_touch_nothing() -> None:
+    ledger = MemoryLedger()
+    assert evaluate_batch(RuleSet.default(), ledger, 1, [(0, {"loss": [1.0]}), (1, {})]) == 0
+    assert ledger.loads == 0 and ledger.saved == [] and ledger.alerts == {}
+
+
+def test_reports_for_keeps_the_reports_a_threshold_rule_reads() -> None:
+    rules = RuleSet((ThresholdRule("low", metric="attn_entropy", op="<"),), ())
+    out = reports_for(rules, 2, [(0, {"qkai": [0.9]}), (1, {"attn_entropy": [0.1]})])
+    assert [(r.attempt, r.step, dict(r.layers)) for r in out] == [(2, 1, {"attn_entropy": [0.1]})]
+
+
+def test_a_firing_rule_opens_an_alert_queues_a_notification_and_stores_its_id() -> None:
+    ledger = MemoryLedger()
+    assert evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.1]] * 3)) == 1
+    assert ledger.alerts == {100: {"rule": "qkai_high", "state": "firing", "layers": (0,), "onset": 0}}
+    assert ledger.notifications == [(100, "firing")]
+    assert ledger.states[("qkai_high", 0)] == StoredState(3, 0, 1, 2, (), 100)
+    assert ledger.states[("qkai_high", 1)] == StoredState(0, None, 1, 2, (), None)
+
+
+def test_a_stored_alert_id_is_a_firing_layer_that_resolves() -> None:
+    ledger = MemoryLedger({("qkai_high", 0): StoredState(5, 10, 1, 14, (), 7)})
+    ledger.alerts[7] = {"rule": "qkai_high", "state": "firing", "layers": (0,), "onset": 10}
+    assert evaluate_batch(RuleSet.default(), ledger, 1, qkai(15, [[0.2]])) == 1
+    assert ledger.alerts[7] == {"rule": "qkai_high", "state": "resolved", "layers": (0,), "onset": 10, "resolved": 15}
+    assert ledger.notifications == [(7, "resolved")]
+    assert ledger.states[("qkai_high", 0)] == StoredState(0, None, 1, 15, (), None)
+
+
+def test_a_band_that_grows_updates_its_alert_without_a_notification() -> None:
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.9, 0.9, 0.1]] * 3))
+    band = next(i for i, a in ledger.alerts.items() if a["rule"] == "collapse_band")
+    assert ledger.alerts[band]["layers"] == (0, 1, 2)
+    sent = len(ledger.notifications)
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(3, [[0.9, 0.9, 0.9, 0.9]] * 3))
+    assert ledger.alerts[band]["layers"] == (0, 1, 2, 3)
+    assert [n for n in ledger.notifications[sent:] if n[0] == band] == []  # only layer 3's own alert fired
+    assert ledger.states[("collapse_band", -1)].band_layers == (0, 1, 2, 3)
+
+
+def test_a_replayed_batch_saves_and_queues_nothing() -> None:
+    ledger = MemoryLedger()
+    batch = qkai(0, [[0.9]] * 3)
+    evaluate_batch(RuleSet.default(), ledger, 1, batch)
+    saves = len(ledger.saved)
+    assert evaluate_batch(RuleSet.default(), ledger, 1, batch) == 0
+    assert len(ledger.saved) == saves and ledger.notifications == [(100, "firing")]
+
+
+def test_only_changed_states_are_saved() -> None:
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.1]]))
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(1, [[0.9, None]]))  # layer 1 not measured
+    assert set(ledger.saved[-1]) == {("qkai_high", 0), ("collapse_band", -1)}
