@@ -5,7 +5,8 @@ latest value per (run, layer) of *running* runs at scrape time, so several worke
 behind one database all expose the same values, and a finished run drops out at once.
 
 Labels: ``run`` is the run's **name** (readable in Grafana), with ``project`` beside it because a
-name is unique only within its project; ``layer`` is the layer index. Never a step label. The
+name is unique only within its project; ``layer`` is the layer index; ``rank`` the training process
+of an agent health series (see :data:`AGENT_SCALARS`). Never a step label. The
 series count is bounded by ``metrics_max_runs`` x ``metrics_max_layers`` x the fixed gauge set.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -35,7 +37,8 @@ LAYER_GAUGES = {
 # run-level scalars the agent reports about itself (and the loss) -> (exported name, help)
 SCALAR_GAUGES = {
     "loss": ("qkwatch_train_loss", "Training loss, latest report."),
-    "agent_queue_depth": ("qkwatch_agent_queue_depth", "Reports waiting in the agent's queue."),
+    "agent_queue_depth": ("qkwatch_agent_queue_depth",
+                          "Reports the agent spooled that the collector has not acknowledged yet."),
     "agent_spool_bytes": ("qkwatch_agent_spool_bytes", "Bytes the agent spooled to disk, undelivered."),
     "agent_step_overhead_seconds": ("qkwatch_agent_step_overhead_seconds",
                                     "Seconds the agent added to the training step."),
@@ -47,6 +50,23 @@ SCALAR_COUNTERS = {
     "agent_dead_lettered_total": ("qkwatch_agent_dead_lettered",
                                   "Reports the collector refused for good (kept in the agent's dead-letter.jsonl)."),
 }
+
+
+AGENT_SCALARS = [name for name in [*SCALAR_GAUGES, *SCALAR_COUNTERS] if name.startswith("agent_")]
+"""The agent's own health series: one per rank. With several ranks each agent reports its own,
+suffixed ``_rank<r>`` (``agent_dropped_total_rank3``); they are exported under one name with a
+``rank`` label (``"0"`` for a single-process run's unsuffixed series)."""
+_RANKED = re.compile(r"^(agent_\w+?)_rank(\d+)$")
+
+
+def agent_rank(metric: str) -> tuple[str, str]:
+    """``("agent_dropped_total", "3")`` for ``agent_dropped_total_rank3``; ``(metric, "0")`` otherwise."""
+    ranked = _RANKED.match(metric)
+    return (ranked.group(1), ranked.group(2)) if ranked else (metric, "0")
+
+
+def _scalar_labels(metric: str) -> list[str]:
+    return ["project", "run", "rank"] if metric in AGENT_SCALARS else ["project", "run"]
 
 
 class RunCollector(Collector):
@@ -64,21 +84,24 @@ class RunCollector(Collector):
         try:
             names = [*LAYER_GAUGES, *SCALAR_GAUGES, *SCALAR_COUNTERS]
             runs, rows = self.store.latest_snapshot(names, self.settings.metrics_max_runs,
-                                                    self.settings.metrics_max_layers, self.projects)
+                                                    self.settings.metrics_max_layers, self.projects,
+                                                    prefixes=[f"{n}_rank" for n in AGENT_SCALARS])
         except Exception:  # a scrape must not fail because the database is briefly away
             logger.exception("could not read the run snapshot for /metrics")
             return
         families = {metric: GaugeMetricFamily(name, doc, labels=["project", "run", "layer"])
                     for metric, (name, doc) in LAYER_GAUGES.items()}
-        scalars = {metric: GaugeMetricFamily(name, doc, labels=["project", "run"])
+        scalars = {metric: GaugeMetricFamily(name, doc, labels=_scalar_labels(metric))
                    for metric, (name, doc) in SCALAR_GAUGES.items()}
-        scalars.update({metric: CounterMetricFamily(name, doc, labels=["project", "run"])
+        scalars.update({metric: CounterMetricFamily(name, doc, labels=_scalar_labels(metric))
                         for metric, (name, doc) in SCALAR_COUNTERS.items()})
         collapsed: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r in rows:
             if r.layer < 0:
-                if r.metric in scalars:
-                    scalars[r.metric].add_metric([r.project, r.run_name], r.value)
+                metric, rank = agent_rank(r.metric)
+                if metric in scalars:
+                    extra = [rank] if metric in AGENT_SCALARS else []
+                    scalars[metric].add_metric([r.project, r.run_name, *extra], r.value)
                 continue
             if r.metric not in families:
                 continue

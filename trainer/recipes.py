@@ -73,10 +73,11 @@ def collapse_cpu() -> RunConfig:
     Eight layers of d_model 128 (4 heads of 32) train normally for 150 steps; then the
     ``qk_collapse`` intervention ramps up over 500 steps on layers 3-5 (45-70 % of the depth, where
     seed 000 finds its band): their query and key subspaces are pulled into alignment and their
-    keys contracted toward rank one, so QKAI climbs from ~0.3 to ~0.9, the stable rank of
-    ``W_Q W_K^T`` falls to ~1 and the normalised entropy rises toward 1, while layers 0-2 and 6-7
-    stay at QKAI ~0.3. Vanilla by default; ``--set raa.enabled=true`` gives full RAA, whose
-    schedule flags the band and whose PAR holds its QKAI near 0.5.
+    keys contracted toward rank one, so QKAI climbs from ~0.3 at the onset (0.25, the random
+    r / d_model, at initialisation) to ~0.9, the stable rank of ``W_Q W_K^T`` falls to ~1 and the
+    normalised entropy rises toward 1, while layers 0-2 and 6-7 stay at QKAI ~0.3. Vanilla by
+    default; ``--set raa.enabled=true`` gives full RAA, whose schedule flags the band and whose PAR
+    holds its QKAI near 0.5.
 
     ``lambda_0`` follows ``ScheduleConfig``'s rule, PAR of a layer at the alert threshold ~ 1 nat:
     ``1 / (4 heads x (0.25 x 32)^2)`` ~ 4e-3, rounded up to 5e-3 so that ``lambda >= 3 mu`` (the

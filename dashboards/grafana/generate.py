@@ -157,10 +157,10 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""", h=6,
                     "crashed, reason stale)."))
     panels.append(stat(lay, "Train loss", promql(f"qkwatch_train_loss{{{RUN_LABELS}}}", "loss"), decimals=3,
                        description="Training loss, latest report."))
-    panels.append(stat(lay, "Dead letters", promql(f"qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}}", "dead"),
+    panels.append(stat(lay, "Dead letters", promql(f"sum(qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}})", "dead"),
                        steps=[(None, "green"), (1, "red")],
                        description="Reports the collector refused for good: the agent keeps them in its "
-                                   "dead-letter.jsonl."))
+                                   "dead-letter.jsonl (summed over the run's ranks)."))
     panels.append(panel(
         lay, "bargauge", "QKAI per layer, latest", 24, 6,
         [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "{{layer}}", instant=True)],
@@ -186,25 +186,27 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""", h=6,
                              description="RAA penalty weight of each layer over time."))
 
     panels.append(lay.row("Agent health (Prometheus)"))
-    panels.append(timeseries(lay, "Queue depth", [promql(f"qkwatch_agent_queue_depth{{{RUN_LABELS}}}", "queued")],
-                             w=8, min_value=0, description="Reports waiting in the agent's in-memory queue."))
+    per_rank = "rank {{rank}}"  # each training process's agent reports its own health
+    panels.append(timeseries(lay, "Queue depth", [promql(f"qkwatch_agent_queue_depth{{{RUN_LABELS}}}", per_rank)],
+                             w=8, min_value=0,
+                             description="Reports the agent spooled that the collector has not acknowledged yet."))
     panels.append(timeseries(lay, "Report lag", [promql(
         f"time() - qkwatch_last_report_timestamp_seconds{{{RUN_LABELS}}}", "seconds since the last report")],
         w=8, unit="s", min_value=0, steps=[(None, "transparent"), (300, "orange"), (900, "red")],
         description="Seconds since the collector last stored a report of the run."))
-    panels.append(timeseries(lay, "Spool on disk", [promql(f"qkwatch_agent_spool_bytes{{{RUN_LABELS}}}", "spooled")],
+    panels.append(timeseries(lay, "Spool on disk", [promql(f"qkwatch_agent_spool_bytes{{{RUN_LABELS}}}", per_rank)],
                              w=8, unit="bytes", min_value=0,
                              description="Bytes of reports the agent spooled to disk and has not delivered yet."))
     panels.append(timeseries(lay, "Step overhead", [promql(
-        f"qkwatch_agent_step_overhead_seconds{{{RUN_LABELS}}}", "per step")], w=8, unit="s", min_value=0,
+        f"qkwatch_agent_step_overhead_seconds{{{RUN_LABELS}}}", "rank {{rank}}")], w=8, unit="s", min_value=0,
         description="Seconds the agent added to a training step (mean since its previous report)."))
     panels.append(timeseries(lay, "Deliveries", [
-        promql(f"rate(qkwatch_agent_sent_total{{{RUN_LABELS}}}[$__rate_interval])", "sent", "A"),
-        promql(f"rate(qkwatch_agent_retried_total{{{RUN_LABELS}}}[$__rate_interval])", "retried", "B")],
+        promql(f"rate(qkwatch_agent_sent_total{{{RUN_LABELS}}}[$__rate_interval])", "sent, rank {{rank}}", "A"),
+        promql(f"rate(qkwatch_agent_retried_total{{{RUN_LABELS}}}[$__rate_interval])", "retried, rank {{rank}}", "B")],
         w=8, unit="reqps", min_value=0, description="Reports per second the agent delivered, and retries."))
     panels.append(timeseries(lay, "Dropped and dead-lettered", [
-        promql(f"qkwatch_agent_dropped_total{{{RUN_LABELS}}}", "dropped (spool caps)", "A"),
-        promql(f"qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}}", "dead letters", "B")],
+        promql(f"qkwatch_agent_dropped_total{{{RUN_LABELS}}}", "dropped (spool caps), rank {{rank}}", "A"),
+        promql(f"qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}}", "dead letters, rank {{rank}}", "B")],
         w=8, min_value=0, steps=[(None, "transparent"), (1, "red")],
         description="Reports the agent could not keep (spool caps), and reports the collector refused for good; "
                     "both should stay 0."))

@@ -149,9 +149,10 @@ def run_metrics(conn: sa.Connection, run: m.RunRow) -> dict[str, list[int]]:
 
 
 def latest_snapshot(conn: sa.Connection, metrics: Sequence[str], max_runs: int, max_layers: int,
-                    projects: Sequence[str] | None) -> tuple[list[m.RunRow], list[m.LatestRow]]:
+                    projects: Sequence[str] | None,
+                    prefixes: Sequence[str] = ()) -> tuple[list[m.RunRow], list[m.LatestRow]]:
     """Running runs (most recently updated first, at most ``max_runs``; of ``projects``, None = all)
-    and their latest values."""
+    and their latest values of ``metrics``, and of every metric that starts with one of ``prefixes``."""
     where = [m.runs.c.status == "running"]
     if projects is not None:
         where.append(m.runs.c.project.in_(list(projects)))
@@ -160,7 +161,9 @@ def latest_snapshot(conn: sa.Connection, metrics: Sequence[str], max_runs: int, 
     if not found:
         return [], []
     by_pk = {r.pk: r for r in found}
+    named = sa.or_(m.latest.c.metric.in_(list(metrics)),
+                   *(m.latest.c.metric.startswith(p, autoescape=True) for p in prefixes))
     rows = conn.execute(sa.select(m.latest).where(
-        m.latest.c.run_pk.in_(list(by_pk)), m.latest.c.metric.in_(list(metrics)), m.latest.c.layer < max_layers)).all()
+        m.latest.c.run_pk.in_(list(by_pk)), named, m.latest.c.layer < max_layers)).all()
     return found, [m.LatestRow(by_pk[r.run_pk].id, by_pk[r.run_pk].name, by_pk[r.run_pk].project, r.metric,
                                r.layer, r.step, sql.from_db(r.value)) for r in rows]

@@ -265,11 +265,12 @@ class Store:
             return reads.run_metrics(conn, run)
 
     def latest_snapshot(self, metrics: Sequence[str], max_runs: int, max_layers: int,
-                        projects: Sequence[str] | None = None) -> tuple[list[m.RunRow], list[m.LatestRow]]:
+                        projects: Sequence[str] | None = None,
+                        prefixes: Sequence[str] = ()) -> tuple[list[m.RunRow], list[m.LatestRow]]:
         """Running runs (most recently updated first, at most ``max_runs``; of ``projects``, None = all)
-        and their latest values."""
+        and their latest values of ``metrics`` and of the metrics starting with one of ``prefixes``."""
         with self._read() as conn:
-            return reads.latest_snapshot(conn, metrics, max_runs, max_layers, projects)
+            return reads.latest_snapshot(conn, metrics, max_runs, max_layers, projects, prefixes)
 
     # --- lambdas ----------------------------------------------------------------------------
 

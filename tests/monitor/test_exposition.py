@@ -174,4 +174,20 @@ def test_agent_delivery_counters_are_exported_per_run(make_harness):
     m = scrape(h)
     for name, value in (("qkwatch_agent_dropped", 2), ("qkwatch_agent_dead_lettered", 5)):
         assert [(s.name, s.labels, s.value) for s in m[name]] == [
-            (f"{name}_total", {"project": h.project, "run": "lossy"}, value)]
+            (f"{name}_total", {"project": h.project, "run": "lossy", "rank": "0"}, value)]
+
+
+def test_each_ranks_agent_health_is_exported_with_its_rank(make_harness):
+    """Under FSDP every rank's agent reports its own counters, suffixed ``_rank<r>``: one series each."""
+    h = make_harness()
+    run = h.create_run("sharded")
+    h.send(run["id"], [report(10, scalars={"agent_dropped_total_rank0": 1, "agent_dropped_total_rank1": 7,
+                                           "agent_spool_bytes_rank1": 4096, "agent_ranked_rank2": 3,
+                                           "loss_rank1": 2.0})])
+    m = scrape(h)
+    dropped = {s.labels["rank"]: s.value for s in m["qkwatch_agent_dropped"] if s.name.endswith("_total")}
+    assert dropped == {"0": 1, "1": 7}
+    assert [(s.labels, s.value) for s in m["qkwatch_agent_spool_bytes"]] == [
+        ({"project": h.project, "run": "sharded", "rank": "1"}, 4096)]
+    assert m["qkwatch_train_loss"] == []  # only the agent's own series carry ranks
+    assert not any("ranked" in name for name in m)

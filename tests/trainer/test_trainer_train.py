@@ -268,14 +268,15 @@ def test_eval_passkey_with_one_and_five_needles(tiny_model, tmp_path):
     loaded = load_checkpoint(tmp_path / "model.pt")
     results = {r.name: r for r in evaluate(loaded, ["passkey"], None, samples=5, seed=0)}
     # 1 needle fits at 128 and 256 tokens, 5 needles only at 256; an untrained model retrieves nothing
-    assert set(results) == {"passkey1_acc_128", "passkey1_acc_256", "passkey5_acc_256"}
+    assert set(results) == {"passkey1_acc_128", "passkey1_acc_256", "passkey5_acc_256",
+                            "passkey1_digits_128", "passkey1_digits_256", "passkey5_digits_256"}
     assert results["passkey5_acc_256"].n == 5 and all(0 <= r.value <= 1 for r in results.values())
 
 
 def test_eval_scores_a_model_that_knows_the_answer():
     """``accuracy`` is right when the model predicts the next token: a copy-the-answer oracle scores 1."""
     from trainer.data import passkey
-    from trainer.evals import accuracy
+    from trainer.evals import accuracies, accuracy
 
     samples = passkey(__import__("random").Random(0), 80, 1)
 
@@ -296,6 +297,20 @@ def test_eval_scores_a_model_that_knows_the_answer():
             return out
 
     assert accuracy(Oracle(), samples) == 1.0
+    assert accuracies(Oracle(), samples) == (1.0, 1.0)
+
+    class WrongLastDigit(Oracle):
+        """Right on every answer token but the last: no exact answer, (n - 1) / n of the digits."""
+
+        def forward(self, idx):
+            out = super().forward(idx)
+            _start, end = samples[0].answers[-1]
+            out.logits = out.logits.clone()
+            out.logits[0, end - 2] = out.logits[0, end - 2].roll(1)
+            return out
+
+    (start, end), = samples[0].answers
+    assert accuracies(WrongLastDigit(), samples) == (0.0, pytest.approx((end - start - 1) / (end - start)))
 
 
 @pytest.mark.parametrize("options", [{"activation_checkpointing": True}, {"compile": True, "compile_backend": "eager"}])

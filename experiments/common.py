@@ -1,0 +1,232 @@
+"""What every training experiment shares: a collector, runs streamed into it, and reading them back.
+
+An experiment is a *campaign*: one collector (``qkwatch serve`` over SQLite under
+``experiments/out/<campaign>/``), a list of :class:`RunSpec` trained as subprocesses (``python -m
+trainer``, one CPU thread each, ``workers`` at a time) with the agent reporting to that collector,
+then ``qkwatch eval`` on each finished run, whose results the collector also stores on the run. The
+tables and figures are made from what the project's Python client (:class:`monitor.client.Client`)
+reads back, never from the trainers' own files: this is the system's longest end-to-end path.
+
+A campaign resumes: a run the collector already holds as ``finished`` (with its evaluations) is not
+trained again, so an interrupted experiment continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qkwatch.launch import CollectorProcess
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "out"
+RESULTS = ROOT / "results"
+
+
+@dataclass
+class RunSpec:
+    """One training run of a campaign."""
+
+    name: str
+    """The run's name in the collector (unique in the campaign)."""
+    recipe: str
+    sets: list[str] = field(default_factory=list)
+    """``--set KEY=VALUE`` overrides of the recipe."""
+    evals: list[tuple[str, str]] = field(default_factory=list)
+    """``(task, lengths)`` pairs for ``qkwatch eval`` after training, e.g. ``("passkey", "128,256")``."""
+    tags: dict[str, Any] = field(default_factory=dict)
+    """What the analysis groups by (variant, seed, depth, ...); kept in the results."""
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Campaign:
+    """A collector under ``experiments/out/<name>`` and the runs trained into it."""
+
+    def __init__(self, name: str, *, workers: int = 2, root: Path | None = None, samples: int = 40) -> None:
+        self.name = name
+        self.root = (root or OUT / name).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.workers = workers
+        self.samples = samples
+        self.collector = CollectorProcess(f"sqlite:///{self.root / 'collector.db'}", log=self.root / "collector.log")
+
+    def __enter__(self) -> Campaign:
+        self.collector.start()
+        self._client = self.collector.client(timeout=60.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._client.close()
+        self.collector.stop()
+
+    @property
+    def client(self):
+        return self._client
+
+    # --- running ------------------------------------------------------------------------------------
+
+    def run_id(self, name: str) -> str | None:
+        found = self.client.runs(project=self.name, name=name)["data"]
+        return found[0]["id"] if found else None
+
+    def trained(self, spec: RunSpec) -> bool:
+        run = self.run_id(spec.name)
+        return run is not None and self.client.run(run)["status"] == "finished"
+
+    def evaluated(self, spec: RunSpec) -> bool:
+        run = self.run_id(spec.name)
+        if run is None:
+            return False
+        have = set(self.client.metrics(run).metrics)
+        return all(any(m.startswith(_eval_prefix(task)) for m in have) for task, _ in spec.evals)
+
+    def done(self, spec: RunSpec) -> bool:
+        return self.trained(spec) and self.evaluated(spec)
+
+    def run(self, specs: Sequence[RunSpec]) -> dict[str, str]:
+        """Train and evaluate every spec the collector does not hold finished yet; name -> run id.
+
+        A run the collector holds finished but without all of its evaluations is only evaluated.
+
+        Raises:
+            RuntimeError: naming the runs that failed, with their logs.
+        """
+        todo = [s for s in specs if not self.trained(s)]
+        to_evaluate = [s for s in specs if s not in todo and not self.evaluated(s)]
+        log(f"{self.name}: {len(specs) - len(todo)} of {len(specs)} runs already in the collector; "
+            f"{len(todo)} to train, {self.workers} at a time, {len(to_evaluate)} to evaluate again "
+            f"(logs in {self.root / 'logs'})")
+        failed = [s.name for s in to_evaluate if not self._evaluate(s)]
+        pending, active = list(todo), []
+        started = time.monotonic()
+        while pending or active:
+            while pending and len(active) < self.workers:
+                spec = pending.pop(0)
+                active.append((spec, self._start(spec)))
+            time.sleep(1.0)
+            for spec, proc in list(active):
+                if proc.poll() is None:
+                    continue
+                active.remove((spec, proc))
+                ok = proc.returncode == 0 and self._evaluate(spec)
+                if not ok:
+                    failed.append(spec.name)
+                finished = len(todo) - len(pending) - len(active)
+                log(f"  {spec.name}: {'done' if ok else 'FAILED'} ({finished}/{len(todo)}, "
+                    f"{(time.monotonic() - started) / 60:.1f} min)")
+        if failed:
+            raise RuntimeError(f"{self.name}: runs failed: {', '.join(failed)}; see {self.root / 'logs'}")
+        return {s.name: self.run_id(s.name) for s in specs}
+
+    def _env(self, spec: RunSpec) -> dict[str, str]:
+        return {**os.environ, "QKWATCH_URL": self.collector.url, "QKWATCH_PROJECT": self.name,
+                "QKWATCH_RUN": spec.name, "QKWATCH_SPOOL": str(self.root / "spool"), "OMP_NUM_THREADS": "1",
+                "MKL_NUM_THREADS": "1"}
+
+    def _start(self, spec: RunSpec) -> subprocess.Popen:
+        (self.root / "logs").mkdir(exist_ok=True)
+        out = self.root / "runs" / spec.name
+        sets = [a for kv in ["parallel.cpu_threads=1", *spec.sets] for a in ("--set", kv)]
+        cmd = [sys.executable, "-m", "trainer", "--recipe", spec.recipe, "--out", str(out), *sets]
+        logfile = open(self.root / "logs" / f"{spec.name}.log", "w")  # noqa: SIM115 (the child owns it)
+        return subprocess.Popen(cmd, env=self._env(spec), stdout=logfile, stderr=subprocess.STDOUT)
+
+    def _evaluate(self, spec: RunSpec) -> bool:
+        for task, lengths in spec.evals:
+            cmd = [sys.executable, "-m", "qkwatch.cli", "eval", str(self.root / "runs" / spec.name), "--task", task,
+                   "--lengths", lengths, "--samples", str(self.samples), "--collector", self.collector.url]
+            with open(self.root / "logs" / f"{spec.name}.log", "a") as logfile:
+                if subprocess.run(cmd, env=self._env(spec), stdout=logfile, stderr=subprocess.STDOUT).returncode:
+                    return False
+        return True
+
+
+def _eval_prefix(task: str) -> str:
+    """The metric an evaluation leaves on its run (passkey: the digit accuracy, the newer of its two)."""
+    return {"passkey": "passkey1_digits_", "binding": "binding_acc_", "perplexity": "ppl_"}[task]
+
+
+# --- reading back ------------------------------------------------------------------------------------
+
+
+def grids(client, run: str, metrics: Iterable[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``metric -> (steps, values[step, layer])`` for per-layer metrics, from one history call."""
+    frame = client.history(run, list(metrics), frame=True)
+    frame = frame[frame["layer"] >= 0]
+    out = {}
+    for metric in metrics:
+        if metric not in frame:
+            continue
+        table = frame.pivot_table(index="step", columns="layer", values=metric, aggfunc="last").sort_index()
+        table = table.dropna(how="all")
+        out[metric] = (table.index.to_numpy(), table.to_numpy(dtype=float))
+    return out
+
+
+def scalars(client, run: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Every run-level scalar (loss, val_loss, evaluations, ...): ``name -> (steps, values)``."""
+    out = {}
+    for name in [m for m, layers in client.metrics(run).metrics.items() if -1 in layers]:
+        s = client.series(run, name, max_points=100_000)
+        if s.steps:
+            out[name] = (list(s.steps), [float(v) for v in s.values])
+    return out
+
+
+def last(series: tuple[list[int], list[float]] | None) -> float:
+    if not series:
+        return math.nan
+    values = [v for v in series[1] if v is not None and math.isfinite(v)]
+    return values[-1] if values else math.nan
+
+
+def save(name: str, results: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(results, indent=1, sort_keys=True, default=_jsonable) + "\n")
+    return path
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"not JSON-able: {type(x).__name__}")
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def mean_sd(values: Iterable[float], spec: str = ".3f") -> str:
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    if not v:
+        return "-"
+    if len(v) == 1:
+        return format(v[0], spec)
+    return f"{format(float(np.mean(v)), spec)} ± {format(float(np.std(v, ddof=1)), spec)}"
