@@ -13,13 +13,15 @@ trained again, so an interrupted experiment continues where it stopped.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,30 @@ class RunSpec:
     """``(task, lengths)`` pairs for ``qkwatch eval`` after training, e.g. ``("passkey", "128,256")``."""
     tags: dict[str, Any] = field(default_factory=dict)
     """What the analysis groups by (variant, seed, depth, ...); kept in the results."""
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager:
+    """numpy's BLAS on one thread too (threadpoolctl where installed): on shared cores its spinning
+    threads make a tall SVD 50x slower."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext()
+    return threadpool_limits(1)
+
+
+def at_init_main(name: str, doc: str, run: Callable[..., dict], headlines: Callable[[dict], list[str]],
+                 argv: list[str] | None) -> int:
+    """The command line of an at-initialisation experiment: ``python -m experiments.<name> [--quick]``."""
+    p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes, a few seconds (what the tests run)")
+    args = p.parse_args(argv)
+    results = run(quick=args.quick)
+    path = save(name, results, strict=True)
+    for line in headlines(results):
+        print(line)
+    print(f"wrote {path} ({results['wall_s']:.0f} s)")
+    return 0
 
 
 def log(message: str) -> None:
@@ -193,10 +219,13 @@ def last(series: tuple[list[int], list[float]] | None) -> float:
     return values[-1] if values else math.nan
 
 
-def save(name: str, results: dict) -> Path:
+def save(name: str, results: dict, *, strict: bool = False) -> Path:
+    """Write ``experiments/results/<name>.json``; ``strict``: non-finite numbers become null (valid JSON)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(results, indent=1, sort_keys=True, default=_jsonable) + "\n")
+    text = (json.dumps(jsonable(results), indent=1, sort_keys=True, allow_nan=False) if strict
+            else json.dumps(results, indent=1, sort_keys=True, default=_plain))
+    path.write_text(text + "\n")
     return path
 
 
@@ -205,7 +234,23 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
+    """``x`` with numpy scalars and arrays as Python ones, tuples as lists, keys as strings, NaN and
+    infinities as None."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(x) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def _plain(x: Any) -> Any:
     if isinstance(x, np.ndarray):
         return x.tolist()
     if isinstance(x, np.generic):

@@ -23,9 +23,6 @@ The computations are in :mod:`experiments.qkai_scale_math`; this module holds th
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import math
 import platform
 import time
@@ -35,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from experiments.common import at_init_main, jsonable, md_table, one_blas_thread
 from experiments.qkai_scale_math import (
     RECIPES,
     REGIMES,
@@ -92,18 +90,10 @@ __all__ = ["FULL", "NAME", "QUICK", "RECIPES", "REGIMES", "RESULTS", "SEED", "SE
 # --- run / section / main ---------------------------------------------------------------------
 
 
-def _one_blas_thread() -> contextlib.AbstractContextManager:
-    """numpy's BLAS on one thread too (threadpoolctl where installed): on shared cores its spinning threads
-    make a tall SVD 50x slower."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(1)
 
 
 def run(quick: bool = False) -> dict:
-    with _one_blas_thread():
+    with one_blas_thread():
         return _run(quick)
 
 
@@ -130,26 +120,9 @@ def _run(quick: bool) -> dict:
     results["seed000"] = threshold_terms(SEED000_SHAPE["d_model"], SEED000_SHAPE["d_head"],
                                          law[0]["sd"] if law else None)
     results["wall_s"] = time.time() - started
-    return _jsonable(results)
+    return jsonable(results)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    return x
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 def headlines(results: dict) -> list[str]:
@@ -236,13 +209,13 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
         law_rows.append([d, h, cells[0]["heads"]] + [
             f"r = {r['r']}: {r['mean']:.5f} vs {r['predicted']:.5f} ({100 * r['rel_err']:+.1f} % ± {100 * r['rel_se']:.1f})"
             for r in cells])
-    law_table = _table(["d_model", "d_head", "heads", "r = 1", "r = d_head / 8", "r = d_head / 2", "r = d_head"],
+    law_table = md_table(["d_model", "d_head", "heads", "r = 1", "r = d_head / 8", "r = d_head / 2", "r = d_head"],
                        law_rows)
     layer_rows = [[r["d_model"], r["r"], r["draws"], f"{r['predicted']:.4f}", f"{r['mean']:.4f}",
                    f"{100 * r['rel_err']:+.2f}"] for r in results["layer_level"]]
-    layer_table = _table(["d_model", "r", "draws", "r / d", "measured", "error %"], layer_rows)
+    layer_table = md_table(["d_model", "r", "draws", "r / d", "measured", "error %"], layer_rows)
     rv = results["randomized_vs_exact"]
-    rv_table = _table(["d_model", "d_head", "r", "r / d", "exact mean", "auto (randomised) mean", "max |auto − exact|"],
+    rv_table = md_table(["d_model", "d_head", "r", "r / d", "exact mean", "auto (randomised) mean", "max |auto − exact|"],
                       [[r["d_model"], r["d_head"], r["r"], f"{r['predicted']:.4f}", f"{r['exact_mean']:.4f}",
                         f"{r['auto_mean']:.4f}", f"{r['max_abs_diff']:.1e}"] for r in rv]) if rv else "(none)"
     rec_rows = []
@@ -259,7 +232,7 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
                          f"{len(r['per_layer'])} layers",
                          f"{rg['independent_xavier']['mean']:.4f}", f"{rg['qk_identical']['min']:.6f}",
                          f"{rg['disjoint_support_xavier']['max']:.1e}"])
-    rec_table = _table(["recipe", "d_model", "heads × d_head", "random r/d", "init of W_Q/W_K", "QKAI per layer at init",
+    rec_table = md_table(["recipe", "d_model", "heads × d_head", "random r/d", "init of W_Q/W_K", "QKAI per layer at init",
                         "independent_xavier", "qk_identical (min head)", "disjoint_support (max head)"], rec_rows)
     thr_rows = []
     for n in names:
@@ -267,7 +240,7 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
         thr_rows.append([n, f"{rec[n]['d_model']} / {rec[n]['d_head']}", f"{t['random_baseline']:.4f}",
                          f"{t['threshold_multiple_of_baseline']:.1f}×", f"{t['threshold_excess_fraction']:.2f}",
                          f"{t['threshold_z']:.0f}", f"{t['threshold_equivalent_random_r']:.0f}"])
-    thr_table = _table(["recipe", "d_model / d_head", "random", "0.70 ÷ random", "(0.70 − random) / (1 − random)",
+    thr_table = md_table(["recipe", "d_model / d_head", "random", "0.70 ÷ random", "(0.70 − random) / (1 − random)",
                         "0.70 in random s.d.", "r giving 0.70 under the random law"], thr_rows)
     tc, tg = rec["collapse_cpu"]["threshold"], rec["gpt_1_3b"]["threshold"]
     rep = rec["replication_exact"]
@@ -383,16 +356,7 @@ from independent random heads of 128 in a 2048-wide model.
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.qkai_scale", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small shapes, a few seconds (what the tests run)")
-    args = p.parse_args(argv)
-    results = run(quick=args.quick)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True, allow_nan=False) + "\n")
-    for line in headlines(results):
-        print(line)
-    print(f"wrote {RESULTS} ({results['wall_s']:.0f} s)")
-    return 0
+    return at_init_main(NAME, __doc__, run, headlines, argv)
 
 
 if __name__ == "__main__":

@@ -28,12 +28,11 @@ The computations are in :mod:`experiments.seed003_math`; this module holds the s
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from experiments.common import at_init_main, md_table
 from experiments.seed003_math import SEED, SERIES, compute, depth, model_at_init, numpy_spectrum_check, width
 
 NAME = "seed003"
@@ -75,11 +74,6 @@ def run(quick: bool = False) -> dict:
 
 def _f(x: float | None, spec: str = ".3g") -> str:
     return "n/a" if x is None else format(x, spec)
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
 def headlines(results: dict) -> list[str]:
@@ -207,13 +201,13 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
             _f(res["ln_causal"]["with"][t]["attn_srank"]["mean"], ".2f"),
             _f(res["ln_causal"]["with"][t]["gap"]["mean"], ".3f"),
         ])
-    width_table = _table(
+    width_table = md_table(
         ["T", "sr(C), A", "sr(C) − 1, A", "sr(C), A − U", "sr(A)", "sr(A − U)", "σ₁(A)", "σ₁ − σ₂",
          "sr(C) − 1, A (d = T)", "sr(C), A − U (d = T)", "sr(A) causal", "σ₁ − σ₂ causal"], width_rows)
     fit_rows = [[labels[k], _f(fits[k]["slope_cov_srank_excess_with"], "+.2f"), _f(fits[k]["slope_cov_srank_removed"], "+.2f"),
                  _f(fits[k]["slope_out_srank_removed"], "+.2f"), _f(fits[k]["cov_srank_removed_ratio_last_first"], ".1f")]
                 for k in ("ln_full", "ln_causal", "unit_full", "prop_full")]
-    fit_table = _table(["series", "slope of sr(C) − 1 with A", "slope of sr(C) with A − U", "slope of sr(Y) with A − U",
+    fit_table = md_table(["series", "slope of sr(C) − 1 with A", "slope of sr(C) with A − U", "slope of sr(Y) with A − U",
                         f"sr(C) at T={ts[-1]} / T={ts[0]}, A − U"], fit_rows)
 
     runs = dp["runs"]
@@ -238,7 +232,7 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
                     f"L = {r['grad2_zero_from_layer']} ({r['draws_zero_last']} of {dp['draws']} draws at L = {dp['layers']})",
                     _f(r["cov_srank"][-1], ".2f"),
                 ])
-    depth_table = _table(["network", "gain g", "attention", "log10 ‖∇‖² at L=1", f"at L={dp['layers']}",
+    depth_table = md_table(["network", "gain g", "attention", "log10 ‖∇‖² at L=1", f"at L={dp['layers']}",
                           "slope of ln ‖∇‖² per layer (L ≥ 2)", "‖∇‖ exactly 0 from",
                           f"sr(C) of X_L at L={dp['layers']}"], depth_rows)
 
@@ -246,7 +240,7 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
                    _f(m["outlier_removed"][str(t)]["attn_srank"], ".2f"), _f(m["vanilla"][str(t)]["attn_gap1"], ".3f"),
                    _f(m["causal_uniform"][str(t)]["attn_gap1"], ".3f"), _f(m["outlier_removed"][str(t)]["attn_gap1"], ".3f"),
                    _f(m["vanilla"][str(t)]["logit_std"], ".3f")] for t in mt]
-    model_table = _table(["T", "attn_srank vanilla", "uniform causal", "attn_srank outlier_removed", "attn_gap1 vanilla",
+    model_table = md_table(["T", "attn_srank vanilla", "uniform causal", "attn_srank outlier_removed", "attn_gap1 vanilla",
                           "uniform causal", "attn_gap1 outlier_removed", "logit std"], model_rows)
 
     fl, fp, fu, fc = fits["ln_full"], fits["prop_full"], fits["unit_full"], fits["ln_causal"]
@@ -384,16 +378,7 @@ attention stacked without normalisation.
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.seed003", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="small sizes, a few seconds (what the tests run)")
-    args = p.parse_args(argv)
-    results = run(quick=args.quick)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True, allow_nan=False) + "\n")
-    for line in headlines(results):
-        print(line)
-    print(f"wrote {RESULTS} ({results['wall_s']:.0f} s)")
-    return 0
+    return at_init_main(NAME, __doc__, run, headlines, argv)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ settings, reports the results (``headlines``, ``section``) and is the command li
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import platform
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 
 from agent.metrics.attention import attention_spectrum
+from experiments.common import jsonable, one_blas_thread
 
 SEED = 3003
 
@@ -349,19 +349,11 @@ def model_at_init(cfg: dict) -> dict:
 # --- the whole experiment ------------------------------------------------------------------------
 
 
-def _one_blas_thread() -> contextlib.AbstractContextManager:
-    """numpy's BLAS on one thread too (threadpoolctl where installed): on shared cores its spinning threads
-    make a tall SVD 50x slower."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(1)
 
 
 def compute(name: str, cfg: dict, quick: bool) -> dict:
     """Every part of the experiment with settings ``cfg`` (numpy's BLAS and torch on one thread)."""
-    with _one_blas_thread():
+    with one_blas_thread():
         return _run(name, cfg, quick)
 
 
@@ -390,16 +382,6 @@ def _run(name: str, cfg: dict, quick: bool) -> dict:
     results["model"] = model_at_init(cfg)
     results["model"]["wall_s"] = time.time() - t0
     results["wall_s"] = time.time() - started
-    return _jsonable(results)
+    return jsonable(results)
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        return float(x) if math.isfinite(x) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x

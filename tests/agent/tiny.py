@@ -16,51 +16,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_head: int):
-        super().__init__()
-        self.c_attn = nn.Linear(d_model, 3 * d_model)
-        self.c_proj = nn.Linear(d_model, d_model)
-        self.n_head = n_head
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(x).split(c, dim=2)
-        q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+from qkwatch.nanogpt import NanoGPT
 
 
-class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_head)
-        self.ln_2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 64, d_model: int = 32, n_head: int = 4, n_layer: int = 4, block: int = 64):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d_model)
-        self.wpe = nn.Embedding(block, d_model)
-        self.h = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
-        for block in self.h:
-            x = block(x)
-        return self.head(self.ln_f(x))
+class TinyGPT(NanoGPT):
+    """The agent tests' default: vocabulary 64, width 32, 4 heads, 4 layers, context 64."""
 
 
 def batch(step: int, vocab: int = 64, t: int = 64) -> torch.Tensor:
