@@ -330,6 +330,7 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
                        yaxis_title="W_Q/W_K alignment (qk_cos)", xaxis_title="step")
     figs.append(("seed001-alignment", fig2))
 
+    claims = claims_table(a)
     unc = t4["uncoupled"]
     n_cells = t4["all"]["pr_k"]["n"]
     pk_neg = n_cells - t4["all"]["pr_k"]["positive"]
@@ -344,8 +345,11 @@ learned positions, AdamW (0.9, 0.95), weight decay 0.1, clip 1.0, constant lr) a
 this project's byte-level offline corpus (no WikiText-103 here), batch {results['batch']} instead of 64,
 **{results['steps']} steps instead of 45 epochs (~200,000 steps)**, lr {results['lr']:g} instead of 1e-4
 (to move the geometry in a few hundred steps), {len(results['seeds'])} seeds ({', '.join(map(str, results['seeds']))})
-instead of 4, a report every {results['report_every']} steps. Everything is about 500x less training
-than the paper's, so trends are early-training trends.
+instead of 4, a report every {results['report_every']} steps. That is about
+{200_000 // results['steps']:,}x fewer optimizer steps and {int(45 * 36e6 / (results['steps'] * results['batch'] * 128)):,}x fewer
+tokens than the paper's grid (45 epochs of 36M characters): every trend here is an early-training trend.
+
+{claims}
 
 ### Table 3 analogue: initial and final W_Q/W_K alignment, final validation loss
 
@@ -398,6 +402,64 @@ of the seed mean). The paper's interventions act every 100 steps over 15 epochs;
 over {results['steps']}.
 """
     return text, figs
+
+
+def claims_table(a: dict[str, Any]) -> str:
+    """The paper's claims, its numbers, ours, and whether each carried over (the verdict is computed)."""
+    t3, t4, t5, rl = a["table3"], a["table4"], a["table5"], a["roles"]
+    by = {k: float(np.mean(v)) for k, v in t3["by_regime"].items()}
+    init = {reg: float(np.mean([x for k, row in t3["rows"].items() if k.startswith(reg + "/")
+                                for x in row["alignment_initial"]])) for reg in REGIMES}
+    n = t4["all"]["pr_k"]["n"]
+    pk_neg = n - t4["all"]["pr_k"]["positive"]
+    corr = t4["correlations"]
+    spec, sharp = corr["specialisation~compression"], corr["compression~entropy_sharpening"]
+    mid, up, early = rl["middle"], rl["upper"], rl["early"]
+    bottleneck = (mid["attn_entropy_nats"] < min(early["attn_entropy_nats"], up["attn_entropy_nats"])
+                  and mid["qk_erank"] < min(early["qk_erank"], up["qk_erank"]))
+    widen = up["qk_erank"] > mid["qk_erank"] and up["pr_q"] > mid["pr_q"]
+    ent = {k: float(np.mean(r["attn_entropy_nats"])) for k, r in t5.items()}
+    lstd = {k: float(np.mean(r["logit_std"])) for k, r in t5.items()}
+    forced = "forced_k_contraction"
+    sharpest = forced in ent and ent[forced] == min(ent.values()) and lstd[forced] == max(lstd.values())
+    soft = [k for k in ("k_spectrum_clamp", "freeze_k") if k in ent and ent[k] > ent.get("none", math.inf)]
+    losses = [float(np.mean(r["val_loss"])) for r in t5.values()]  # seed-aggregated, as the paper's range
+    yes = lambda ok: "yes" if ok else "no"  # noqa: E731
+    rows = [
+        ["final alignment separates QK Identical from the uncoupled regimes",
+         "0.453 vs 0.199 / 0.190 (from 1 / 0 / 0.0498)",
+         f"{by['qk_identical']:.3f} vs {by['disjoint_support_xavier']:.3f} / {by['independent_xavier']:.3f} "
+         f"(from {init['qk_identical']:.3f} / {init['disjoint_support_xavier']:.3f} / {init['independent_xavier']:.3f})",
+         yes(by["qk_identical"] > 2 * max(by["disjoint_support_xavier"], by["independent_xavier"]))
+         + ", but alignment has barely moved from its initial value in so short a run"],
+        ["depth amplifies the gap", "0.143 (4 layers) → 0.314 (8)",
+         f"{t3['gap_by_depth'][4]:.3f} → {t3['gap_by_depth'][8]:.3f}",
+         yes(t3["gap_by_depth"][8] > t3["gap_by_depth"][4] + 0.05)],
+        ["query expansion: PR_Q rises", "nearly all traces",
+         f"{t4['all']['pr_q']['positive']} of {n} traces", yes(t4["all"]["pr_q"]["positive"] >= 0.8 * n)],
+        ["key specialisation: PR_K falls", "50 of 54 traces", f"{pk_neg} of {n}", yes(pk_neg >= 0.8 * n)],
+        ["the paired contrast PR_Q - PR_K rises", "54 of 54", f"{t4['all']['pr_diff']['positive']} of {n}",
+         yes(t4["all"]["pr_diff"]["positive"] >= 0.8 * n)],
+        ["key specialisation goes with QK^T compression", "r = 0.840", f"r = {spec['r']:.2f} (p = {spec['p']:.1g})",
+         yes(spec["r"] > 0.3 and spec["p"] < 0.05) + (", weaker" if spec["r"] < 0.7 else "")],
+        ["compression goes with entropy sharpening", "r = 0.769", f"r = {sharp['r']:.2f} (p = {sharp['p']:.1g})",
+         yes(sharp["r"] > 0.3 and sharp["p"] < 0.05)],
+        ["middle layers are the attention bottleneck", "entropy 1.532 nats, top-1 0.514, QK^T erank 6.26",
+         f"entropy {mid['attn_entropy_nats']:.3f}, top-1 {mid['attn_top1']:.3f}, erank {mid['qk_erank']:.2f}",
+         yes(bottleneck)],
+        ["upper layers widen again", "erank 16.34, PR_Q 24.41 vs the middle's 10.52",
+         f"erank {up['qk_erank']:.2f}, PR_Q {up['pr_q']:.2f} vs the middle's {mid['pr_q']:.2f}", yes(widen)],
+    ]
+    if ent:
+        rows += [
+            ["forced K contraction sharpens most (lowest entropy, highest logit std)", "2.081 nats, std 5.407",
+             f"{ent.get(forced, math.nan):.3f} nats, std {lstd.get(forced, math.nan):.3f}", yes(sharpest)],
+            ["K-spectrum clamp and freeze K soften (entropy above no intervention)", "both, confidence 1.00",
+             f"{', '.join(soft) or 'neither'} (none: {ent.get('none', math.nan):.3f} nats)", yes(len(soft) == 2)],
+            ["validation losses stay close across interventions (seed means)", "1.2066 - 1.2270",
+             f"{min(losses):.3f} - {max(losses):.3f}", yes(max(losses) - min(losses) < 0.1)],
+        ]
+    return md_table(["claim (seed 001)", "paper", "here", "carried over?"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,6 +95,7 @@ def test_seed001_section_renders_every_table_and_figure() -> None:
     for name, _ in figs:
         assert f"reproduction/{name}.png" in text
     assert "Hedges' g" in text and "54" in text and "nan" not in text.lower()
+    assert "| claim (seed 001) |" in text and text.count(" | yes") + text.count(" | no") >= 12
 
 
 def _seed000_results() -> dict:
