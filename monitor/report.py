@@ -237,7 +237,7 @@ def summary_section(runs: list[RunData], threshold: float) -> str:
             ("last report", lambda d: _time(d.run["last_report_at"])),
             (f"layers above {threshold:.2f} (latest qkai)", lambda d: _above_cell(d, threshold)),
             ("highest latest qkai", lambda d: _highest_cell(d)),
-            ("firing alerts", _firing_cell),
+            ("alerts", _alerts_cell),
             ("final train loss", lambda d: _last(d.loss)),
             ("final validation loss", lambda d: _last(d.val_loss))]
     head = "".join(f"<th>{html.escape(d.label)}</th>" for d in runs)
@@ -343,12 +343,21 @@ def _highest_cell(d: RunData) -> str:
     return f"{value:.3f} (layer {layer}, step {step})"
 
 
-def _firing_cell(d: RunData) -> str:
-    firing = [a for a in d.alerts if a["state"] == "firing"]
-    if not firing:
+def _alerts_cell(d: RunData) -> str:
+    """Firing alerts in red, then the resolved ones with the step they resolved at (an ended run's
+    alerts resolve with it, at its last step)."""
+    if not d.alerts:
         return "none"
-    return '<span class="bad">' + ", ".join(
-        f"{html.escape(a['rule'])} ({_layers(a['layers'])})" for a in firing) + "</span>"
+    firing = [a for a in d.alerts if a["state"] == "firing"]
+    done = [a for a in d.alerts if a["state"] != "firing"]
+    parts = []
+    if firing:
+        parts.append('<span class="bad">firing: ' + ", ".join(
+            f"{html.escape(a['rule'])} ({_layers(a['layers'])})" for a in firing) + "</span>")
+    if done:
+        parts.append("resolved: " + ", ".join(
+            f"{html.escape(a['rule'])} ({_layers(a['layers'])}, step {a.get('resolved_step')})" for a in done))
+    return "; ".join(parts)
 
 
 def _last(series: dict) -> str:

@@ -61,6 +61,10 @@ class AlertLedger(Protocol):
         """Queue a notification ("firing" or "resolved") of the alert for the webhooks."""
         ...
 
+    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
+        """A firing alert resolves because its run ended (at ``step``, its last); ``note`` says how."""
+        ...
+
 
 def reports_for(rules: RuleSet, attempt: int,
                 layer_values: Iterable[tuple[int, Mapping[str, list[float | None]]]]) -> list[ReportValues]:
@@ -85,6 +89,26 @@ def evaluate_batch(rules: RuleSet, ledger: AlertLedger, attempt: int,
     before = {key: replace(s) for key, s in state.items()}
     queued = sum(_record(ledger, t, alert_ids) for t in evaluate(rules, state, reports))
     changed = {key: _stored_state(s, alert_ids.get(key)) for key, s in state.items() if before.get(key) != s}
+    if changed:
+        ledger.save_states(changed)
+    return queued
+
+
+def end_of_run(ledger: AlertLedger, step: int | None, status: str) -> int:
+    """The run ended with ``status`` (finished, or crashed, stale included): nothing of it can fire
+    any more, so each firing alert resolves at the run's last step with a note that the run ended,
+    and each rule's streak starts over (a resumed run raises its alerts afresh). Prometheus does the
+    same: an ended run leaves ``/metrics``. Returns the notifications queued."""
+    stored = ledger.load_states()
+    queued = 0
+    changed = {}
+    for key, s in stored.items():
+        if s.alert_id is not None:
+            ledger.end_alert(s.alert_id, step, f"closed: the run {status}")
+            ledger.queue_notification(s.alert_id, "resolved")
+            queued += 1
+        if s.alert_id is not None or s.streak or s.since_step is not None:
+            changed[key] = replace(s, streak=0, since_step=None, band_layers=(), alert_id=None)
     if changed:
         ledger.save_states(changed)
     return queued

@@ -50,6 +50,10 @@ class AlertRows:
         self._update(alert_id, layers=json.dumps(list(t.layers)), summary=t.summary, state="resolved",
                      resolved_step=t.step, ends_at=self.now)
 
+    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
+        self._update(alert_id, state="resolved", resolved_step=step, ends_at=self.now,
+                     summary=m.alerts.c.summary + f" ({note})")
+
     def queue_notification(self, alert_id: int, status: str) -> None:
         self.conn.execute(sa.insert(m.notifications).values(
             alert_id=alert_id, status=status, created_at=self.now, attempts=0, next_try_at=self.now, gave_up=False))

@@ -10,8 +10,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from monitor import scheduling
+from monitor.alerting.evaluator import end_of_run
 from monitor.store import lambdas, runs, sql
 from monitor.store import models as m
+from monitor.store.alerts import AlertRows
 from monitor.store.errors import Invalid
 from monitor.wire import RunCreate
 
@@ -129,6 +131,8 @@ def set_status(conn: sa.Connection, run_id: str, status: str, reason: str | None
         return run
     conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk)
                  .values(status=status, status_reason=reason or "patch", updated_at=now))
+    if status in runs.TERMINAL:
+        end_of_run(AlertRows(conn, run.pk, now), run.last_step, status)
     return runs.by_pk(conn, run.pk)
 
 
@@ -150,6 +154,8 @@ def mark_stale(conn: sa.Connection, timeout_s: float, now: float) -> list[str]:
     if ids:
         conn.execute(sa.update(m.runs).where(m.runs.c.id.in_(ids))
                      .values(status="crashed", status_reason="stale", updated_at=now))
+        for run in conn.execute(sa.select(m.runs.c.pk, m.runs.c.last_step).where(m.runs.c.id.in_(ids))):
+            end_of_run(AlertRows(conn, run.pk, now), run.last_step, "crashed (stale)")
     return list(ids)
 
 

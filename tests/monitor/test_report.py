@@ -165,7 +165,8 @@ def test_with_vs_both_runs_are_side_by_side(reports, served, tmp_path: Path) -> 
     assert "qkwatch report: demo/vanilla vs demo/raa" in dom
     assert shown.fact("run id") == [vanilla["id"], raa["id"]]
     assert shown.fact("layers above 0.70 (latest qkai)") == ["3-5", "none"]
-    assert shown.fact("firing alerts")[1] == "none"
+    assert shown.fact("alerts")[1] == "none"
+    assert shown.fact("alerts")[0].startswith("firing: collapse_band (3-5)")
 
 
 def test_screenshot_of_the_report(reports, tmp_path: Path) -> None:

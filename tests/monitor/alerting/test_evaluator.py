@@ -7,7 +7,7 @@ what the evaluator asked the store to write.
 
 from __future__ import annotations
 
-from monitor.alerting.evaluator import AlertLedger, StateKey, StoredState, evaluate_batch, reports_for
+from monitor.alerting.evaluator import AlertLedger, StateKey, StoredState, end_of_run, evaluate_batch, reports_for
 from monitor.alerting.rules import RuleSet, ThresholdRule, Transition
 
 
@@ -42,6 +42,9 @@ class MemoryLedger:
 
     def queue_notification(self, alert_id: int, status: str) -> None:
         self.notifications.append((alert_id, status))
+
+    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
+        self.alerts[alert_id].update(state="resolved", resolved=step, note=note)
 
 
 def qkai(start: int, rows: list[list[float | None]]) -> list[tuple[int, dict[str, list[float | None]]]]:
@@ -82,6 +85,20 @@ def test_a_stored_alert_id_is_a_firing_layer_that_resolves() -> None:
     assert ledger.alerts[7] == {"rule": "qkai_high", "state": "resolved", "layers": (0,), "onset": 10, "resolved": 15}
     assert ledger.notifications == [(7, "resolved")]
     assert ledger.states[("qkai_high", 0)] == StoredState(0, None, 1, 15, (), None)
+
+
+def test_the_end_of_a_run_resolves_its_firing_alerts_and_restarts_every_streak() -> None:
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.9, 0.1]] * 3))  # layers 0, 1 fire
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(3, [[0.9, 0.9, 0.8]]))  # layer 2: a streak of 1
+    firing = sorted(ledger.alerts)
+    assert len(firing) == 2 and ledger.notifications == [(a, "firing") for a in firing]
+    assert end_of_run(ledger, 3, "finished") == 2
+    assert [ledger.alerts[a]["state"] for a in firing] == ["resolved", "resolved"]
+    assert {ledger.alerts[a]["note"] for a in firing} == {"closed: the run finished"}
+    assert ledger.notifications[2:] == [(a, "resolved") for a in firing]
+    assert all(s.alert_id is None and s.streak == 0 and s.since_step is None for s in ledger.states.values())
+    assert end_of_run(ledger, 3, "finished") == 0  # idempotent: nothing is firing any more
 
 
 def test_a_band_that_grows_updates_its_alert_without_a_notification() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from tests.monitor.conftest import report
@@ -57,3 +58,35 @@ def test_rules_file(make_harness, tmp_path: Path):
     h.send(run["id"], [report(1, {"attn_entropy": [0.5, 0.05], "qkai": [0.99, 0.99]})] * 1)
     alerts = h.get("/v1/alerts", run=run["id"])["data"]
     assert [(a["rule"], a["layers"], a["severity"]) for a in alerts] == [("low_entropy", [1], "page")]
+
+
+def test_the_end_of_a_run_closes_its_alerts_and_a_resumed_run_raises_them_afresh(h):
+    """A finished (or crashed) run cannot be acted on: its alerts resolve at its last step, as
+    Prometheus's do when the run leaves /metrics; the alert history keeps them, with the reason."""
+    name = "ends-collapsed"
+    run = h.create_run(name)
+    h.send(run["id"], qkai_reports(0, [[0.9, 0.9, 0.9, 0.2]] * 3))
+    assert {a["rule"] for a in h.get("/v1/alerts", run=run["id"], state="firing")["data"]} == {
+        "qkai_high", "collapse_band"}
+    r = h.client.patch(f"/v1/runs/{run['id']}", json={"status": "finished"}, headers=h.headers("ingest"))
+    assert r.status_code == 200, r.text
+    assert h.get("/v1/alerts", run=run["id"], state="firing")["count"] == 0
+    closed = h.get("/v1/alerts", run=run["id"], state="resolved")["data"]
+    assert len(closed) == 4 and {a["resolved_step"] for a in closed} == {20}
+    assert all(a["summary"].endswith("(closed: the run finished)") and a["ends_at"] for a in closed)
+
+    h.create_run(name)  # the same project/name resumes it: a new attempt
+    h.send(run["id"], qkai_reports(100, [[0.9, 0.2, 0.2, 0.2]] * 2))
+    assert h.get("/v1/alerts", run=run["id"], state="firing")["count"] == 0  # the streak started over
+    h.send(run["id"], qkai_reports(120, [[0.9, 0.2, 0.2, 0.2]]))
+    again = h.get("/v1/alerts", run=run["id"], state="firing")["data"]
+    assert [(a["rule"], a["layers"], a["onset_step"]) for a in again] == [("qkai_high", [0], 100)]
+
+
+def test_a_stale_run_closes_its_alerts(h):
+    run = h.create_run()
+    h.send(run["id"], qkai_reports(0, [[0.9]] * 3))
+    assert h.get("/v1/alerts", run=run["id"], state="firing")["count"] == 1
+    assert run["id"] in h.store.mark_stale(timeout_s=0.0, now=time.time() + 60)
+    (alert,) = h.get("/v1/alerts", run=run["id"])["data"]
+    assert alert["state"] == "resolved" and alert["summary"].endswith("(closed: the run crashed (stale))")
