@@ -110,3 +110,31 @@ def test_frames_that_disagree_with_their_points_are_repaired(db_url: str):
         assert [store.series(run, "qkai", la).values for la in range(3)] == [[0.1], [0.2], [0.9]]
     finally:
         engine.dispose()
+
+
+def test_alerts_of_runs_that_had_ended_are_closed(db_url: str):
+    """0006: a run that ended before the collector closed alerts at a run's end keeps none firing."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        _downgrade(engine, "0005")
+        store = Store(engine)
+        ended, _ = store.create_or_resume_run(RunCreate(project="p", name=f"ended-{uuid.uuid4().hex[:6]}"))
+        live, _ = store.create_or_resume_run(RunCreate(project="p", name=f"live-{uuid.uuid4().hex[:6]}"))
+        for run in (ended, live):
+            reports = [{"step": s, "time": 0.0, "layers": {"qkai": [0.9, 0.1]}} for s in (0, 10, 20)]
+            store.add_reports(run.id, ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": reports}),
+                              RuleSet.default())
+        with engine.begin() as conn:  # ended the old way: the status only
+            conn.execute(sa.update(m.runs).where(m.runs.c.pk == ended.pk).values(status="finished"))
+        upgrade(engine)
+        with engine.connect() as conn:
+            rows = {r.run_pk: r for r in conn.execute(sa.select(m.alerts))}
+            streaks = {r.run_pk: (r.streak, r.alert_id) for r in conn.execute(sa.select(m.alert_state))
+                       if r.layer == 0}
+        assert rows[ended.pk].state == "resolved" and rows[ended.pk].resolved_step == 20
+        assert rows[ended.pk].summary.endswith("(closed: the run finished)") and rows[ended.pk].ends_at
+        assert rows[live.pk].state == "firing"  # a running run's alert is left alone
+        assert streaks[ended.pk] == (0, None) and streaks[live.pk][1] == rows[live.pk].id
+    finally:
+        engine.dispose()
