@@ -123,8 +123,10 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""", h=6,
     panels.append(band_matrix(
         lay, "RAA lambda per layer and step", "$run", "lambda",
         {"color": {"mode": "continuous-purples"}, "thresholds": thresholds([(None, "green")])},
-        description="The penalty weight the trainer applied to each layer (the collector's entropy-floor "
-                    "schedule, or an operator's override). Empty for a run without RAA.", unit="sci",
+        description="The penalty weight the trainer applied to each layer: the collector's entropy-floor "
+                    "schedule, an operator's override, or, while the collector is away, the same schedule "
+                    "computed by the agent (the run's lambda_source series says which). Empty for a run "
+                    "without RAA.", unit="sci",
         decimals=1))
 
     panels.append(lay.row("Per layer, by step (PostgreSQL)"))
