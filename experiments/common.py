@@ -188,28 +188,30 @@ def _eval_prefix(task: str) -> str:
 # --- reading back ------------------------------------------------------------------------------------
 
 
-def grids(client, run: str, metrics: Iterable[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``metric -> (steps, values[step, layer])`` for per-layer metrics, from one history call."""
-    frame = client.history(run, list(metrics), frame=True)
-    frame = frame[frame["layer"] >= 0]
-    out = {}
-    for metric in metrics:
-        if metric not in frame:
-            continue
-        table = frame.pivot_table(index="step", columns="layer", values=metric, aggfunc="last").sort_index()
+def read_run(client, run: str, layer_metrics: Iterable[str]) -> tuple[
+        dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[list[int], list[float]]]]:
+    """One run read back in one ``history`` call: ``(grids, scalars)``.
+
+    ``grids``: ``metric -> (steps, values[step, layer])`` for those of ``layer_metrics`` the run
+    reported; ``scalars``: every run-level scalar (loss, val_loss, evaluations, ...) as
+    ``name -> (steps, values)``, the steps where it was measured.
+    """
+    have = client.metrics(run).metrics
+    per_layer = [m for m in layer_metrics if m in have]
+    run_level = [m for m, layers in have.items() if -1 in layers]
+    frame = client.history(run, list(dict.fromkeys([*per_layer, *run_level])), frame=True)
+    layers, rows = frame[frame["layer"] >= 0], frame[frame["layer"] == -1]
+    grids = {}
+    for metric in per_layer:
+        table = layers.pivot_table(index="step", columns="layer", values=metric, aggfunc="last").sort_index()
         table = table.dropna(how="all")
-        out[metric] = (table.index.to_numpy(), table.to_numpy(dtype=float))
-    return out
-
-
-def scalars(client, run: str) -> dict[str, tuple[list[int], list[float]]]:
-    """Every run-level scalar (loss, val_loss, evaluations, ...): ``name -> (steps, values)``."""
-    out = {}
-    for name in [m for m, layers in client.metrics(run).metrics.items() if -1 in layers]:
-        s = client.series(run, name, max_points=100_000)
-        if s.steps:
-            out[name] = (list(s.steps), [float(v) for v in s.values])
-    return out
+        grids[metric] = (table.index.to_numpy(), table.to_numpy(dtype=float))
+    scalars = {}
+    for name in run_level:
+        measured = rows[["step", name]].dropna()
+        if len(measured):
+            scalars[name] = (measured["step"].astype(int).tolist(), measured[name].astype(float).tolist())
+    return grids, scalars
 
 
 def last(series: tuple[list[int], list[float]] | None) -> float:

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import Campaign, RunSpec, fmt, grids, last, log, md_table, save, scalars
+from experiments.common import Campaign, RunSpec, fmt, last, log, md_table, read_run, save
 
 NAME = "seed000"
 BAND = [3, 4, 5]
@@ -69,8 +69,7 @@ def collect(campaign: Campaign, run_ids: dict[str, str], all_specs: list[RunSpec
     out = []
     for spec in all_specs:
         run = run_ids[spec.name]
-        g = grids(client, run, LAYER_METRICS)
-        s = scalars(client, run)
+        g, s = read_run(client, run, LAYER_METRICS)
         record: dict[str, Any] = {**spec.tags, "name": spec.name, "run_id": run,
                                   "status": client.run(run)["status"]}
         for metric, (steps, values) in g.items():
@@ -136,6 +135,14 @@ def _by_variant(results: dict) -> dict[str, list[dict]]:
     return out
 
 
+def _flagged_fraction(record: dict, late: bool = False) -> float:
+    """The mean fraction of layers RAA's schedule flagged, over the run or its second half."""
+    if "raa_flagged_fraction" not in record:
+        return math.nan
+    v = record["raa_flagged_fraction"]["values"]
+    return float(np.mean(v[len(v) // 2:] if late else v))
+
+
 def summary(results: dict) -> dict[str, dict[str, float]]:
     """Per variant, the seed-mean of each headline number."""
     rows = {}
@@ -144,11 +151,6 @@ def summary(results: dict) -> dict[str, dict[str, float]]:
             v = [fn(r) for r in records]
             v = [x for x in v if x is not None and math.isfinite(x)]
             return float(np.mean(v)) if v else math.nan
-        def flag(r: dict, late: bool = False) -> float:
-            if "raa_flagged_fraction" not in r:
-                return math.nan
-            v = r["raa_flagged_fraction"]["values"]
-            return float(np.mean(v[len(v) // 2:] if late else v))
         rows[variant] = {
             "qkai_onset": avg(lambda r: _at(r, "qkai", results["onset"])),
             "qkai_final": avg(lambda r: _final(r, "qkai")),
@@ -161,8 +163,8 @@ def summary(results: dict) -> dict[str, dict[str, float]]:
             "qk_erank_final": avg(lambda r: _final(r, "qk_erank")),
             "val_loss": avg(lambda r: last((r["val_loss"]["steps"], r["val_loss"]["values"]))
                             if "val_loss" in r else math.nan),
-            "flagged": avg(flag),
-            "flagged_late": avg(lambda r: flag(r, late=True)),
+            "flagged": avg(_flagged_fraction),
+            "flagged_late": avg(lambda r: _flagged_fraction(r, late=True)),
             **{k: avg(lambda r, k=k: r["evals"].get(k, math.nan))
                for k in ("passkey1_acc_128", "passkey1_acc_256", "passkey5_acc_256", "passkey1_digits_128",
                          "passkey1_digits_256", "passkey5_digits_256", "ppl_128", "ppl_256")},

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import Campaign, RunSpec, fmt, grids, last, log, md_table, mean_sd, save, scalars
+from experiments.common import Campaign, RunSpec, fmt, last, log, md_table, mean_sd, read_run, save
 
 NAME = "seed001"
 DEPTHS = (4, 6, 8)
@@ -73,8 +73,7 @@ def collect(campaign: Campaign, ids: dict[str, str], all_specs: list[RunSpec]) -
     out = []
     for spec in all_specs:
         run = ids[spec.name]
-        g = grids(client, run, LAYER_METRICS)
-        s = scalars(client, run)
+        g, s = read_run(client, run, LAYER_METRICS)
         record = {**spec.tags, "name": spec.name, "run_id": run, "status": client.run(run)["status"],
                   "val_loss": last(s.get("val_loss")), "loss": last(s.get("loss"))}
         for metric, (steps, values) in g.items():

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.common import Campaign, RunSpec, grids, last, md_table, mean_sd, scalars
+from experiments.common import Campaign, RunSpec, last, md_table, mean_sd, read_run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -37,16 +37,16 @@ def test_a_campaign_trains_evaluates_reads_back_and_resumes(tmp_path: Path) -> N
             run = ids[spec.name]
             assert campaign.client.run(run)["status"] == "finished"
             local = _jsonl(tmp_path / "runs" / spec.name / "metrics.jsonl")
-            steps, qkai = grids(campaign.client, run, ["qkai"])["qkai"]
+            grids, s = read_run(campaign.client, run, ["qkai"])
+            steps, qkai = grids["qkai"]
             logged = {row["step"]: row["qkai"] for row in local if "qkai" in row}
             common = sorted(set(steps.tolist()) & set(logged))
             assert common, (steps, sorted(logged))
             for step in common:  # the collector's per-layer values are the trainer's own
                 np.testing.assert_allclose(qkai[steps.tolist().index(step)], logged[step], rtol=1e-5)
-            s = scalars(campaign.client, run)
             val = [row["val_loss"] for row in local if "val_loss" in row]
             assert last(s["val_loss"]) == pytest.approx(val[-1], rel=1e-6)
-        evals = scalars(campaign.client, ids["a"])
+        evals = read_run(campaign.client, ids["a"], [])[1]
         assert {"ppl_64", "ppl_128"} <= set(evals)
         assert all(1 < last(evals[k]) < 300 for k in ("ppl_64", "ppl_128"))  # 256 symbols: ppl below 256-ish
         assert campaign.done(specs[0]) and campaign.done(specs[1])
