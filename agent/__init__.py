@@ -1,7 +1,7 @@
 """The in-process agent: attach to a transformer, measure its attention geometry cheaply, ship it
 without ever blocking a step or losing a report, and read the per-layer lambdas back.
 
-    import agent
+    from qkwatch import agent
     with agent.attach(model, project="p", run="r1") as a:
         for step in range(steps):
             a.step(step)
@@ -18,27 +18,27 @@ __all__ = ["Agent", "AgentConfig", "Layout", "Mapping", "ScheduleConfig", "attac
 
 
 def attach(model: Any, **kwargs: Any) -> Any:
-    """See :func:`agent.agent.attach`."""
-    from agent.agent import attach as _attach
+    """See :func:`qkwatch.agent.agent.attach`."""
+    from qkwatch.agent.agent import attach as _attach
 
     return _attach(model, **kwargs)
 
 
 def __getattr__(name: str) -> Any:
     if name == "Agent":
-        from agent.agent import Agent
+        from qkwatch.agent.agent import Agent
 
         return Agent
     if name == "AgentConfig":
-        from agent.config import AgentConfig
+        from qkwatch.agent.config import AgentConfig
 
         return AgentConfig
     if name == "ScheduleConfig":  # the entropy-floor schedule's parameters, shared with the collector
-        from monitor.scheduling import ScheduleConfig
+        from qkwatch.monitor.scheduling import ScheduleConfig
 
         return ScheduleConfig
     if name in ("Layout", "Mapping"):  # Mapping: the older name of an explicit layout
-        from agent.layouts import Layout
+        from qkwatch.agent.layouts import Layout
 
         return Layout
     raise AttributeError(f"module 'agent' has no attribute {name!r}")

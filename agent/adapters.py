@@ -15,7 +15,7 @@ Known models:
   (``sdpa``, flash, eager: unchanged); the model's config is pointed at it and restored on close.
 * nanoGPT's ``CausalSelfAttention`` (fused ``c_attn``, no rotary embedding): q and k are read
   off ``c_attn``'s output.
-* anything else through an explicit :class:`agent.layouts.Layout` (module paths of the projections,
+* anything else through an explicit :class:`qkwatch.agent.layouts.Layout` (module paths of the projections,
   head counts, and the module to tap after RoPE).
 
 Every site read off its projections (the last three kinds) is built by one function,
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from agent.layouts import Layout
-from agent.metrics import split_heads, split_qkv
+from qkwatch.agent.layouts import Layout
+from qkwatch.agent.metrics import split_heads, split_qkv
 
 TapFn = Callable[[Tensor, Tensor], None]
 """Receives ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)``."""
@@ -299,9 +299,7 @@ def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
         if tap_path is not None and tap_path not in modules:
             raise AdapterError(f"layout.tap: no module named {tap_path!r}")
         install = _module_tap(modules[tap_path]) if tap_path else None
-        sites.append(
-            projection_site(i, paths[0], owner, projections, h, g, causal=layout.causal, install_tap=install)
-        )
+        sites.append(projection_site(i, paths[0], owner, projections, h, g, causal=layout.causal, install_tap=install))
     if not sites:
         raise AdapterError(f"layout matched no module for layer 0 ({layout.q or layout.qkv!r})")
     return sites

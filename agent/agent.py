@@ -18,7 +18,7 @@ a spooler thread waits for the copy and writes it (``agent.spooler``), so the st
 for the device. A sender thread delivers the spool (``agent.shipper``); the step never waits for
 the network either.
 
-The parts, each configured by its own section of :class:`agent.config.AgentConfig`: the probe
+The parts, each configured by its own section of :class:`qkwatch.agent.config.AgentConfig`: the probe
 (``agent.probe``), the spool (``agent.spool``), the sender, the lambdas and their poller
 (``agent.lambdas``); the run's identity is ``agent.identity``'s, the health counters
 ``agent.health``'s.
@@ -36,19 +36,19 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from agent.adapters import Site, find_sites
-from agent.config import AgentConfig
-from agent.forks import track as track_forks
-from agent.health import DropNotes, Health, Overhead, health_scalars
-from agent.identity import RunIdentity
-from agent.lambdas import fetch_first
-from agent.layouts import Layout
-from agent.probe import Capture, Plan
-from agent.report import Packed, Packer, encode, missing_layers_event
-from agent.spooler import Spooler, start_host_copy
-from agent.transport import HttpTransport, transports
-from monitor.scheduling import ScheduleConfig
-from monitor.wire import STATUS_REASON_MAX
+from qkwatch.agent.adapters import Site, find_sites
+from qkwatch.agent.config import AgentConfig
+from qkwatch.agent.forks import track as track_forks
+from qkwatch.agent.health import DropNotes, Health, Overhead, health_scalars
+from qkwatch.agent.identity import RunIdentity
+from qkwatch.agent.lambdas import fetch_first
+from qkwatch.agent.layouts import Layout
+from qkwatch.agent.probe import Capture, Plan
+from qkwatch.agent.report import Packed, Packer, encode, missing_layers_event
+from qkwatch.agent.spooler import Spooler, start_host_copy
+from qkwatch.agent.transport import HttpTransport, transports
+from qkwatch.monitor.scheduling import ScheduleConfig
+from qkwatch.monitor.wire import STATUS_REASON_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -389,7 +389,7 @@ def attach(
 
     Settings resolve as: the argument, then the environment (``QKWATCH_URL``, ``QKWATCH_TOKEN``,
     ``QKWATCH_PROJECT``, ``QKWATCH_RUN``, ``QKWATCH_SPOOL``, ``QKWATCH_EVERY``), then the default
-    (see :class:`agent.config.AgentConfig` for every setting). With FSDP2, call it on every rank
+    (see :class:`qkwatch.agent.config.AgentConfig` for every setting). With FSDP2, call it on every rank
     after ``fully_shard``; each rank measures ``layer % world == rank``. ``layout`` names the
     query and key projections of a model no adapter knows (``mapping`` is its older name).
 

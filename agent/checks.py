@@ -1,6 +1,6 @@
 """The checks the agent's config dataclasses run in ``__post_init__``; each failure names its setting.
 
-A :class:`SettingError` carries the setting's name, so :meth:`agent.config.AgentConfig.resolve`
+A :class:`SettingError` carries the setting's name, so :meth:`qkwatch.agent.config.AgentConfig.resolve`
 can add the environment variable a bad value came from.
 """
 

@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_sync(args: argparse.Namespace) -> int:
     import os
 
-    from agent.sync import SyncError, sync
+    from qkwatch.agent.sync import SyncError, sync
 
     try:
         results = sync(
@@ -63,9 +63,9 @@ def run_analyze(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from agent.layouts import LayoutError, custom
-    from agent.offline.analyze import AnalyzeError, analyze
-    from agent.offline.render import band, to_csv, to_json, to_table
+    from qkwatch.agent.layouts import LayoutError, custom
+    from qkwatch.agent.offline.analyze import AnalyzeError, analyze
+    from qkwatch.agent.offline.render import band, to_csv, to_json, to_table
 
     err = Console(stderr=True)
     try:

@@ -1,11 +1,11 @@
 """The agent's settings: explicit argument, then environment variable, then default, then validate.
 
-:func:`agent.attach` takes every setting as a flat keyword (``every=``, ``sample_rows=``,
+:func:`qkwatch.agent.attach` takes every setting as a flat keyword (``every=``, ``sample_rows=``,
 ``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the six the environment may give
 (:class:`AgentEnvironment`, ``QKWATCH_URL``... as the collector reads its own with
 pydantic-settings) and hands each remaining keyword to the component that owns it: the probe
-(:class:`agent.probe.ProbeConfig`), the spool (:class:`agent.spool.SpoolConfig`), the sender
-(:class:`agent.shipper.SenderConfig`) and the lambdas (:class:`agent.lambdas.LambdasConfig`).
+(:class:`qkwatch.agent.probe.ProbeConfig`), the spool (:class:`qkwatch.agent.spool.SpoolConfig`), the sender
+(:class:`qkwatch.agent.shipper.SenderConfig`) and the lambdas (:class:`qkwatch.agent.lambdas.LambdasConfig`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent.checks import SettingError, cadences, positive_ints, positive_seconds
-from agent.lambdas import LambdasConfig
-from agent.probe import ProbeConfig
-from agent.shipper import SenderConfig
-from agent.spool import SpoolConfig
+from qkwatch.agent.checks import SettingError, cadences, positive_ints, positive_seconds
+from qkwatch.agent.lambdas import LambdasConfig
+from qkwatch.agent.probe import ProbeConfig
+from qkwatch.agent.shipper import SenderConfig
+from qkwatch.agent.spool import SpoolConfig
 
 NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,200}$")
 COMPONENTS = {"probe": ProbeConfig, "spooling": SpoolConfig, "sender": SenderConfig, "lambdas": LambdasConfig}
@@ -115,7 +115,7 @@ class AgentConfig:
 
     @classmethod
     def settings(cls) -> list[str]:
-        """Every keyword :meth:`resolve` (and so :func:`agent.attach`) takes."""
+        """Every keyword :meth:`resolve` (and so :func:`qkwatch.agent.attach`) takes."""
         own = [f.name for f in dataclasses.fields(cls) if f.name not in COMPONENTS]
         return own + [f.name for config in COMPONENTS.values() for f in dataclasses.fields(config)]
 

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from agent.spool import Spool
+from qkwatch.agent.spool import Spool
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from agent.checks import positive_ints, positive_seconds
-from agent.identity import RunIdentity
-from agent.transport import Transport, TransportError
-from monitor.scheduling import ScheduleConfig, ema_update, entropy_floor
-from monitor.wire import decode_value, encode_value
+from qkwatch.agent.checks import positive_ints, positive_seconds
+from qkwatch.agent.identity import RunIdentity
+from qkwatch.agent.transport import Transport, TransportError
+from qkwatch.monitor.scheduling import ScheduleConfig, ema_update, entropy_floor
+from qkwatch.monitor.wire import decode_value, encode_value
 
 logger = logging.getLogger(__name__)
 

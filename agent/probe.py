@@ -35,10 +35,10 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from agent.adapters import Site
-from agent.checks import SettingError, positive_ints
-from agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
-from agent.metrics.summary import weight_metrics
+from qkwatch.agent.adapters import Site
+from qkwatch.agent.checks import SettingError, positive_ints
+from qkwatch.agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
+from qkwatch.agent.metrics.summary import weight_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -278,8 +278,9 @@ class Probe:
         # sample_rows rows in all, spread over the sequences (the noise is in which sequence, not
         # which row); qk_erank, capped by the rows it sees, takes all of them from the first one
         pos = self._rows(t, min(max(1, self.sample_rows // len(seqs_q)), t), k.device)
-        stats = attention_stats(seqs_q[:, :, pos], seqs_k, causal=site.causal, q_pos=pos if site.causal else None,
-                                erank=False)
+        stats = attention_stats(
+            seqs_q[:, :, pos], seqs_k, causal=site.causal, q_pos=pos if site.causal else None, erank=False
+        )
         stats = {name: value.mean(0) for name, value in stats.items()}  # (H,): the sequences averaged
         rows = self._rows(t, min(self.sample_rows, t), k.device)
         stats["qk_erank"] = qk_erank(seq_q[:, rows], seq_k)

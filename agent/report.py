@@ -3,7 +3,7 @@
 Packing lays every device value of a report (per-layer and per-head metrics, logged tensors) end
 to end in one float32 tensor, with a key saying what each slice is, so a report costs one
 device-to-host copy and one synchronisation, wherever and whenever the copy is waited for.
-Encoding reads the host copy back into a :class:`monitor.wire.Report`'s fields: ``layers``
+Encoding reads the host copy back into a :class:`qkwatch.monitor.wire.Report`'s fields: ``layers``
 (metric -> one value per layer, None where not measured), ``heads`` (metric -> per layer, the
 per-head values), ``scalars`` and ``events``; non-finite values become "nan", "inf", "-inf".
 
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from monitor.wire import encode_value
+from qkwatch.monitor.wire import encode_value
 
 Key = tuple
 """What a slice of the packed values is: ``("layer", metric, layer)`` (one value),
@@ -91,7 +91,7 @@ class Packer:
 
 
 def encode(packed: Packed, n_layers: int) -> dict[str, Any]:
-    """The report as the wire carries it (a :class:`monitor.wire.Report`'s fields); ``values`` on the host."""
+    """The report as the wire carries it (a :class:`qkwatch.monitor.wire.Report`'s fields); ``values`` on the host."""
     host = packed.values.tolist()  # on the host already: no synchronisation
     layers: dict[str, list[Any]] = {}
     heads: dict[str, list[Any]] = {}

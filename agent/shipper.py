@@ -31,11 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agent.checks import positive_ints, positive_seconds
-from agent.health import Health
-from agent.identity import RunIdentity
-from agent.spool import Position, Record, Spool
-from agent.transport import Transport, TransportError
+from qkwatch.agent.checks import positive_ints, positive_seconds
+from qkwatch.agent.health import Health
+from qkwatch.agent.identity import RunIdentity
+from qkwatch.agent.spool import Position, Record, Spool
+from qkwatch.agent.transport import Transport, TransportError
 
 logger = logging.getLogger(__name__)
 

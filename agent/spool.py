@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.checks import positive_ints, positive_seconds
+from qkwatch.agent.checks import positive_ints, positive_seconds
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from agent.report import Packed
+from qkwatch.agent.report import Packed
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.health import Health
-from agent.shipper import Sender
-from agent.spool import Spool, SpoolLocked
-from agent.transport import HttpTransport
+from qkwatch.agent.health import Health
+from qkwatch.agent.shipper import Sender
+from qkwatch.agent.spool import Spool, SpoolLocked
+from qkwatch.agent.transport import HttpTransport
 
 logger = logging.getLogger(__name__)
 

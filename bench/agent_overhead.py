@@ -30,7 +30,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import agent
+from qkwatch import agent
 from qkwatch.launch import CollectorProcess, free_port
 from qkwatch.nanogpt import NanoGPT
 
@@ -113,8 +113,9 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []
     workdir = Path(tempfile.mkdtemp())
-    with CollectorProcess(f"sqlite:///{workdir / 'collector.db'}", log=workdir / "collector.log",
-                          cwd=ROOT) as collector:
+    with CollectorProcess(
+        f"sqlite:///{workdir / 'collector.db'}", log=workdir / "collector.log", cwd=ROOT
+    ) as collector:
         rows.append(ab("collector up", collector.url, args, device, sync))
     rows.append(ab("collector down", f"http://127.0.0.1:{free_port()}", args, device, sync))
     rows.append(ab("offline (no URL)", None, args, device, sync))

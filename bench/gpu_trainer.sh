@@ -30,7 +30,7 @@ common=(--recipe gpt_1_3b --set "train.steps=$STEPS" --set "train.global_batch_s
 run() {  # name, extra --set flags...
   local name=$1; shift
   echo "== $name" >&2
-  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m trainer "${common[@]}" "$@" \
+  "$PY" -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m qkwatch.trainer "${common[@]}" "$@" \
     --out "$OUT/$name" 2>&1 | grep -E "step [0-9]+/|Error|error" | tail -3 >&2
 }
 run vanilla --set raa.enabled=false

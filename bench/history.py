@@ -48,14 +48,16 @@ from ingest import (  # the workload, the databases, the MLflow server and its r
 )
 
 sys.path.insert(0, str(ROOT))
-from monitor.client import Client, HistoryGrid
 from qkwatch.launch import CollectorProcess, free_port
+from qkwatch.monitor.client import Client, HistoryGrid
 
 
 def load_qkwatch(url: str, steps: int, layers: int) -> str:
     with httpx.Client(base_url=url, timeout=120) as c:
-        run = c.post("/v1/runs", json={"project": "bench", "name": f"history-{uuid.uuid4().hex[:6]}",
-                                       "config": {"n_layers": layers}}).json()
+        run = c.post(
+            "/v1/runs",
+            json={"project": "bench", "name": f"history-{uuid.uuid4().hex[:6]}", "config": {"n_layers": layers}},
+        ).json()
         for s in range(0, steps, 20):
             body = {"batch_id": str(uuid.uuid4()), "reports": reports(range(s, min(s + 20, steps)), layers)}
             c.post(f"/v1/runs/{run['id']}/reports", json=body).raise_for_status()
@@ -68,10 +70,14 @@ def load_mlflow(url: str, steps: int, layers: int) -> tuple[str, list[str]]:
         exp = c.post(f"{api}/experiments/create", json={"name": f"history-{uuid.uuid4().hex[:6]}"}).json()
         run = c.post(f"{api}/runs/create", json={"experiment_id": exp["experiment_id"], "start_time": 0}).json()
         run_id = run["run"]["info"]["run_id"]
-        points = [{"key": f"{name}/layer_{la:02d}", "value": value(s, la, m), "timestamp": 1_700_000_000_000 + s,
-                   "step": s} for s in range(steps) for m, name in enumerate(METRICS) for la in range(layers)]
+        points = [
+            {"key": f"{name}/layer_{la:02d}", "value": value(s, la, m), "timestamp": 1_700_000_000_000 + s, "step": s}
+            for s in range(steps)
+            for m, name in enumerate(METRICS)
+            for la in range(layers)
+        ]
         for i in range(0, len(points), 1000):  # log-batch's limit
-            c.post(f"{api}/runs/log-batch", json={"run_id": run_id, "metrics": points[i:i + 1000]}).raise_for_status()
+            c.post(f"{api}/runs/log-batch", json={"run_id": run_id, "metrics": points[i : i + 1000]}).raise_for_status()
     return run_id, [f"{name}/layer_{la:02d}" for name in METRICS for la in range(layers)]
 
 
@@ -89,8 +95,9 @@ def qkwatch_frame(client: Client, run_id: str) -> int:
 
 
 def qkwatch_heatmaps(client: Client, run_id: str, steps: int) -> int:
-    return sum(v is not None for m in METRICS for row in client.heatmap(run_id, m, max_steps=steps)["values"]
-               for v in row)
+    return sum(
+        v is not None for m in METRICS for row in client.heatmap(run_id, m, max_steps=steps)["values"] for v in row
+    )
 
 
 def mlflow_loop(c: httpx.Client, api: str, run_id: str, keys: list[str]) -> int:
@@ -109,13 +116,35 @@ def compare(kind: str, tmp: Path, args: argparse.Namespace) -> dict:
     while m_port == q_port:
         m_port = free_port()
     m_url = f"http://127.0.0.1:{m_port}"
-    with database(kind, tmp, args.pg_url, "qkwatch", "postgresql+psycopg") as q_db, \
-            database(kind, tmp, args.pg_url, "mlflow", "postgresql+psycopg2") as m_db:
-        m_cmd = [str(MLFLOW_VENV / "bin" / "mlflow"), "server", "--backend-store-uri", m_db, "--default-artifact-root",
-                 str(tmp / f"mlartifacts-{kind}"), "--host", "127.0.0.1", "--port", str(m_port), "--workers", "1"]
-        with CollectorProcess(q_db, port=q_port, log=tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"},
-                              cwd=ROOT, start_timeout=120) as collector, \
-                server(m_cmd, f"{m_url}/health", tmp / f"mlflow-{kind}.log"):
+    with (
+        database(kind, tmp, args.pg_url, "qkwatch", "postgresql+psycopg") as q_db,
+        database(kind, tmp, args.pg_url, "mlflow", "postgresql+psycopg2") as m_db,
+    ):
+        m_cmd = [
+            str(MLFLOW_VENV / "bin" / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            m_db,
+            "--default-artifact-root",
+            str(tmp / f"mlartifacts-{kind}"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(m_port),
+            "--workers",
+            "1",
+        ]
+        with (
+            CollectorProcess(
+                q_db,
+                port=q_port,
+                log=tmp / f"qkwatch-{kind}.log",
+                env={"QKWATCH_BACKGROUND": "false"},
+                cwd=ROOT,
+                start_timeout=120,
+            ) as collector,
+            server(m_cmd, f"{m_url}/health", tmp / f"mlflow-{kind}.log"),
+        ):
             q_url = collector.url
             t0 = time.perf_counter()
             q_run = load_qkwatch(q_url, args.steps, args.layers)
@@ -146,13 +175,17 @@ def compare(kind: str, tmp: Path, args: argparse.Namespace) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| database | read-back of the whole run | median ms | min ms | MLflow loop / this |",
-             "|---|---|---:|---:|---:|"]
-    label = {"qkwatch_history": "qkwatch `GET /history` (1 call, JSON values, parsed)",
-             "qkwatch_history_f64": "qkwatch `GET /history?encoding=f64` (1 call, parsed and decoded)",
-             "qkwatch_dataframe": "qkwatch `Client.history()` -> pandas DataFrame (f64)",
-             "qkwatch_heatmaps": "qkwatch 6 heatmap calls (before)",
-             "mlflow_loop": "MLflow `get-history` x 144 keys"}
+    lines = [
+        "| database | read-back of the whole run | median ms | min ms | MLflow loop / this |",
+        "|---|---|---:|---:|---:|",
+    ]
+    label = {
+        "qkwatch_history": "qkwatch `GET /history` (1 call, JSON values, parsed)",
+        "qkwatch_history_f64": "qkwatch `GET /history?encoding=f64` (1 call, parsed and decoded)",
+        "qkwatch_dataframe": "qkwatch `Client.history()` -> pandas DataFrame (f64)",
+        "qkwatch_heatmaps": "qkwatch 6 heatmap calls (before)",
+        "mlflow_loop": "MLflow `get-history` x 144 keys",
+    }
     for kind in ("sqlite", "postgres"):
         if kind not in results:
             continue
@@ -160,8 +193,9 @@ def table(results: dict) -> str:
         mlflow = r["mlflow_loop"]["median_s"]
         for name, text in label.items():
             ratio = "" if name == "mlflow_loop" else f"{mlflow / r[name]['median_s']:.0f}x"
-            lines.append(f"| {kind} | {text} | {1000 * r[name]['median_s']:.1f} | {1000 * r[name]['min_s']:.1f} | "
-                         f"{ratio} |")
+            lines.append(
+                f"| {kind} | {text} | {1000 * r[name]['median_s']:.1f} | {1000 * r[name]['min_s']:.1f} | {ratio} |"
+            )
     return "\n".join(lines)
 
 
@@ -171,8 +205,9 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--rounds", type=int, default=5, help="timed rounds, each arm once per round, interleaved")
     p.add_argument("--db", default="sqlite,postgres")
-    p.add_argument("--pg-url", default=os.environ.get("QKWATCH_TEST_PG",
-                                                      "postgresql://postgres@127.0.0.1:5432/postgres"))
+    p.add_argument(
+        "--pg-url", default=os.environ.get("QKWATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     p.add_argument("--setup-mlflow", action="store_true", help="create bench/.venvs/mlflow first")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "history.json")
     args = p.parse_args()
@@ -181,8 +216,14 @@ def main() -> int:
     if not (MLFLOW_VENV / "bin" / "mlflow").exists():
         print(f"no MLflow in {MLFLOW_VENV}: pass --setup-mlflow", file=sys.stderr)
         return 2
-    results: dict = {"steps": args.steps, "layers": args.layers, "metrics": len(METRICS), "rounds": args.rounds,
-                     "python": sys.version.split()[0], "cpus": os.cpu_count()}
+    results: dict = {
+        "steps": args.steps,
+        "layers": args.layers,
+        "metrics": len(METRICS),
+        "rounds": args.rounds,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
     tmp = Path(tempfile.mkdtemp(prefix="qkwatch-history-"))
     try:
         for kind in args.db.split(","):

@@ -196,9 +196,12 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def run_qkwatch(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> dict:
-    with database(kind, tmp, pg_url, "qkwatch", "postgresql+psycopg") as db, \
-            CollectorProcess(db, log=tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"}, cwd=ROOT,
-                             start_timeout=120) as collector:
+    with (
+        database(kind, tmp, pg_url, "qkwatch", "postgresql+psycopg") as db,
+        CollectorProcess(
+            db, log=tmp / f"qkwatch-{kind}.log", env={"QKWATCH_BACKGROUND": "false"}, cwd=ROOT, start_timeout=120
+        ) as collector,
+    ):
         out = qkwatch_ingest(collector.url, args.steps, args.layers, args.batch_reports)
         out["heatmap"] = qkwatch_heatmap(
             collector.url, args.heatmap_steps, args.heatmap_layers, args.heatmap_reports, args.repeats

@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent.metrics import attention_stats, participation_ratio
-from agent.metrics.summary import weight_metrics
+from qkwatch.agent.metrics import attention_stats, participation_ratio
+from qkwatch.agent.metrics.summary import weight_metrics
 
 L, H, D, HS = 24, 16, 2048, 128
 

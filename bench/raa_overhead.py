@@ -41,12 +41,12 @@ from pathlib import Path
 
 import torch
 
-from trainer import recipes
-from trainer.config import TrainConfig
-from trainer.interventions import InterventionConfig
-from trainer.model import ModelConfig
-from trainer.parallelize import init_distributed
-from trainer.train import apply_lambdas, setup, train_step
+from qkwatch.trainer import recipes
+from qkwatch.trainer.config import TrainConfig
+from qkwatch.trainer.interventions import InterventionConfig
+from qkwatch.trainer.model import ModelConfig
+from qkwatch.trainer.parallelize import init_distributed
+from qkwatch.trainer.train import apply_lambdas, setup, train_step
 
 BANDS = {"gpt24": range(9, 16), "collapse_cpu": range(3, 6)}
 
@@ -59,13 +59,26 @@ class BandLambdas:
     def __init__(self, lambda_0: float, n_layers: int, band: range) -> None:
         self.value = [lambda_0 if i in band else 0.0 for i in range(n_layers)]
 
-    def step(self, step): pass
-    def lambdas(self): return self.value
-    def log(self, step, **scalars): pass
-    def log_layers(self, step, values): pass
-    def close(self, timeout=10.0, *, status="finished", reason=None): pass
-    def state_dict(self): return {}
-    def load_state_dict(self, states): pass
+    def step(self, step):
+        pass
+
+    def lambdas(self):
+        return self.value
+
+    def log(self, step, **scalars):
+        pass
+
+    def log_layers(self, step, values):
+        pass
+
+    def close(self, timeout=10.0, *, status="finished", reason=None):
+        pass
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, states):
+        pass
 
 
 def config(variant: str, args):
@@ -76,17 +89,27 @@ def config(variant: str, args):
     else:
         cfg = recipes.debug_cpu()
         cfg = dataclasses.replace(
-            cfg, init=dataclasses.replace(cfg.init, qk_regime="default"),
-            model=ModelConfig(n_layers=24, n_heads=args.d_model // 64, d_model=args.d_model,
-                              max_seq_len=args.seq_len),
-            train=dataclasses.replace(cfg.train, global_batch_size=args.batch))
-    raa = dataclasses.replace(cfg.raa, enabled=variant != "vanilla", scheduling=variant.startswith("scheduled"),
-                              every=4 if variant == "scheduled_every4" else 1)
+            cfg,
+            init=dataclasses.replace(cfg.init, qk_regime="default"),
+            model=ModelConfig(n_layers=24, n_heads=args.d_model // 64, d_model=args.d_model, max_seq_len=args.seq_len),
+            train=dataclasses.replace(cfg.train, global_batch_size=args.batch),
+        )
+    raa = dataclasses.replace(
+        cfg.raa,
+        enabled=variant != "vanilla",
+        scheduling=variant.startswith("scheduled"),
+        every=4 if variant == "scheduled_every4" else 1,
+    )
     return dataclasses.replace(
-        cfg, recipe=f"bench-{variant}", raa=raa, data=dataclasses.replace(cfg.data, task_mix=0.0),
+        cfg,
+        recipe=f"bench-{variant}",
+        raa=raa,
+        data=dataclasses.replace(cfg.data, task_mix=0.0),
         parallel=dataclasses.replace(cfg.parallel, cpu_threads=None),  # --threads decides
-        train=TrainConfig(steps=10_000, global_batch_size=cfg.train.global_batch_size, log_every=10_000,
-                          report_every=10_000))
+        train=TrainConfig(
+            steps=10_000, global_batch_size=cfg.train.global_batch_size, log_every=10_000, report_every=10_000
+        ),
+    )
 
 
 def _best(fn, reps: int = 30) -> float:
@@ -104,24 +127,31 @@ def components(runs, args) -> dict[str, float]:
     """Best-of-N costs of one vanilla block, of the key rotation of one layer, and of one layer's PAR."""
     plain, rotated = runs["vanilla"].model.blocks[0], runs["scheduled"].model.blocks[0]
     model = runs["vanilla"].model
-    batch, seq_len, d_model = runs["vanilla"].cfg.train.global_batch_size, runs["vanilla"].cfg.seq_len, \
-        model.config.d_model
+    batch, seq_len, d_model = (
+        runs["vanilla"].cfg.train.global_batch_size,
+        runs["vanilla"].cfg.seq_len,
+        model.config.d_model,
+    )
     x = torch.randn(batch, seq_len, d_model, requires_grad=True)
     rope = (model.rope_cos[:seq_len], model.rope_sin[:seq_len])
     grad = torch.randn_like(x)
     attn = rotated.attn
     proj_grad = torch.randn(batch, seq_len, attn.n_kv_heads * attn.d_head)
     par = attention_par_fn(runs["scheduled"])
-    return {"block": _best(lambda: plain(x, rope)[0].backward(grad)),
-            "rotation": max(0.0, _best(lambda: attn._keys(x).backward(proj_grad))
-                            - _best(lambda: plain.attn.k_proj(x).backward(proj_grad))),
-            "PAR": _best(lambda: par(attn).backward())}
+    return {
+        "block": _best(lambda: plain(x, rope)[0].backward(grad)),
+        "rotation": max(
+            0.0,
+            _best(lambda: attn._keys(x).backward(proj_grad)) - _best(lambda: plain.attn.k_proj(x).backward(proj_grad)),
+        ),
+        "PAR": _best(lambda: par(attn).backward()),
+    }
 
 
 def attention_par_fn(r):
     from functools import partial
 
-    from trainer.raa import attention_par
+    from qkwatch.trainer.raa import attention_par
 
     c = r.cfg.raa
     return partial(attention_par, rank=c.rank, tau_factor=c.tau_factor, method=c.method)
@@ -171,11 +201,15 @@ def main() -> None:
                 times[v].append([one_step(v) for _ in range(args.steps)])
     m, t = runs["vanilla"].model.config, runs["vanilla"].cfg
     n_layers = m.n_layers
-    print(f"model {args.model}: {n_layers} layers, d_model {m.d_model}, {m.n_heads} heads of {m.d_head}, "
-          f"{t.train.global_batch_size} x {t.seq_len} tokens per step, {args.threads} thread(s), "
-          f"{args.rounds} rounds x {args.steps} steps per variant, order shuffled per round")
-    print(f"{'variant':<18}{'PAR layers':>10}{'best cpu s':>12}{'overhead':>10}{'median cpu s':>14}"
-          f"{'paired overhead [quartiles]':>30}{'median wall s':>15}")
+    print(
+        f"model {args.model}: {n_layers} layers, d_model {m.d_model}, {m.n_heads} heads of {m.d_head}, "
+        f"{t.train.global_batch_size} x {t.seq_len} tokens per step, {args.threads} thread(s), "
+        f"{args.rounds} rounds x {args.steps} steps per variant, order shuffled per round"
+    )
+    print(
+        f"{'variant':<18}{'PAR layers':>10}{'best cpu s':>12}{'overhead':>10}{'median cpu s':>14}"
+        f"{'paired overhead [quartiles]':>30}{'median wall s':>15}"
+    )
     best_base = min(t[1] for rnd in times["vanilla"] for t in rnd)
     for v in variants:
         cpu = [t[1] for rnd in times[v] for t in rnd]
@@ -185,14 +219,20 @@ def main() -> None:
         lo, hi = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
         wall = statistics.median(t[0] for rnd in times[v] for t in rnd)
         paired = f"{statistics.median(ratios):+.1f}% [{lo:+.1f}, {hi:+.1f}]"
-        print(f"{v:<18}{flagged[v]:>10}{min(cpu):>12.3f}{(min(cpu) / best_base - 1) * 100:>+9.1f}%"
-              f"{statistics.median(cpu):>14.3f}{paired:>30}{wall:>15.3f}")
-    print("cpu = this thread's CPU time per optimizer step (other processes on a busy machine barely move it);\n"
-          "overhead = best step against vanilla's best step; paired = median over rounds of "
-          "(variant / vanilla in the same round) - 1")
+        print(
+            f"{v:<18}{flagged[v]:>10}{min(cpu):>12.3f}{(min(cpu) / best_base - 1) * 100:>+9.1f}%"
+            f"{statistics.median(cpu):>14.3f}{paired:>30}{wall:>15.3f}"
+        )
+    print(
+        "cpu = this thread's CPU time per optimizer step (other processes on a busy machine barely move it);\n"
+        "overhead = best step against vanilla's best step; paired = median over rounds of "
+        "(variant / vanilla in the same round) - 1"
+    )
     parts = components(runs, args)
-    print("\nper-layer costs (best of many, thread CPU ms, forward + backward): "
-          + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in parts.items()))
+    print(
+        "\nper-layer costs (best of many, thread CPU ms, forward + backward): "
+        + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in parts.items())
+    )
     vanilla_step = min(t[1] for rnd in times["vanilla"] for t in rnd)
     rotation = n_layers * parts["rotation"]
     band = len(BANDS[args.model])
@@ -200,10 +240,13 @@ def main() -> None:
         if v not in variants:
             continue
         extra = rotation + n_par * parts["PAR"]
-        print(f"  {v:<18} predicted overhead {extra / vanilla_step * 100:+.1f}% "
-              f"(rotation {rotation / vanilla_step * 100:.1f}% + PAR {n_par * parts['PAR'] / vanilla_step * 100:.1f}%)")
+        print(
+            f"  {v:<18} predicted overhead {extra / vanilla_step * 100:+.1f}% "
+            f"(rotation {rotation / vanilla_step * 100:.1f}% + PAR {n_par * parts['PAR'] / vanilla_step * 100:.1f}%)"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps({"times": times, "flagged": flagged, "args": vars(args)}))
+
 
 if __name__ == "__main__":
     main()

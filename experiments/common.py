@@ -4,7 +4,7 @@ An experiment is a *campaign*: one collector (``qkwatch serve`` over SQLite unde
 ``experiments/out/<campaign>/``), a list of :class:`RunSpec` trained as subprocesses (``python -m
 trainer``, one CPU thread each, ``workers`` at a time) with the agent reporting to that collector,
 then ``qkwatch eval`` on each finished run, whose results the collector also stores on the run. The
-tables and figures are made from what the project's Python client (:class:`monitor.client.Client`)
+tables and figures are made from what the project's Python client (:class:`qkwatch.monitor.client.Client`)
 reads back, never from the trainers' own files: this is the system's longest end-to-end path.
 
 A campaign resumes: a run the collector already holds as ``finished`` (with its evaluations) is not
@@ -60,8 +60,9 @@ def one_blas_thread() -> contextlib.AbstractContextManager:
     return threadpool_limits(1)
 
 
-def at_init_main(name: str, doc: str, run: Callable[..., dict], headlines: Callable[[dict], list[str]],
-                 argv: list[str] | None) -> int:
+def at_init_main(
+    name: str, doc: str, run: Callable[..., dict], headlines: Callable[[dict], list[str]], argv: list[str] | None
+) -> int:
     """The command line of an at-initialisation experiment: ``python -m experiments.<name> [--quick]``."""
     p = argparse.ArgumentParser(prog=f"python -m experiments.{name}", description=doc.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, a few seconds (what the tests run)")
@@ -132,9 +133,11 @@ class Campaign:
         """
         todo = [s for s in specs if not self.trained(s)]
         to_evaluate = [s for s in specs if s not in todo and not self.evaluated(s)]
-        log(f"{self.name}: {len(specs) - len(todo)} of {len(specs)} runs already in the collector; "
+        log(
+            f"{self.name}: {len(specs) - len(todo)} of {len(specs)} runs already in the collector; "
             f"{len(todo)} to train, {self.workers} at a time, {len(to_evaluate)} to evaluate again "
-            f"(logs in {self.root / 'logs'})")
+            f"(logs in {self.root / 'logs'})"
+        )
         failed = [s.name for s in to_evaluate if not self._evaluate(s)]
         pending, active = list(todo), []
         started = time.monotonic()
@@ -151,29 +154,50 @@ class Campaign:
                 if not ok:
                     failed.append(spec.name)
                 finished = len(todo) - len(pending) - len(active)
-                log(f"  {spec.name}: {'done' if ok else 'FAILED'} ({finished}/{len(todo)}, "
-                    f"{(time.monotonic() - started) / 60:.1f} min)")
+                log(
+                    f"  {spec.name}: {'done' if ok else 'FAILED'} ({finished}/{len(todo)}, "
+                    f"{(time.monotonic() - started) / 60:.1f} min)"
+                )
         if failed:
             raise RuntimeError(f"{self.name}: runs failed: {', '.join(failed)}; see {self.root / 'logs'}")
         return {s.name: self.run_id(s.name) for s in specs}
 
     def _env(self, spec: RunSpec) -> dict[str, str]:
-        return {**os.environ, "QKWATCH_URL": self.collector.url, "QKWATCH_PROJECT": self.name,
-                "QKWATCH_RUN": spec.name, "QKWATCH_SPOOL": str(self.root / "spool"), "OMP_NUM_THREADS": "1",
-                "MKL_NUM_THREADS": "1"}
+        return {
+            **os.environ,
+            "QKWATCH_URL": self.collector.url,
+            "QKWATCH_PROJECT": self.name,
+            "QKWATCH_RUN": spec.name,
+            "QKWATCH_SPOOL": str(self.root / "spool"),
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
 
     def _start(self, spec: RunSpec) -> subprocess.Popen:
         (self.root / "logs").mkdir(exist_ok=True)
         out = self.root / "runs" / spec.name
         sets = [a for kv in ["parallel.cpu_threads=1", *spec.sets] for a in ("--set", kv)]
-        cmd = [sys.executable, "-m", "trainer", "--recipe", spec.recipe, "--out", str(out), *sets]
+        cmd = [sys.executable, "-m", "qkwatch.trainer", "--recipe", spec.recipe, "--out", str(out), *sets]
         logfile = open(self.root / "logs" / f"{spec.name}.log", "w")  # noqa: SIM115 (the child owns it)
         return subprocess.Popen(cmd, env=self._env(spec), stdout=logfile, stderr=subprocess.STDOUT)
 
     def _evaluate(self, spec: RunSpec) -> bool:
         for task, lengths in spec.evals:
-            cmd = [sys.executable, "-m", "qkwatch.cli", "eval", str(self.root / "runs" / spec.name), "--task", task,
-                   "--lengths", lengths, "--samples", str(self.samples), "--collector", self.collector.url]
+            cmd = [
+                sys.executable,
+                "-m",
+                "qkwatch.cli",
+                "eval",
+                str(self.root / "runs" / spec.name),
+                "--task",
+                task,
+                "--lengths",
+                lengths,
+                "--samples",
+                str(self.samples),
+                "--collector",
+                self.collector.url,
+            ]
             with open(self.root / "logs" / f"{spec.name}.log", "a") as logfile:
                 if subprocess.run(cmd, env=self._env(spec), stdout=logfile, stderr=subprocess.STDOUT).returncode:
                     return False
@@ -188,8 +212,9 @@ def _eval_prefix(task: str) -> str:
 # --- reading back ------------------------------------------------------------------------------------
 
 
-def read_run(client, run: str, layer_metrics: Iterable[str]) -> tuple[
-        dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[list[int], list[float]]]]:
+def read_run(
+    client, run: str, layer_metrics: Iterable[str]
+) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, tuple[list[int], list[float]]]]:
     """One run read back in one ``history`` call: ``(grids, scalars)``.
 
     ``grids``: ``metric -> (steps, values[step, layer])`` for those of ``layer_metrics`` the run
@@ -225,8 +250,11 @@ def save(name: str, results: dict, *, strict: bool = False) -> Path:
     """Write ``experiments/results/<name>.json``; ``strict``: non-finite numbers become null (valid JSON)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    text = (json.dumps(jsonable(results), indent=1, sort_keys=True, allow_nan=False) if strict
-            else json.dumps(results, indent=1, sort_keys=True, default=_plain))
+    text = (
+        json.dumps(jsonable(results), indent=1, sort_keys=True, allow_nan=False)
+        if strict
+        else json.dumps(results, indent=1, sort_keys=True, default=_plain)
+    )
     path.write_text(text + "\n")
     return path
 

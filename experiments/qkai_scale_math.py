@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.metrics.heads import split_heads
-from agent.metrics.subspace import qkai
+from qkwatch.agent.metrics.heads import split_heads
+from qkwatch.agent.metrics.subspace import qkai
 
 SEED = 7000
 THRESHOLD = 0.70
@@ -39,8 +39,9 @@ def _draw(n: int, d: int, h: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(n, d, h, generator=gen)
 
 
-def _qkai_chunked(n: int, d: int, h: int, ranks: list[int], gen: torch.Generator,
-                  method: str = "exact") -> dict[int, np.ndarray]:
+def _qkai_chunked(
+    n: int, d: int, h: int, ranks: list[int], gen: torch.Generator, method: str = "exact"
+) -> dict[int, np.ndarray]:
     """QKAI of ``n`` independent Gaussian head pairs for each rank, drawn in chunks of <= 64 MB per factor."""
     chunk = max(1, (1 << 24) // (d * h))
     out: dict[int, list[np.ndarray]] = {r: [] for r in ranks}
@@ -76,12 +77,28 @@ def random_law(cfg: dict, gen: torch.Generator) -> dict:
                 pred = r / d
                 mean, sd = float(v.mean()), float(v.std(ddof=1))
                 se = sd / math.sqrt(v.size)
-                rows.append({"d_model": d, "d_head": h, "r": r, "heads": int(v.size), "mean": mean, "sd": sd, "se": se,
-                             "sd_formula": random_sd(d, r),
-                             "predicted": pred, "rel_err": mean / pred - 1, "rel_se": se / pred,
-                             "z": (mean - pred) / se if se > 0 else 0.0, "wall_s": wall / len(vals)})
-    return {"rows": rows, "max_abs_z": max(abs(row["z"]) for row in rows),
-            "max_abs_rel_err": max(abs(row["rel_err"]) for row in rows)}
+                rows.append(
+                    {
+                        "d_model": d,
+                        "d_head": h,
+                        "r": r,
+                        "heads": int(v.size),
+                        "mean": mean,
+                        "sd": sd,
+                        "se": se,
+                        "sd_formula": random_sd(d, r),
+                        "predicted": pred,
+                        "rel_err": mean / pred - 1,
+                        "rel_se": se / pred,
+                        "z": (mean - pred) / se if se > 0 else 0.0,
+                        "wall_s": wall / len(vals),
+                    }
+                )
+    return {
+        "rows": rows,
+        "max_abs_z": max(abs(row["z"]) for row in rows),
+        "max_abs_rel_err": max(abs(row["rel_err"]) for row in rows),
+    }
 
 
 def randomized_vs_exact(cfg: dict, gen: torch.Generator) -> list[dict]:
@@ -100,10 +117,19 @@ def randomized_vs_exact(cfg: dict, gen: torch.Generator) -> list[dict]:
                 continue
             exact = qkai(wq, wk, r, method="exact").double()
             auto = qkai(wq, wk, r, method="auto").double()
-            out.append({"d_model": d, "d_head": h, "r": r, "heads": n, "predicted": r / d,
-                        "exact_mean": float(exact.mean()), "auto_mean": float(auto.mean()),
-                        "max_abs_diff": float((auto - exact).abs().max()),
-                        "mean_diff": float((auto - exact).mean())})
+            out.append(
+                {
+                    "d_model": d,
+                    "d_head": h,
+                    "r": r,
+                    "heads": n,
+                    "predicted": r / d,
+                    "exact_mean": float(exact.mean()),
+                    "auto_mean": float(auto.mean()),
+                    "max_abs_diff": float((auto - exact).abs().max()),
+                    "mean_diff": float((auto - exact).mean()),
+                }
+            )
     return out
 
 
@@ -132,8 +158,16 @@ def layer_level(cfg: dict, gen: torch.Generator) -> list[dict]:
             for r in rs:
                 vals[r].append(float(qkai(wq, wk, r, method="exact")[0]))
         for r in rs:
-            out.append({"d_model": d, "r": r, "draws": len(vals[r]), "mean": float(np.mean(vals[r])),
-                        "predicted": r / d, "rel_err": float(np.mean(vals[r])) / (r / d) - 1})
+            out.append(
+                {
+                    "d_model": d,
+                    "r": r,
+                    "draws": len(vals[r]),
+                    "mean": float(np.mean(vals[r])),
+                    "predicted": r / d,
+                    "rel_err": float(np.mean(vals[r])) / (r / d) - 1,
+                }
+            )
     return out
 
 
@@ -161,7 +195,7 @@ def _recipe_qk(cfg, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     ``randn(shape, generator=generator(seed, name)) * init_std``. Checked against ``build_model``
     for the small recipes (``replication_exact``), so the 1.3B and 6.7B layers need no model.
     """
-    from trainer.init import generator, qk_regime_weights
+    from qkwatch.trainer.init import generator, qk_regime_weights
 
     mc = cfg.model_config()
     init = cfg.init
@@ -177,8 +211,8 @@ def _recipe_qk(cfg, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _replication_exact(name: str) -> bool:
-    from trainer import recipes
-    from trainer.init import build_model
+    from qkwatch.trainer import recipes
+    from qkwatch.trainer.init import build_model
 
     cfg = recipes.get(name)
     model = build_model(cfg.model_config(), cfg.init, cfg.seed, torch.device("cpu"))
@@ -190,8 +224,8 @@ def _replication_exact(name: str) -> bool:
 
 
 def recipes_at_init(cfg: dict) -> dict:
-    from trainer import recipes
-    from trainer.init import qk_regime_weights
+    from qkwatch.trainer import recipes
+    from qkwatch.trainer.init import qk_regime_weights
 
     gen = torch.Generator().manual_seed(SEED + 1)
     out: dict[str, Any] = {}
@@ -211,14 +245,21 @@ def recipes_at_init(cfg: dict) -> dict:
             if regime == "default":
                 wq, wk = torch.randn(wq_shape, generator=gen), torch.randn(wk_shape, generator=gen)
             else:
-                wq, wk = qk_regime_weights(regime, wq_shape, wk_shape, mc.n_heads, mc.n_kv_heads, SEED, "blocks.0.attn.")
+                wq, wk = qk_regime_weights(
+                    regime, wq_shape, wk_shape, mc.n_heads, mc.n_kv_heads, SEED, "blocks.0.attn."
+                )
             v = qkai(split_heads(wq, mc.n_heads), split_heads(wk, mc.n_kv_heads), method="exact").double()
             regimes[regime] = {"mean": float(v.mean()), "min": float(v.min()), "max": float(v.max())}
         base = mc.d_head / mc.d_model
         out[name] = {
-            "d_model": mc.d_model, "d_head": mc.d_head, "n_heads": mc.n_heads, "n_layers": mc.n_layers,
+            "d_model": mc.d_model,
+            "d_head": mc.d_head,
+            "n_heads": mc.n_heads,
+            "n_layers": mc.n_layers,
             "init": {"qk_regime": rc.init.qk_regime, "qk_layers": rc.init.qk_layers},
-            "layers_measured": n_layers, "per_layer": per_layer, "regimes": regimes,
+            "layers_measured": n_layers,
+            "per_layer": per_layer,
+            "regimes": regimes,
             "random_baseline": base,
             "threshold": threshold_terms(mc.d_model, mc.d_head),
         }

@@ -72,11 +72,15 @@ def build(docs: Path = DOCS, png: bool = True) -> Path:
         for fig_name, fig in figures:
             fig.write_image(out_dir / f"{fig_name}.png", scale=1)
             log(f"wrote {out_dir / fig_name}.png")
-    divs = [f"<h2 id='{n}'>{n}</h2>" + pio.to_html(f, full_html=False, include_plotlyjs=(i == 0), div_id=f"fig-{n}")
-            for i, (n, f) in enumerate(figures)]
-    html = ("<!doctype html><html><head><meta charset='utf-8'><title>qkwatch: the seeds reproduced</title>"
-            "</head><body style='font-family: sans-serif'><h1>qkwatch: the seeds reproduced (figures)</h1>"
-            "<p>See reproduction.md for the tables and what each figure shows.</p>" + "".join(divs) + "</body></html>")
+    divs = [
+        f"<h2 id='{n}'>{n}</h2>" + pio.to_html(f, full_html=False, include_plotlyjs=(i == 0), div_id=f"fig-{n}")
+        for i, (n, f) in enumerate(figures)
+    ]
+    html = (
+        "<!doctype html><html><head><meta charset='utf-8'><title>qkwatch: the seeds reproduced</title>"
+        "</head><body style='font-family: sans-serif'><h1>qkwatch: the seeds reproduced (figures)</h1>"
+        "<p>See reproduction.md for the tables and what each figure shows.</p>" + "".join(divs) + "</body></html>"
+    )
     (docs / "reproduction.html").write_text(html)
     commands = "\n".join(COMMANDS[n] for n in EXPERIMENTS)
     md = INTRO.format(commands=commands) + "\n" + "\n".join(sections)

@@ -58,9 +58,17 @@ LAYER_METRICS = ("qkai", "stable_rank", "attn_entropy", "attn_entropy_nats", "qk
 
 
 def specs(seeds: list[int]) -> list[RunSpec]:
-    return [RunSpec(f"{variant}-s{seed}", "collapse_cpu", [*COMMON, f"seed={seed}", *sets], EVALS,
-                    {"variant": variant, "seed": seed})
-            for seed in seeds for variant, sets in VARIANTS.items()]
+    return [
+        RunSpec(
+            f"{variant}-s{seed}",
+            "collapse_cpu",
+            [*COMMON, f"seed={seed}", *sets],
+            EVALS,
+            {"variant": variant, "seed": seed},
+        )
+        for seed in seeds
+        for variant, sets in VARIANTS.items()
+    ]
 
 
 def collect(campaign: Campaign, run_ids: dict[str, str], all_specs: list[RunSpec]) -> list[dict[str, Any]]:
@@ -70,13 +78,16 @@ def collect(campaign: Campaign, run_ids: dict[str, str], all_specs: list[RunSpec
     for spec in all_specs:
         run = run_ids[spec.name]
         g, s = read_run(client, run, LAYER_METRICS)
-        record: dict[str, Any] = {**spec.tags, "name": spec.name, "run_id": run,
-                                  "status": client.run(run)["status"]}
+        record: dict[str, Any] = {**spec.tags, "name": spec.name, "run_id": run, "status": client.run(run)["status"]}
         for metric, (steps, values) in g.items():
             band = np.nanmean(values[:, BAND], axis=1)
             outside = np.nanmean(values[:, [i for i in range(values.shape[1]) if i not in BAND]], axis=1)
-            record[metric] = {"steps": steps.tolist(), "band": band.tolist(), "outside": outside.tolist(),
-                              "final_by_layer": values[-1].tolist()}
+            record[metric] = {
+                "steps": steps.tolist(),
+                "band": band.tolist(),
+                "outside": outside.tolist(),
+                "final_by_layer": values[-1].tolist(),
+            }
         for name in ("loss", "val_loss", "par", "raa_flagged_fraction"):
             if name in s:
                 record[name] = {"steps": s[name][0], "values": s[name][1]}
@@ -94,16 +105,36 @@ def run(seeds: list[int] | None = None, workers: int = 2, samples: int = 40) -> 
         ids = campaign.run(all_specs)
         runs = collect(campaign, ids, all_specs)
         write_report(campaign, seeds[0])
-    return {"experiment": NAME, "seeds": seeds, "band": BAND, "onset": ONSET, "variants": VARIANTS,
-            "common_sets": COMMON, "evals": EVALS, "eval_samples": samples, "runs": runs,
-            "wall_s_last_invocation": time.time() - started}
+    return {
+        "experiment": NAME,
+        "seeds": seeds,
+        "band": BAND,
+        "onset": ONSET,
+        "variants": VARIANTS,
+        "common_sets": COMMON,
+        "evals": EVALS,
+        "eval_samples": samples,
+        "runs": runs,
+        "wall_s_last_invocation": time.time() - started,
+    }
 
 
 def write_report(campaign: Campaign, seed: int) -> Path:
     """``qkwatch report`` of the vanilla and the full-RAA run, side by side, beside docs/reproduction.md."""
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "qkwatch.cli", "report", f"{NAME}/vanilla-s{seed}", "--vs", f"{NAME}/raa-s{seed}",
-           "--url", campaign.collector.url, "--out", str(REPORT)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "qkwatch.cli",
+        "report",
+        f"{NAME}/vanilla-s{seed}",
+        "--vs",
+        f"{NAME}/raa-s{seed}",
+        "--url",
+        campaign.collector.url,
+        "--out",
+        str(REPORT),
+    ]
     subprocess.run(cmd, check=True)
     log(f"wrote {REPORT}")
     return REPORT
@@ -140,17 +171,19 @@ def _flagged_fraction(record: dict, late: bool = False) -> float:
     if "raa_flagged_fraction" not in record:
         return math.nan
     v = record["raa_flagged_fraction"]["values"]
-    return float(np.mean(v[len(v) // 2:] if late else v))
+    return float(np.mean(v[len(v) // 2 :] if late else v))
 
 
 def summary(results: dict) -> dict[str, dict[str, float]]:
     """Per variant, the seed-mean of each headline number."""
     rows = {}
     for variant, records in _by_variant(results).items():
+
         def avg(fn, records=records):
             v = [fn(r) for r in records]
             v = [x for x in v if x is not None and math.isfinite(x)]
             return float(np.mean(v)) if v else math.nan
+
         rows[variant] = {
             "qkai_onset": avg(lambda r: _at(r, "qkai", results["onset"])),
             "qkai_final": avg(lambda r: _final(r, "qkai")),
@@ -161,13 +194,24 @@ def summary(results: dict) -> dict[str, dict[str, float]]:
             "entropy_final": avg(lambda r: _final(r, "attn_entropy")),
             "entropy_outside_final": avg(lambda r: _final(r, "attn_entropy", "outside")),
             "qk_erank_final": avg(lambda r: _final(r, "qk_erank")),
-            "val_loss": avg(lambda r: last((r["val_loss"]["steps"], r["val_loss"]["values"]))
-                            if "val_loss" in r else math.nan),
+            "val_loss": avg(
+                lambda r: last((r["val_loss"]["steps"], r["val_loss"]["values"])) if "val_loss" in r else math.nan
+            ),
             "flagged": avg(_flagged_fraction),
             "flagged_late": avg(lambda r: _flagged_fraction(r, late=True)),
-            **{k: avg(lambda r, k=k: r["evals"].get(k, math.nan))
-               for k in ("passkey1_acc_128", "passkey1_acc_256", "passkey5_acc_256", "passkey1_digits_128",
-                         "passkey1_digits_256", "passkey5_digits_256", "ppl_128", "ppl_256")},
+            **{
+                k: avg(lambda r, k=k: r["evals"].get(k, math.nan))
+                for k in (
+                    "passkey1_acc_128",
+                    "passkey1_acc_256",
+                    "passkey5_acc_256",
+                    "passkey1_digits_128",
+                    "passkey1_digits_256",
+                    "passkey5_digits_256",
+                    "ppl_128",
+                    "ppl_256",
+                )
+            },
         }
     return rows
 
@@ -180,19 +224,47 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
     n_seeds = len(results["seeds"])
     variants = sorted(results["variants"], key=_order)
     table = md_table(
-        ["variant", f"band QKAI step {results['onset']} → last (peak)", "outside, last", "band srank last",
-         "band entropy last", "band QK^T erank", "val loss", "passkey-1 @128 (exact / digits)",
-         "passkey-1 @256", "passkey-5 @256", "ppl @128", "ppl @256", "layers flagged (all / 2nd half)"],
-        [[v, f"{fmt(r['qkai_onset'], '.2f')} → {fmt(r['qkai_final'], '.2f')} ({fmt(r['qkai_peak'], '.2f')})",
-          fmt(r["qkai_outside_final"], ".2f"), fmt(r["srank_final"], ".2f"), fmt(r["entropy_final"], ".2f"),
-          fmt(r["qk_erank_final"], ".2f"), fmt(r["val_loss"], ".3f"), _pk(r, 1, 128), _pk(r, 1, 256), _pk(r, 5, 256),
-          fmt(r["ppl_128"], ".2f"),
-          fmt(r["ppl_256"], ".2f"), _flagged(r)]
-         for v, r in rows.items()])
+        [
+            "variant",
+            f"band QKAI step {results['onset']} → last (peak)",
+            "outside, last",
+            "band srank last",
+            "band entropy last",
+            "band QK^T erank",
+            "val loss",
+            "passkey-1 @128 (exact / digits)",
+            "passkey-1 @256",
+            "passkey-5 @256",
+            "ppl @128",
+            "ppl @256",
+            "layers flagged (all / 2nd half)",
+        ],
+        [
+            [
+                v,
+                f"{fmt(r['qkai_onset'], '.2f')} → {fmt(r['qkai_final'], '.2f')} ({fmt(r['qkai_peak'], '.2f')})",
+                fmt(r["qkai_outside_final"], ".2f"),
+                fmt(r["srank_final"], ".2f"),
+                fmt(r["entropy_final"], ".2f"),
+                fmt(r["qk_erank_final"], ".2f"),
+                fmt(r["val_loss"], ".3f"),
+                _pk(r, 1, 128),
+                _pk(r, 1, 256),
+                _pk(r, 5, 256),
+                fmt(r["ppl_128"], ".2f"),
+                fmt(r["ppl_256"], ".2f"),
+                _flagged(r),
+            ]
+            for v, r in rows.items()
+        ],
+    )
 
     figs = []
-    fig = make_subplots(rows=1, cols=3, subplot_titles=("band QKAI (layers 3-5)", "band stable rank of W_Q W_K^T",
-                                                        "band normalised entropy"))
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        subplot_titles=("band QKAI (layers 3-5)", "band stable rank of W_Q W_K^T", "band normalised entropy"),
+    )
     palette = ["#444", "#1f77b4", "#9467bd", "#17becf", "#d62728", "#2ca02c", "#ff7f0e"]
     by = _by_variant(results)
     for i, variant in enumerate(variants):
@@ -200,10 +272,19 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
             for j, r in enumerate(by[variant]):
                 if not r.get(metric):
                     continue
-                fig.add_trace(go.Scatter(x=r[metric]["steps"], y=r[metric]["band"], mode="lines",
-                                         line={"color": palette[i % len(palette)], "width": 2 if j == 0 else 1},
-                                         name=variant, legendgroup=variant, showlegend=(col == 1 and j == 0)),
-                              row=1, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=r[metric]["steps"],
+                        y=r[metric]["band"],
+                        mode="lines",
+                        line={"color": palette[i % len(palette)], "width": 2 if j == 0 else 1},
+                        name=variant,
+                        legendgroup=variant,
+                        showlegend=(col == 1 and j == 0),
+                    ),
+                    row=1,
+                    col=col,
+                )
     fig.add_hline(y=0.70, line_dash="dash", line_color="red", row=1, col=1)
     fig.update_layout(width=1300, height=420, margin={"t": 40, "b": 40}, template="plotly_white")
     figs.append(("seed000-band", fig))
@@ -211,23 +292,28 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
     evals = ["passkey1_digits_128", "passkey1_digits_256", "passkey5_digits_256"]
     fig2 = go.Figure([go.Bar(name=e, x=variants, y=[rows[v][e] for v in variants]) for e in evals])
     fig2.add_hline(y=0.1, line_dash="dot", annotation_text="a guessed digit")
-    fig2.update_layout(barmode="group", width=900, height=380, template="plotly_white",
-                       yaxis_title="key digits predicted",
-                       title="passkey retrieval, digit accuracy (1 and 5 needles; trained at 128 tokens)")
+    fig2.update_layout(
+        barmode="group",
+        width=900,
+        height=380,
+        template="plotly_white",
+        yaxis_title="key digits predicted",
+        title="passkey retrieval, digit accuracy (1 and 5 needles; trained at 128 tokens)",
+    )
     figs.append(("seed000-passkey", fig2))
 
     v, raa = rows["vanilla"], rows["raa"]
     text = f"""## Seed 000: the collapse band, RAA, its ablations and the peers (`collapse_cpu`)
 
-**Command:** `python -m experiments.seed000 --seeds {','.join(map(str, results['seeds']))}` then
+**Command:** `python -m experiments.seed000 --seeds {",".join(map(str, results["seeds"]))}` then
 `python -m experiments.report`. {len(variants)} variants x {n_seeds} seeds of `collapse_cpu` (8 layers,
 d_model 128, 4 heads of 32, 800 steps of 8 x 128 tokens, byte-level offline corpus), each streamed
-into one collector and evaluated with `qkwatch eval` (passkey: {results['eval_samples']} queries per
+into one collector and evaluated with `qkwatch eval` (passkey: {results["eval_samples"]} queries per
 length and needle count). Every number below is read back from that collector; a table cell is
 the mean over the seeds.
 
 **Scale and the induced band.** Seed 000 trains 1.3B and 6.7B models on 60B tokens and finds the band
-arising by itself; here the band (layers 3-5) is *induced* from step {results['onset']} by the
+arising by itself; here the band (layers 3-5) is *induced* from step {results["onset"]} by the
 `qk_collapse` intervention (an explicit alignment pressure on W_Q/W_K plus a contraction of W_K,
 `trainer/interventions.py`), which every variant receives. So this experiment tests whether each
 method *resists* a collapse pressure of seed 000's phenotype, not whether it prevents a collapse
@@ -244,19 +330,19 @@ that training produces by itself.
 
 | claim (seed 000) | paper | here | carried over? |
 |---|---|---|---|
-| band QKAI rises past 0.70 in vanilla training | 0.31 → 0.78 (1.3B) | {fmt(v['qkai_onset'], '.2f')} → {fmt(v['qkai_final'], '.2f')} (induced) | by construction: the band is induced |
-| RAA holds the band's QKAI | 0.42-0.49 | {fmt(raa['qkai_final'], '.2f')} (peak {fmt(raa['qkai_peak'], '.2f')}) | {_verdict(raa['qkai_final'] <= 0.55)}{", a little above the paper's range" if 0.49 < raa['qkai_final'] <= 0.55 else ""} |
-| stable rank of W_Q W_K^T higher under RAA (layer 15) | 22.3 → 41.6 of 128 | band {fmt(v['srank_final'], '.2f')} → {fmt(raa['srank_final'], '.2f')} of 32 | {_verdict(raa['srank_final'] > v['srank_final'])} |
-| mid-layer entropy lower under RAA | 0.94 → 0.71-0.76 | {fmt(v['entropy_final'], '.2f')} → {fmt(raa['entropy_final'], '.2f')} | {_verdict(raa['entropy_final'] < v['entropy_final'] - 0.05)} |
-| schedule activates about 7 of 24 layers for most of training | 29 % | {_flagged(raa)} of 8 (all / 2nd half) | {_verdict(0.1 <= raa['flagged_late'] <= 0.5)} |
-| passkey gain of RAA (32k, 1 needle) | 61.2 → 84.7 % | exact {fmt(v['passkey1_acc_256'], '.2f')} → {fmt(raa['passkey1_acc_256'], '.2f')}, digits {fmt(v['passkey1_digits_256'], '.2f')} → {fmt(raa['passkey1_digits_256'], '.2f')} at 256 | {_verdict(raa['passkey1_digits_256'] > v['passkey1_digits_256'] + 0.05)} |
-| five-needle passkey | 38 → 66 % | exact {fmt(v['passkey5_acc_256'], '.2f')} → {fmt(raa['passkey5_acc_256'], '.2f')}, digits {fmt(v['passkey5_digits_256'], '.2f')} → {fmt(raa['passkey5_digits_256'], '.2f')} | {_verdict(raa['passkey5_digits_256'] > v['passkey5_digits_256'] + 0.05)} |
-| no short-context cost | ppl 11.87 → 11.83 at 2k | {fmt(v['ppl_128'], '.2f')} → {fmt(raa['ppl_128'], '.2f')} at 128 | {_verdict(raa['ppl_128'] <= v['ppl_128'] * 1.02)} |
-| QK-norm, sigma-Reparam fix scale, not orientation | 71.4 %, 68.9 % passkey (RAA 84.7 %) | band QKAI {fmt(rows['qk_norm']['qkai_final'], '.2f')}, {fmt(rows['sigma_reparam']['qkai_final'], '.2f')} (RAA {fmt(raa['qkai_final'], '.2f')}) | {_verdict(min(rows['qk_norm']['qkai_final'], rows['sigma_reparam']['qkai_final']) > 0.7)}, see below |
+| band QKAI rises past 0.70 in vanilla training | 0.31 → 0.78 (1.3B) | {fmt(v["qkai_onset"], ".2f")} → {fmt(v["qkai_final"], ".2f")} (induced) | by construction: the band is induced |
+| RAA holds the band's QKAI | 0.42-0.49 | {fmt(raa["qkai_final"], ".2f")} (peak {fmt(raa["qkai_peak"], ".2f")}) | {_verdict(raa["qkai_final"] <= 0.55)}{", a little above the paper's range" if 0.49 < raa["qkai_final"] <= 0.55 else ""} |
+| stable rank of W_Q W_K^T higher under RAA (layer 15) | 22.3 → 41.6 of 128 | band {fmt(v["srank_final"], ".2f")} → {fmt(raa["srank_final"], ".2f")} of 32 | {_verdict(raa["srank_final"] > v["srank_final"])} |
+| mid-layer entropy lower under RAA | 0.94 → 0.71-0.76 | {fmt(v["entropy_final"], ".2f")} → {fmt(raa["entropy_final"], ".2f")} | {_verdict(raa["entropy_final"] < v["entropy_final"] - 0.05)} |
+| schedule activates about 7 of 24 layers for most of training | 29 % | {_flagged(raa)} of 8 (all / 2nd half) | {_verdict(0.1 <= raa["flagged_late"] <= 0.5)} |
+| passkey gain of RAA (32k, 1 needle) | 61.2 → 84.7 % | exact {fmt(v["passkey1_acc_256"], ".2f")} → {fmt(raa["passkey1_acc_256"], ".2f")}, digits {fmt(v["passkey1_digits_256"], ".2f")} → {fmt(raa["passkey1_digits_256"], ".2f")} at 256 | {_verdict(raa["passkey1_digits_256"] > v["passkey1_digits_256"] + 0.05)} |
+| five-needle passkey | 38 → 66 % | exact {fmt(v["passkey5_acc_256"], ".2f")} → {fmt(raa["passkey5_acc_256"], ".2f")}, digits {fmt(v["passkey5_digits_256"], ".2f")} → {fmt(raa["passkey5_digits_256"], ".2f")} | {_verdict(raa["passkey5_digits_256"] > v["passkey5_digits_256"] + 0.05)} |
+| no short-context cost | ppl 11.87 → 11.83 at 2k | {fmt(v["ppl_128"], ".2f")} → {fmt(raa["ppl_128"], ".2f")} at 128 | {_verdict(raa["ppl_128"] <= v["ppl_128"] * 1.02)} |
+| QK-norm, sigma-Reparam fix scale, not orientation | 71.4 %, 68.9 % passkey (RAA 84.7 %) | band QKAI {fmt(rows["qk_norm"]["qkai_final"], ".2f")}, {fmt(rows["sigma_reparam"]["qkai_final"], ".2f")} (RAA {fmt(raa["qkai_final"], ".2f")}) | {_verdict(min(rows["qk_norm"]["qkai_final"], rows["sigma_reparam"]["qkai_final"]) > 0.7)}, see below |
 
-**Entropy and retrieval.** RAA holds the band's subspaces apart (QKAI {fmt(raa['qkai_final'], '.2f')}
-against {fmt(v['qkai_final'], '.2f')}) and its stable rank above vanilla's, but the band's attention
-still ends uniform (normalised entropy {fmt(raa['entropy_final'], '.2f')}): the induced pressure also
+**Entropy and retrieval.** RAA holds the band's subspaces apart (QKAI {fmt(raa["qkai_final"], ".2f")}
+against {fmt(v["qkai_final"], ".2f")}) and its stable rank above vanilla's, but the band's attention
+still ends uniform (normalised entropy {fmt(raa["entropy_final"], ".2f")}): the induced pressure also
 contracts the band's keys toward zero every 5 steps, which drives the logits to 0 whatever the
 subspaces' orientation, and nothing in RAA opposes a shrinking key norm. In seed 000 the collapse
 *is* the alignment, so holding the subspaces apart lowers the entropy; here the two are decoupled by
@@ -266,13 +352,13 @@ accuracy sits at or below the 0.1 of a guessed digit, so this scale cannot test 
 claims (a negative result about the scale, not about RAA).
 
 **The peers.** QK-norm and sigma-Reparam leave the band's subspaces free to align (band QKAI
-{fmt(rows['qk_norm']['qkai_final'], '.2f')} and {fmt(rows['sigma_reparam']['qkai_final'], '.2f')}, both
+{fmt(rows["qk_norm"]["qkai_final"], ".2f")} and {fmt(rows["sigma_reparam"]["qkai_final"], ".2f")}, both
 alerting as vanilla does), as seed 000 argues of scale-based fixes; but they keep the band's attention
-well below uniform (entropy {fmt(rows['qk_norm']['entropy_final'], '.2f')} and
-{fmt(rows['sigma_reparam']['entropy_final'], '.2f')} against vanilla's {fmt(v['entropy_final'], '.2f')}),
+well below uniform (entropy {fmt(rows["qk_norm"]["entropy_final"], ".2f")} and
+{fmt(rows["sigma_reparam"]["entropy_final"], ".2f")} against vanilla's {fmt(v["entropy_final"], ".2f")}),
 presumably because normalising the queries and keys (or the projections by their spectral norm)
-undoes much of the key contraction that flattens the logits (we did not measure this separately). QK-norm also has the best perplexity ({fmt(rows['qk_norm']['ppl_128'], '.2f')}
-at 128 against {fmt(v['ppl_128'], '.2f')}); sigma-Reparam the worst ({fmt(rows['sigma_reparam']['ppl_128'], '.2f')}).
+undoes much of the key contraction that flattens the logits (we did not measure this separately). QK-norm also has the best perplexity ({fmt(rows["qk_norm"]["ppl_128"], ".2f")}
+at 128 against {fmt(v["ppl_128"], ".2f")}); sigma-Reparam the worst ({fmt(rows["sigma_reparam"]["ppl_128"], ".2f")}).
 On the geometry seed 000 measures, RAA is the only method that holds the band; on what attention
 does with it, the scale-based peers do better here.
 
@@ -280,10 +366,10 @@ does with it, the scale-based peers do better here.
 QKAI and PAR, unchanged (`tests/trainer/test_trainer_raa.py` holds this), so seed 000's picture of the
 rotation turning keys away from the query subspace cannot act through the subspace. What it can
 change is the bilinear form itself: the band's stable rank of `W_Q R W_K^T` ends at
-{fmt(rows['rotation']['srank_final'], '.2f')} with the rotation alone against
-{fmt(v['srank_final'], '.2f')} in vanilla, its entropy at {fmt(rows['rotation']['entropy_final'], '.2f')}
-against {fmt(v['entropy_final'], '.2f')}, passkey-1 digit accuracy at 256
-{fmt(rows['rotation']['passkey1_digits_256'], '.2f')} against {fmt(v['passkey1_digits_256'], '.2f')}.
+{fmt(rows["rotation"]["srank_final"], ".2f")} with the rotation alone against
+{fmt(v["srank_final"], ".2f")} in vanilla, its entropy at {fmt(rows["rotation"]["entropy_final"], ".2f")}
+against {fmt(v["entropy_final"], ".2f")}, passkey-1 digit accuracy at 256
+{fmt(rows["rotation"]["passkey1_digits_256"], ".2f")} against {fmt(v["passkey1_digits_256"], ".2f")}.
 
 **Step-time overhead.** Timing concurrent runs on a shared 2-core machine says little; RAA's overhead
 is measured A/B, interleaved, in `bench/raa_overhead.py` on this recipe (bench/RESULTS.md): with the
@@ -319,14 +405,15 @@ def main(argv: list[str] | None = None) -> int:
     results = run([int(s) for s in args.seeds.split(",")], args.workers, args.samples)
     path = save(NAME, results)
     for variant, r in summary(results).items():
-        log(f"{variant:14s} band QKAI {fmt(r['qkai_onset'], '.2f')} -> {fmt(r['qkai_final'], '.2f')}  "
+        log(
+            f"{variant:14s} band QKAI {fmt(r['qkai_onset'], '.2f')} -> {fmt(r['qkai_final'], '.2f')}  "
             f"srank {fmt(r['srank_final'], '.2f')}  entropy {fmt(r['entropy_final'], '.2f')}  "
             f"passkey1@256 {fmt(r['passkey1_acc_256'], '.2f')}/{fmt(r['passkey1_digits_256'], '.2f')}  ppl@128 {fmt(r['ppl_128'], '.2f')}  "
-            f"flagged {fmt(r['flagged'], '.2f')}")
+            f"flagged {fmt(r['flagged'], '.2f')}"
+        )
     log(f"wrote {path}")
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.metrics.attention import attention_spectrum
 from experiments.common import jsonable, one_blas_thread
+from qkwatch.agent.metrics.attention import attention_spectrum
 
 SEED = 3003
 
@@ -58,8 +58,9 @@ def _output_ranks(y: torch.Tensor) -> dict[str, float]:
     }
 
 
-def _width_draw(t: int, d: int, gen: torch.Generator, scales: dict[str, float], causal_series: set[str],
-                check: bool) -> dict[str, dict[str, dict[str, float]]]:
+def _width_draw(
+    t: int, d: int, gen: torch.Generator, scales: dict[str, float], causal_series: set[str], check: bool
+) -> dict[str, dict[str, dict[str, float]]]:
     """One draw of ``X, W_Q, W_K, W_V``; every series in ``scales`` is a logit scale on the same draw.
 
     ``g_q = X W_Q sqrt(d)`` has i.i.d. N(0, 1) entries (orthonormal rows, Gaussian weights), so the
@@ -91,20 +92,21 @@ def _width_draw(t: int, d: int, gen: torch.Generator, scales: dict[str, float], 
                     "attn_srank": float(spec["attn_srank"]),
                     "attn_gap1": float(spec["attn_gap1"]),
                     "fro2": float(m.square().sum()),
-                    "spectrum_vs_svd": max(abs(float(spec["attn_srank"]) - own_srank) / own_srank,
-                                           abs(float(spec["attn_gap1"]) - own_gap)),
+                    "spectrum_vs_svd": max(
+                        abs(float(spec["attn_srank"]) - own_srank) / own_srank, abs(float(spec["attn_gap1"]) - own_gap)
+                    ),
                     **_output_ranks(m @ xv),
                 }
                 if check:
-                    rec["numpy_check"] = numpy_spectrum_check(q_in.numpy(), gk.numpy(), causal, removed,
-                                                              rec["attn_srank"], rec["attn_gap1"])
+                    rec["numpy_check"] = numpy_spectrum_check(
+                        q_in.numpy(), gk.numpy(), causal, removed, rec["attn_srank"], rec["attn_gap1"]
+                    )
                 row["removed" if removed else "with"] = rec
             out[key] = row
     return out
 
 
-def numpy_spectrum_check(q: np.ndarray, k: np.ndarray, causal: bool, removed: bool, srank: float,
-                         gap: float) -> float:
+def numpy_spectrum_check(q: np.ndarray, k: np.ndarray, causal: bool, removed: bool, srank: float, gap: float) -> float:
     """Largest discrepancy between ``attention_spectrum``'s values and a plain numpy SVD of the same matrix.
 
     Relative for the stable rank, absolute for the gap (which can be ~0 for ``A - U``).
@@ -158,10 +160,12 @@ def width(cfg: dict, gen: torch.Generator) -> dict:
         for key, row in raw.items():
             for variant, metrics in row.items():
                 per.setdefault(key, {}).setdefault(variant, {})[str(t)] = {
-                    name: _mean_sd(values) for name, values in metrics.items()}
+                    name: _mean_sd(values) for name, values in metrics.items()
+                }
     ts = cfg["width_T"]
     fits = {}
     for key, row in per.items():
+
         def m(variant: str, name: str, row=row) -> list[float]:
             return [row[variant][str(t)][name]["mean"] for t in ts]
 
@@ -190,8 +194,10 @@ def width(cfg: dict, gen: torch.Generator) -> dict:
 def _bulk_gain(t: int, gen: torch.Generator, samples: int = 16) -> tuple[float, float]:
     """``g = sqrt(T / E||A - U||_F^2)`` for i.i.d. N(0, 1) logits: the outlier-free layer preserves the norm."""
     u = _uniform(t, False)
-    fro2 = [float((torch.softmax(torch.randn(t, t, generator=gen, dtype=torch.float64), -1) - u).square().sum())
-            for _ in range(samples)]
+    fro2 = [
+        float((torch.softmax(torch.randn(t, t, generator=gen, dtype=torch.float64), -1) - u).square().sum())
+        for _ in range(samples)
+    ]
     f = float(np.mean(fro2))
     return math.sqrt(t / f), f
 
@@ -217,8 +223,11 @@ def _depth_draw(net: str, removed: bool, gain: float, t: int, d: int, n_layers: 
         x = gain * a @ x @ wv
         (grad,) = torch.autograd.grad((readout * x).sum(), x0, retain_graph=True)
         grads.append(float(grad.square().sum()))
-        ranks = _output_ranks(x.detach()) if bool(x.detach().abs().max() > 0) else {"cov_srank": math.nan,
-                                                                                    "out_srank": math.nan}
+        ranks = (
+            _output_ranks(x.detach())
+            if bool(x.detach().abs().max() > 0)
+            else {"cov_srank": math.nan, "out_srank": math.nan}
+        )
         cov.append(ranks["cov_srank"])
         out.append(ranks["out_srank"])
         if net == "markov":  # the network is linear in X: the gradient is R W^T ... pulled back through A^T
@@ -274,7 +283,9 @@ def depth(cfg: dict, gen: torch.Generator) -> dict:
                 fit = _slope_per_layer([v if not dead[:, i].any() else math.nan for i, v in enumerate(live)])
                 zero_from = next((i + 1 for i in range(dead.shape[1]) if dead[:, i].any()), None)
                 out[f"{net}_g{gain_name}_{'removed' if removed else 'with'}"] = {
-                    "net": net, "gain": gain, "removed": removed,
+                    "net": net,
+                    "gain": gain,
+                    "removed": removed,
                     "ln_grad2": [v if math.isfinite(v) else None for v in live],
                     "grad2_zero_from_layer": zero_from,
                     "draws_zero": [int(k) for k in dead.sum(0)],
@@ -286,10 +297,19 @@ def depth(cfg: dict, gen: torch.Generator) -> dict:
                 }
     predicted = math.log(t / fro2)
     return {
-        "T": t, "d": d, "layers": n_layers, "draws": draws, "bulk_gain": g_bulk, "fro2_A_minus_U": fro2,
+        "T": t,
+        "d": d,
+        "layers": n_layers,
+        "draws": draws,
+        "bulk_gain": g_bulk,
+        "fro2_A_minus_U": fro2,
         "predicted_slope_gap": predicted,
-        "predicted": {"markov_g1_with": 0.0, "markov_g1_removed": -predicted,
-                      "markov_gbulk_with": predicted, "markov_gbulk_removed": 0.0},
+        "predicted": {
+            "markov_g1_with": 0.0,
+            "markov_g1_removed": -predicted,
+            "markov_gbulk_with": predicted,
+            "markov_gbulk_removed": 0.0,
+        },
         "closed_form_rel_err_max": max(closed_errs) if closed_errs else None,
         "runs": out,
     }
@@ -299,19 +319,21 @@ def depth(cfg: dict, gen: torch.Generator) -> dict:
 
 
 def model_at_init(cfg: dict) -> dict:
-    from trainer import recipes
-    from trainer.init import InitConfig, build_model
+    from qkwatch.trainer import recipes
+    from qkwatch.trainer.init import InitConfig, build_model
 
     recipe = recipes.get(cfg["model_recipe"])
     ts = cfg["model_T"]
     out: dict[str, Any] = {"recipe": cfg["model_recipe"], "T": ts, "init": "default (GPT-2 normal, std 0.02)"}
     for variant in ("vanilla", "outlier_removed"):
-        mc = dataclasses.replace(recipe.model_config(), variant=variant, max_seq_len=max(ts), attention="auto",
-                                 key_rotation=0)
+        mc = dataclasses.replace(
+            recipe.model_config(), variant=variant, max_seq_len=max(ts), attention="auto", key_rotation=0
+        )
         model = build_model(mc, InitConfig(), seed=0, device=torch.device("cpu")).eval()
         captured: list[tuple[torch.Tensor, torch.Tensor]] = []
-        hooks = [a.qk_tap.register_forward_hook(lambda _m, _i, o, sink=captured: sink.append(o))
-                 for a in model.attentions()]
+        hooks = [
+            a.qk_tap.register_forward_hook(lambda _m, _i, o, sink=captured: sink.append(o)) for a in model.attentions()
+        ]
         per_t = {}
         for t in ts:
             captured.clear()
@@ -322,9 +344,13 @@ def model_at_init(cfg: dict) -> dict:
             for q, k in captured:
                 spec = attention_spectrum(q[0], k[0], causal=True, remove_outlier=variant == "outlier_removed")
                 logits = q[0] @ k[0].mT / math.sqrt(q.shape[-1])
-                layers.append({"attn_srank": float(spec["attn_srank"].mean()),
-                               "attn_gap1": float(spec["attn_gap1"].mean()),
-                               "logit_std": float(logits.std())})
+                layers.append(
+                    {
+                        "attn_srank": float(spec["attn_srank"].mean()),
+                        "attn_gap1": float(spec["attn_gap1"].mean()),
+                        "logit_std": float(logits.std()),
+                    }
+                )
             per_t[str(t)] = {
                 "attn_srank": float(np.mean([r["attn_srank"] for r in layers])),
                 "attn_gap1": float(np.mean([r["attn_gap1"] for r in layers])),
@@ -339,16 +365,17 @@ def model_at_init(cfg: dict) -> dict:
     for t in ts:  # what exactly uniform causal attention gives: A = U_c
         uc = _uniform(t, True)
         s = torch.linalg.svdvals(uc)
-        ref[str(t)] = {"attn_srank": float(s.square().sum() / s[0] ** 2), "attn_gap1": float(s[0] - s[1]),
-                       "sigma1": float(s[0])}
+        ref[str(t)] = {
+            "attn_srank": float(s.square().sum() / s[0] ** 2),
+            "attn_gap1": float(s[0] - s[1]),
+            "sigma1": float(s[0]),
+        }
     out["causal_uniform"] = ref
     out["slope_removed_attn_srank"] = _fit_loglog(ts, [out["outlier_removed"][str(t)]["attn_srank"] for t in ts])
     return out
 
 
 # --- the whole experiment ------------------------------------------------------------------------
-
-
 
 
 def compute(name: str, cfg: dict, quick: bool) -> dict:
@@ -383,5 +410,3 @@ def _run(name: str, cfg: dict, quick: bool) -> dict:
     results["model"]["wall_s"] = time.time() - t0
     results["wall_s"] = time.time() - started
     return jsonable(results)
-
-

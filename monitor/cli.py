@@ -15,7 +15,7 @@ import re
 import socket
 import sys
 
-from monitor import dashboards
+from qkwatch.monitor import dashboards
 
 logger = logging.getLogger(__name__)
 
@@ -33,20 +33,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _database_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--database-url", default=None,
-                   help="SQLAlchemy URL (default: $QKWATCH_DATABASE_URL or sqlite:///qkwatch.db)")
+    p.add_argument(
+        "--database-url", default=None, help="SQLAlchemy URL (default: $QKWATCH_DATABASE_URL or sqlite:///qkwatch.db)"
+    )
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("QKWATCH_URL", DEFAULT_URL),
-                   help="collector URL (default: $QKWATCH_URL or %(default)s)")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("QKWATCH_URL", DEFAULT_URL),
+        help="collector URL (default: $QKWATCH_URL or %(default)s)",
+    )
     p.add_argument("--token", default=os.environ.get("QKWATCH_TOKEN"), help="bearer token (default: $QKWATCH_TOKEN)")
 
 
 def _serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the collector (migrates the database first)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="interface to listen on (default %(default)s; 0.0.0.0 for all, which needs tokens)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="interface to listen on (default %(default)s; 0.0.0.0 for all, which needs tokens)",
+    )
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default %(default)s)")
     _database_arg(p)
     p.add_argument("--open", action="store_true", help="no authentication (loopback hosts only; a local demo)")
@@ -83,23 +90,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"qkwatch serve: {exc}", file=sys.stderr)
         return 2
     if settings.open_access:
-        logger.warning("!!! AUTHENTICATION IS OFF (--open or QKWATCH_OPEN_ACCESS): anyone who can reach %s:%d can "
-                       "read, write and steer runs. For a local demo only. !!!", args.host, args.port)
-    print(f"qkwatch collector listening on http://{_url_host(args.host)}:{args.port} "
-          f"(database {_redact(settings.database_url)})", flush=True)
+        logger.warning(
+            "!!! AUTHENTICATION IS OFF (--open or QKWATCH_OPEN_ACCESS): anyone who can reach %s:%d can "
+            "read, write and steer runs. For a local demo only. !!!",
+            args.host,
+            args.port,
+        )
+    print(
+        f"qkwatch collector listening on http://{_url_host(args.host)}:{args.port} "
+        f"(database {_redact(settings.database_url)})",
+        flush=True,
+    )
     if args.workers > 1:
         # Workers import the app themselves and read their settings from the environment.
-        os.environ.update({"QKWATCH_DATABASE_URL": settings.database_url,
-                           "QKWATCH_OPEN_ACCESS": str(settings.open_access).lower()})
+        os.environ.update(
+            {"QKWATCH_DATABASE_URL": settings.database_url, "QKWATCH_OPEN_ACCESS": str(settings.open_access).lower()}
+        )
         if settings.alert_rules_file:
             os.environ["QKWATCH_ALERT_RULES_FILE"] = str(settings.alert_rules_file)
-        uvicorn.run("monitor.main:app_from_env", factory=True, host=args.host, port=args.port,
-                    workers=args.workers, log_level="info")
+        uvicorn.run(
+            "qkwatch.monitor.main:app_from_env",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level="info",
+        )
         return 0
-    from monitor.main import create_app
+    from qkwatch.monitor.main import create_app
 
-    uvicorn.run(create_app(settings.model_copy(update={"auto_migrate": False})), host=args.host, port=args.port,
-                log_level="info")
+    uvicorn.run(
+        create_app(settings.model_copy(update={"auto_migrate": False})),
+        host=args.host,
+        port=args.port,
+        log_level="info",
+    )
     return 0
 
 
@@ -112,8 +137,8 @@ def _checked_settings(args: argparse.Namespace):
     """
     from pydantic import ValidationError
 
-    from monitor.main import load_rules
-    from monitor.settings import Settings
+    from qkwatch.monitor.main import load_rules
+    from qkwatch.monitor.settings import Settings
 
     overrides: dict = {"open_access": True} if args.open else {}
     if args.database_url:
@@ -127,8 +152,10 @@ def _checked_settings(args: argparse.Namespace):
         field = ".".join(map(str, error["loc"]))
         raise StartupError(f"setting {field} (QKWATCH_{field.upper()}): {error['msg']}") from None
     if settings.open_access and not is_loopback(args.host):
-        raise StartupError(f"authentication is off (--open or QKWATCH_OPEN_ACCESS=true), which is only allowed on a "
-                           f"loopback host (127.0.0.1, ::1, localhost), not {args.host!r}")
+        raise StartupError(
+            f"authentication is off (--open or QKWATCH_OPEN_ACCESS=true), which is only allowed on a "
+            f"loopback host (127.0.0.1, ::1, localhost), not {args.host!r}"
+        )
     try:
         load_rules(settings)
     except ValueError as exc:
@@ -141,8 +168,8 @@ def _prepare_database(settings) -> None:
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from monitor.store.engine import make_engine
-    from monitor.store.migrate import upgrade
+    from qkwatch.monitor.store.engine import make_engine
+    from qkwatch.monitor.store.migrate import upgrade
 
     url = _redact(settings.database_url)
     try:
@@ -178,15 +205,15 @@ def _redact(url: str) -> str:
 
 
 def _settings(args: argparse.Namespace):
-    from monitor.settings import Settings
+    from qkwatch.monitor.settings import Settings
 
     return Settings(database_url=args.database_url) if args.database_url else Settings()
 
 
 def _store(args: argparse.Namespace):
-    from monitor.store.engine import make_engine
-    from monitor.store.migrate import upgrade
-    from monitor.store.store import Store
+    from qkwatch.monitor.store.engine import make_engine
+    from qkwatch.monitor.store.migrate import upgrade
+    from qkwatch.monitor.store.store import Store
 
     settings = _settings(args)
     engine = make_engine(settings.database_url)
@@ -199,8 +226,13 @@ def _token(sub: argparse._SubParsersAction) -> None:
     tsub = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
     c = tsub.add_parser("create", help="mint a token (printed once; only its hash is stored)")
     c.add_argument("--project", required=True, help="project the token acts on ('*' for all projects)")
-    c.add_argument("--scope", action="append", choices=["ingest", "read", "control"], required=True,
-                   help="repeat for several scopes")
+    c.add_argument(
+        "--scope",
+        action="append",
+        choices=["ingest", "read", "control"],
+        required=True,
+        help="repeat for several scopes",
+    )
     c.add_argument("--name", default=None, help="a name for the audit trail (default: the token id)")
     _database_arg(c)
     c.set_defaults(handler=cmd_token_create)
@@ -220,8 +252,11 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(secret)
-    print(f"token {row.id} ({row.name}) for project {row.project!r} with scopes {', '.join(sorted(row.scopes))}; "
-          "it is shown only this once", file=sys.stderr)
+    print(
+        f"token {row.id} ({row.name}) for project {row.project!r} with scopes {', '.join(sorted(row.scopes))}; "
+        "it is shown only this once",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -262,26 +297,44 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _runs(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("runs", help="list, search, show or delete runs (through the collector's API)",
-                       description="Runs through the collector's API. A run is named by its id or project/name.")
+    p = sub.add_parser(
+        "runs",
+        help="list, search, show or delete runs (through the collector's API)",
+        description="Runs through the collector's API. A run is named by its id or project/name.",
+    )
     rsub = p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
-    ls = rsub.add_parser("list", help="runs matching the filters, latest activity first",
-                         description="Runs matching every filter given, latest activity first: id, project/name, "
-                                     "status, latest attempt, last step, last update (UTC).")
+    ls = rsub.add_parser(
+        "list",
+        help="runs matching the filters, latest activity first",
+        description="Runs matching every filter given, latest activity first: id, project/name, "
+        "status, latest attempt, last step, last update (UTC).",
+    )
     ls.add_argument("--project", help="only this project")
     ls.add_argument("--status", choices=["running", "finished", "crashed"], help="only runs with this status")
     ls.add_argument("--name", help="only runs with this name")
-    ls.add_argument("--qkai-above", type=float, metavar="X",
-                    help="runs in which some layer's QKAI was above X at some report (any step, any attempt)")
-    ls.add_argument("--qkai-latest-above", type=float, metavar="X",
-                    help="runs whose latest QKAI of some layer is above X")
-    ls.add_argument("--collapse-band", action=argparse.BooleanOptionalAction, default=None,
-                    help="runs that have had (--collapse-band) or never had (--no-collapse-band) a collapse band alert")
+    ls.add_argument(
+        "--qkai-above",
+        type=float,
+        metavar="X",
+        help="runs in which some layer's QKAI was above X at some report (any step, any attempt)",
+    )
+    ls.add_argument(
+        "--qkai-latest-above", type=float, metavar="X", help="runs whose latest QKAI of some layer is above X"
+    )
+    ls.add_argument(
+        "--collapse-band",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="runs that have had (--collapse-band) or never had (--no-collapse-band) a collapse band alert",
+    )
     ls.add_argument("--alert", metavar="RULE", help="runs that have had an alert of this rule, e.g. qkai_high")
     for when in ("created", "updated"):
         for side, word in (("after", "at or after"), ("before", "at or before")):
-            ls.add_argument(f"--{when}-{side}", metavar="TIME",
-                            help=f"runs {when} {word} TIME (ISO 8601, UTC unless it has an offset, or epoch seconds)")
+            ls.add_argument(
+                f"--{when}-{side}",
+                metavar="TIME",
+                help=f"runs {when} {word} TIME (ISO 8601, UTC unless it has an offset, or epoch seconds)",
+            )
     ls.add_argument("--limit", type=int, default=1000, help="at most this many runs (default %(default)s)")
     ls.add_argument("--json", action="store_true", help="print the runs as JSON (epoch and ISO 8601 times)")
     _client_args(ls)
@@ -298,7 +351,7 @@ def _runs(sub: argparse._SubParsersAction) -> None:
 
 
 def _client(args: argparse.Namespace):
-    from monitor.client import Client
+    from qkwatch.monitor.client import Client
 
     return Client(args.url, token=args.token)
 
@@ -309,10 +362,21 @@ def _fail(exc: Exception) -> int:
 
 
 def cmd_runs_list(args: argparse.Namespace) -> int:
-    from monitor.client import CollectorError
+    from qkwatch.monitor.client import CollectorError
 
-    filters = {k: getattr(args, k) for k in ("qkai_above", "qkai_latest_above", "collapse_band", "alert",
-                                             "created_after", "created_before", "updated_after", "updated_before")}
+    filters = {
+        k: getattr(args, k)
+        for k in (
+            "qkai_above",
+            "qkai_latest_above",
+            "collapse_band",
+            "alert",
+            "created_after",
+            "created_before",
+            "updated_after",
+            "updated_before",
+        )
+    }
     try:
         with _client(args) as c:
             runs = c.search_runs(args.project, status=args.status, name=args.name, max_results=args.limit, **filters)
@@ -322,26 +386,36 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
         print(json.dumps({"data": [r.raw for r in runs], "count": len(runs)}, indent=2))
         return 0
     for r in runs:
-        print(f"{r.id}\t{r.ref}\t{r.status}\tattempt {r.latest_attempt}\tstep {r.last_step}\t"
-              f"updated {r.updated_at.isoformat(timespec='seconds')}")
+        print(
+            f"{r.id}\t{r.ref}\t{r.status}\tattempt {r.latest_attempt}\tstep {r.last_step}\t"
+            f"updated {r.updated_at.isoformat(timespec='seconds')}"
+        )
     return 0
 
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    from monitor.client import CollectorError
+    from qkwatch.monitor.client import CollectorError
 
     try:
         with _client(args) as c:
             run = c.run(args.run)
-            print(json.dumps({"run": run.raw, "lambdas": c.lambdas(run.id).raw,
-                              "alerts": c.alerts(run=run.id, state="firing").raw["data"]}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "run": run.raw,
+                        "lambdas": c.lambdas(run.id).raw,
+                        "alerts": c.alerts(run=run.id, state="firing").raw["data"],
+                    },
+                    indent=2,
+                )
+            )
     except CollectorError as exc:
         return _fail(exc)
     return 0
 
 
 def cmd_runs_delete(args: argparse.Namespace) -> int:
-    from monitor.client import CollectorError
+    from qkwatch.monitor.client import CollectorError
 
     if not args.yes and (not sys.stdin.isatty() or input(f"delete run {args.run} and all its points? [y/N] ") != "y"):
         print("not deleted (pass --yes)", file=sys.stderr)
@@ -356,9 +430,12 @@ def cmd_runs_delete(args: argparse.Namespace) -> int:
 
 
 def _alerts(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("alerts", help="list alerts (through the collector's API)",
-                       description="Alerts the token may see, newest first: state, severity, run, rule, layers, "
-                                   "onset step and summary.")
+    p = sub.add_parser(
+        "alerts",
+        help="list alerts (through the collector's API)",
+        description="Alerts the token may see, newest first: state, severity, run, rule, layers, "
+        "onset step and summary.",
+    )
     p.add_argument("--run", help="only this run (id or project/name)")
     p.add_argument("--state", choices=["firing", "resolved"], help="only firing or only resolved alerts")
     p.add_argument("--json", action="store_true", help="print the alerts as JSON (epoch and ISO 8601 times)")
@@ -367,7 +444,7 @@ def _alerts(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_alerts(args: argparse.Namespace) -> int:
-    from monitor.client import CollectorError
+    from qkwatch.monitor.client import CollectorError
 
     try:
         with _client(args) as c:
@@ -378,8 +455,10 @@ def cmd_alerts(args: argparse.Namespace) -> int:
         print(json.dumps(alerts.raw, indent=2))
         return 0
     for a in alerts.raw["data"]:
-        print(f"{a['state']:8}\t{a['severity']}\t{a['project']}/{a['run_name']}\t{a['rule']}\tlayers "
-              f"{','.join(map(str, a['layers']))}\tonset step {a['onset_step']}\t{a['summary']}")
+        print(
+            f"{a['state']:8}\t{a['severity']}\t{a['project']}/{a['run_name']}\t{a['rule']}\tlayers "
+            f"{','.join(map(str, a['layers']))}\tonset step {a['onset_step']}\t{a['summary']}"
+        )
     return 0
 
 
@@ -394,7 +473,7 @@ def _report(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from monitor.report import ReportError, write_report
+    from qkwatch.monitor.report import ReportError, write_report
 
     try:
         out = write_report(args.run, args.out, vs=args.vs, url=args.url, token=args.token)

@@ -2,7 +2,7 @@
 
 Shared by ``qkwatch report``, the CLI and users::
 
-    from monitor.client import Client
+    from qkwatch.monitor.client import Client
     with Client() as c:  # $QKWATCH_URL and $QKWATCH_TOKEN, else http://127.0.0.1:8000 and no token
         run = c.create_run("proj", "run-1", config={"n_layers": 24})
         c.send_reports(run.id, [{"step": 0, "time": 0.0, "layers": {"qkai": [0.3] * 24}}])
@@ -32,7 +32,7 @@ from urllib.parse import quote
 
 import httpx
 
-from monitor.results import (
+from qkwatch.monitor.results import (
     Alert,
     AuditEntry,
     Compare,
@@ -51,7 +51,7 @@ from monitor.results import (
     history_columns,
     history_frame,
 )
-from monitor.wire import Report
+from qkwatch.monitor.wire import Report
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -99,13 +99,17 @@ class Client:
         transport: an httpx transport (tests).
     """
 
-    def __init__(self, base_url: str | None = None, token: str | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         base_url = base_url or os.environ.get("QKWATCH_URL") or DEFAULT_URL
         token = token or os.environ.get("QKWATCH_TOKEN") or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                  transport=transport)
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport)
 
     @property
     def base_url(self) -> str:
@@ -153,23 +157,50 @@ class Client:
 
     def create_run(self, project: str, name: str, config: dict | None = None, attempt_key: str | None = None) -> Run:
         """Create or resume a run; the answer's ``attempt`` is the attempt to report under."""
-        return Run.of(self._json("POST", "/v1/runs", json={"project": project, "name": name, "config": config or {},
-                                                           "attempt_key": attempt_key}))
+        return Run.of(
+            self._json(
+                "POST",
+                "/v1/runs",
+                json={"project": project, "name": name, "config": config or {}, "attempt_key": attempt_key},
+            )
+        )
 
-    def runs(self, project: str | None = None, status: str | None = None, name: str | None = None,
-             limit: int = 100, offset: int = 0, **filters: Any) -> Page[Run]:
+    def runs(
+        self,
+        project: str | None = None,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        **filters: Any,
+    ) -> Page[Run]:
         """One page of runs, latest activity first; ``filters`` as in :meth:`search_runs`."""
-        params = {"project": project, "status": status, "name": name, "limit": limit, "offset": offset,
-                  **self._filters(**filters)}
+        params = {
+            "project": project,
+            "status": status,
+            "name": name,
+            "limit": limit,
+            "offset": offset,
+            **self._filters(**filters),
+        }
         return Page.of(self._json("GET", "/v1/runs", params=params), Run)
 
-    def search_runs(self, project: str | None = None, *, status: str | None = None, name: str | None = None,
-                    qkai_above: float | None = None, qkai_latest_above: float | None = None,
-                    collapse_band: bool | None = None, alert: str | None = None,
-                    created_after: datetime | float | str | None = None,
-                    created_before: datetime | float | str | None = None,
-                    updated_after: datetime | float | str | None = None,
-                    updated_before: datetime | float | str | None = None, max_results: int = 1000) -> list[Run]:
+    def search_runs(
+        self,
+        project: str | None = None,
+        *,
+        status: str | None = None,
+        name: str | None = None,
+        qkai_above: float | None = None,
+        qkai_latest_above: float | None = None,
+        collapse_band: bool | None = None,
+        alert: str | None = None,
+        created_after: datetime | float | str | None = None,
+        created_before: datetime | float | str | None = None,
+        updated_after: datetime | float | str | None = None,
+        updated_before: datetime | float | str | None = None,
+        max_results: int = 1000,
+    ) -> list[Run]:
         """Runs by what happened in them, latest activity first (all pages, up to ``max_results``).
 
         Args:
@@ -182,14 +213,26 @@ class Client:
             created_after, created_before, updated_after, updated_before: datetimes (naive = UTC),
                 epoch seconds or ISO 8601 strings; inclusive.
         """
-        filters = self._filters(qkai_above=qkai_above, qkai_latest_above=qkai_latest_above,
-                                collapse_band=collapse_band, alert=alert, created_after=created_after,
-                                created_before=created_before, updated_after=updated_after,
-                                updated_before=updated_before)
+        filters = self._filters(
+            qkai_above=qkai_above,
+            qkai_latest_above=qkai_latest_above,
+            collapse_band=collapse_band,
+            alert=alert,
+            created_after=created_after,
+            created_before=created_before,
+            updated_after=updated_after,
+            updated_before=updated_before,
+        )
         out: list[Run] = []
         while len(out) < max_results:
-            page = self.runs(project=project, status=status, name=name, limit=min(1000, max_results - len(out)),
-                             offset=len(out), **filters)
+            page = self.runs(
+                project=project,
+                status=status,
+                name=name,
+                limit=min(1000, max_results - len(out)),
+                offset=len(out),
+                **filters,
+            )
             out += page.data
             if not page.data or len(out) >= page.count:
                 break
@@ -209,8 +252,9 @@ class Client:
     def run(self, run: str | Run | dict) -> Run:
         return Run.of(self._json("GET", self._path(run)))
 
-    def set_status(self, run: str | Run | dict, status: str, reason: str | None = None,
-                   attempt: int | None = None) -> Run:
+    def set_status(
+        self, run: str | Run | dict, status: str, reason: str | None = None, attempt: int | None = None
+    ) -> Run:
         """Say how the run ended ("finished", "crashed"); ``reason`` is stored as ``status_reason``."""
         body = {"status": status, "reason": reason, "attempt": attempt}
         return Run.of(self._json("PATCH", self._path(run), json={k: v for k, v in body.items() if v is not None}))
@@ -218,29 +262,41 @@ class Client:
     def delete_run(self, run: str | Run | dict) -> None:
         self._request("DELETE", self._path(run))
 
-    def events(self, run: str | Run | dict, kind: str | None = None, attempt: int | None = None,
-               limit: int | None = None) -> Page[Event]:
-        return Page.of(self._json("GET", self._path(run, "/events"),
-                                  params={"kind": kind, "attempt": attempt, "limit": limit}), Event)
+    def events(
+        self, run: str | Run | dict, kind: str | None = None, attempt: int | None = None, limit: int | None = None
+    ) -> Page[Event]:
+        return Page.of(
+            self._json("GET", self._path(run, "/events"), params={"kind": kind, "attempt": attempt, "limit": limit}),
+            Event,
+        )
 
     def metrics(self, run: str | Run | dict) -> RunMetrics:
         """The metrics the run reported, each with its layers."""
         return RunMetrics.of(self._json("GET", self._path(run, "/metrics")))
 
     # ingest
-    def send_reports(self, run: str | Run | dict, reports: Iterable[Report | dict], batch_id: str | None = None,
-                     attempt: int | None = None) -> Ingested:
+    def send_reports(
+        self,
+        run: str | Run | dict,
+        reports: Iterable[Report | dict],
+        batch_id: str | None = None,
+        attempt: int | None = None,
+    ) -> Ingested:
         """Send one batch; reuse ``batch_id`` when retrying it, so it is stored once."""
-        body = {"batch_id": batch_id or str(uuid.uuid4()), "attempt": attempt,
-                "reports": [r.model_dump(mode="json") if isinstance(r, Report) else r for r in reports]}
+        body = {
+            "batch_id": batch_id or str(uuid.uuid4()),
+            "attempt": attempt,
+            "reports": [r.model_dump(mode="json") if isinstance(r, Report) else r for r in reports],
+        }
         return Ingested.of(self._json("POST", self._path(self._id(run), "/reports"), json=body))
 
     # queries
     def series(self, run: str | Run | dict, metric: str, layer: int = -1, **params: Any) -> Series:
         """One layer's values over steps (``layer`` -1: a run-level scalar). params: head, start, end,
         max_points, attempt."""
-        return Series.of(self._json("GET", self._path(run, "/series"),
-                                    params={"metric": metric, "layer": layer, **params}))
+        return Series.of(
+            self._json("GET", self._path(run, "/series"), params={"metric": metric, "layer": layer, **params})
+        )
 
     def heatmap(self, run: str | Run | dict, metric: str = "qkai", **params: Any) -> Heatmap:
         """params: start, end, max_steps, agg ("max", "min", "mean"), head, attempt."""
@@ -250,8 +306,16 @@ class Client:
         query = [("run", _ref(r)) for r in runs] + [("metric", metric), ("layer", layer), *params.items()]
         return Compare.of(self._json("GET", "/v1/compare", params=query))
 
-    def history(self, run: str | Run | dict, metrics: Iterable[str] | None = None, *, start: int | None = None,
-                end: int | None = None, attempt: int | None = None, frame: bool | None = None) -> Any:
+    def history(
+        self,
+        run: str | Run | dict,
+        metrics: Iterable[str] | None = None,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        attempt: int | None = None,
+        frame: bool | None = None,
+    ) -> Any:
         """Every layer value and scalar of ``metrics`` (default: all of the run's) in one call.
 
         Returns:
@@ -261,8 +325,13 @@ class Client:
             was not measured there, or measured NaN. Without pandas, or with ``frame=False``, the
             same columns as a dict of lists, None where not measured.
         """
-        params = [("metrics", ",".join(metrics)) if metrics is not None else ("metrics", None),
-                  ("start", start), ("end", end), ("attempt", attempt), ("encoding", "f64")]
+        params = [
+            ("metrics", ",".join(metrics)) if metrics is not None else ("metrics", None),
+            ("start", start),
+            ("end", end),
+            ("attempt", attempt),
+            ("encoding", "f64"),
+        ]
         body = self._json("GET", self._path(run, "/history"), params=params)
         if frame is None:
             try:
@@ -283,8 +352,9 @@ class Client:
             yield from response.iter_lines()
 
     # alerts and lambdas
-    def alerts(self, run: str | Run | dict | None = None, state: str | None = None,
-               limit: int | None = None) -> Page[Alert]:
+    def alerts(
+        self, run: str | Run | dict | None = None, state: str | None = None, limit: int | None = None
+    ) -> Page[Alert]:
         params = {"run": _ref(run) if run is not None else None, "state": state, "limit": limit}
         return Page.of(self._json("GET", "/v1/alerts", params=params), Alert)
 
@@ -293,13 +363,34 @@ class Client:
 
     def set_overrides(self, run: str | Run | dict, overrides: dict[int | str, float | None]) -> Lambdas:
         """Set per-layer overrides (None removes one); needs the control scope."""
-        return Lambdas.of(self._json("PUT", self._path(self._id(run), "/lambdas/overrides"),
-                                     json={str(k): v for k, v in overrides.items()}))
+        return Lambdas.of(
+            self._json(
+                "PUT", self._path(self._id(run), "/lambdas/overrides"), json={str(k): v for k, v in overrides.items()}
+            )
+        )
 
     def lambdas_audit(self, run: str | Run | dict) -> Page[AuditEntry]:
         return Page.of(self._json("GET", self._path(self._id(run), "/lambdas/audit")), AuditEntry)
 
 
-__all__ = ["Alert", "AuditEntry", "Client", "CollectorError", "Compare", "CompareSeries", "Event", "Health",
-           "Heatmap", "HistoryGrid", "Ingested", "Lambdas", "Page", "Result", "Run", "RunMetrics", "Series",
-           "history_columns", "history_frame"]
+__all__ = [
+    "Alert",
+    "AuditEntry",
+    "Client",
+    "CollectorError",
+    "Compare",
+    "CompareSeries",
+    "Event",
+    "Health",
+    "Heatmap",
+    "HistoryGrid",
+    "Ingested",
+    "Lambdas",
+    "Page",
+    "Result",
+    "Run",
+    "RunMetrics",
+    "Series",
+    "history_columns",
+    "history_frame",
+]

@@ -83,8 +83,9 @@ def load_dashboards(directory: Path) -> list[dict[str, Any]]:
 # --- push ------------------------------------------------------------------------------------
 
 
-def push(api, dashboards: Iterable[dict[str, Any]], sources: Iterable[dict[str, Any]] = (),
-         force: bool = False) -> list[tuple[str, str]]:
+def push(
+    api, dashboards: Iterable[dict[str, Any]], sources: Iterable[dict[str, Any]] = (), force: bool = False
+) -> list[tuple[str, str]]:
     """Write what differs; returns (object, "created" | "updated" | "unchanged") in the order pushed.
 
     Args:
@@ -128,11 +129,21 @@ def _comparable(dashboard: dict[str, Any]) -> dict[str, Any]:
 
 def _push_dashboard(api, dashboard: dict[str, Any], force: bool) -> str:
     current = _get(api.dashboard.get_dashboard, dashboard["uid"])
-    if (not force and current is not None and current.get("meta", {}).get("folderUid") == FOLDER_UID
-            and _comparable(current["dashboard"]) == _comparable(dashboard)):
+    if (
+        not force
+        and current is not None
+        and current.get("meta", {}).get("folderUid") == FOLDER_UID
+        and _comparable(current["dashboard"]) == _comparable(dashboard)
+    ):
         return "unchanged"
-    api.dashboard.update_dashboard({"dashboard": {**_comparable(dashboard), "id": None}, "folderUid": FOLDER_UID,
-                                    "overwrite": True, "message": "qkwatch dashboards push"})
+    api.dashboard.update_dashboard(
+        {
+            "dashboard": {**_comparable(dashboard), "id": None},
+            "folderUid": FOLDER_UID,
+            "overwrite": True,
+            "message": "qkwatch dashboards push",
+        }
+    )
     return "created" if current is None else "updated"
 
 
@@ -169,24 +180,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dashboards", help="Grafana dashboards and data sources")
     dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION", required=True)
     push_p = dsub.add_parser("push", help="upload the dashboards (folder qkwatch) and data sources to a Grafana")
-    push_p.add_argument("--grafana-url", default=os.environ.get("GRAFANA_URL"),
-                        help="e.g. http://127.0.0.1:3000 (default: $GRAFANA_URL)")
-    push_p.add_argument("--token", default=os.environ.get("GRAFANA_TOKEN"),
-                        help="service account token (default: $GRAFANA_TOKEN)")
-    push_p.add_argument("--user", default=os.environ.get("GRAFANA_USER"),
-                        help="basic auth instead of a token (default: $GRAFANA_USER; password from $GRAFANA_PASSWORD)")
-    push_p.add_argument("--dir", type=Path, default=Path(os.environ.get("QKWATCH_DASHBOARDS_DIR", DASHBOARDS_DIR)),
-                        help="dashboard JSON files (default: $QKWATCH_DASHBOARDS_DIR or %(default)s)")
+    push_p.add_argument(
+        "--grafana-url",
+        default=os.environ.get("GRAFANA_URL"),
+        help="e.g. http://127.0.0.1:3000 (default: $GRAFANA_URL)",
+    )
+    push_p.add_argument(
+        "--token", default=os.environ.get("GRAFANA_TOKEN"), help="service account token (default: $GRAFANA_TOKEN)"
+    )
+    push_p.add_argument(
+        "--user",
+        default=os.environ.get("GRAFANA_USER"),
+        help="basic auth instead of a token (default: $GRAFANA_USER; password from $GRAFANA_PASSWORD)",
+    )
+    push_p.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(os.environ.get("QKWATCH_DASHBOARDS_DIR", DASHBOARDS_DIR)),
+        help="dashboard JSON files (default: $QKWATCH_DASHBOARDS_DIR or %(default)s)",
+    )
     push_p.add_argument("--no-datasources", action="store_true", help="push the dashboards only")
-    push_p.add_argument("--postgres", default=DataSources.postgres,
-                        help="host:port of the collector's PostgreSQL as Grafana sees it (default: %(default)s)")
-    push_p.add_argument("--postgres-database", default=DataSources.database,
-                        help="the collector's database name as Grafana sees it (default: %(default)s)")
-    push_p.add_argument("--postgres-user", default=DataSources.user,
-                        help="a role with SELECT on the qkwatch_*_v views (default: %(default)s); its password "
-                             "comes from $QKWATCH_GRAFANA_DB_PASSWORD")
-    push_p.add_argument("--prometheus-url", default=DataSources.prometheus_url,
-                        help="Prometheus as Grafana sees it (default: %(default)s)")
+    push_p.add_argument(
+        "--postgres",
+        default=DataSources.postgres,
+        help="host:port of the collector's PostgreSQL as Grafana sees it (default: %(default)s)",
+    )
+    push_p.add_argument(
+        "--postgres-database",
+        default=DataSources.database,
+        help="the collector's database name as Grafana sees it (default: %(default)s)",
+    )
+    push_p.add_argument(
+        "--postgres-user",
+        default=DataSources.user,
+        help="a role with SELECT on the qkwatch_*_v views (default: %(default)s); its password "
+        "comes from $QKWATCH_GRAFANA_DB_PASSWORD",
+    )
+    push_p.add_argument(
+        "--prometheus-url",
+        default=DataSources.prometheus_url,
+        help="Prometheus as Grafana sees it (default: %(default)s)",
+    )
     push_p.add_argument("--force", action="store_true", help="write everything, even what is unchanged")
     push_p.set_defaults(handler=cmd_push)
 
@@ -207,9 +241,19 @@ def cmd_push(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"qkwatch dashboards push: {exc}; pass --dir", file=sys.stderr)
         return 2
-    sources = [] if args.no_datasources else datasources(DataSources(
-        postgres=args.postgres, database=args.postgres_database, user=args.postgres_user,
-        password=os.environ.get("QKWATCH_GRAFANA_DB_PASSWORD"), prometheus_url=args.prometheus_url))
+    sources = (
+        []
+        if args.no_datasources
+        else datasources(
+            DataSources(
+                postgres=args.postgres,
+                database=args.postgres_database,
+                user=args.postgres_user,
+                password=os.environ.get("QKWATCH_GRAFANA_DB_PASSWORD"),
+                prometheus_url=args.prometheus_url,
+            )
+        )
+    )
     credential = args.token or ((args.user, os.environ.get("GRAFANA_PASSWORD", "")) if args.user else None)
     api = GrafanaApi.from_url(args.grafana_url, credential=credential)
     try:

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from monitor.settings import Settings
-from monitor.store.store import Store
+from qkwatch.monitor.settings import Settings
+from qkwatch.monitor.store.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -37,18 +37,24 @@ LAYER_GAUGES = {
 # run-level scalars the agent reports about itself (and the loss) -> (exported name, help)
 SCALAR_GAUGES = {
     "loss": ("qkwatch_train_loss", "Training loss, latest report."),
-    "agent_queue_depth": ("qkwatch_agent_queue_depth",
-                          "Reports the agent spooled that the collector has not acknowledged yet."),
+    "agent_queue_depth": (
+        "qkwatch_agent_queue_depth",
+        "Reports the agent spooled that the collector has not acknowledged yet.",
+    ),
     "agent_spool_bytes": ("qkwatch_agent_spool_bytes", "Bytes the agent spooled to disk, undelivered."),
-    "agent_step_overhead_seconds": ("qkwatch_agent_step_overhead_seconds",
-                                    "Seconds the agent added to the training step."),
+    "agent_step_overhead_seconds": (
+        "qkwatch_agent_step_overhead_seconds",
+        "Seconds the agent added to the training step.",
+    ),
 }
 SCALAR_COUNTERS = {
     "agent_sent_total": ("qkwatch_agent_sent", "Reports the agent delivered."),
     "agent_retried_total": ("qkwatch_agent_retried", "Deliveries the agent retried."),
     "agent_dropped_total": ("qkwatch_agent_dropped", "Reports the agent could not keep."),
-    "agent_dead_lettered_total": ("qkwatch_agent_dead_lettered",
-                                  "Reports the collector refused for good (kept in the agent's dead-letter.jsonl)."),
+    "agent_dead_lettered_total": (
+        "qkwatch_agent_dead_lettered",
+        "Reports the collector refused for good (kept in the agent's dead-letter.jsonl).",
+    ),
 }
 
 
@@ -83,18 +89,30 @@ class RunCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             names = [*LAYER_GAUGES, *SCALAR_GAUGES, *SCALAR_COUNTERS]
-            runs, rows = self.store.latest_snapshot(names, self.settings.metrics_max_runs,
-                                                    self.settings.metrics_max_layers, self.projects,
-                                                    prefixes=[f"{n}_rank" for n in AGENT_SCALARS])
+            runs, rows = self.store.latest_snapshot(
+                names,
+                self.settings.metrics_max_runs,
+                self.settings.metrics_max_layers,
+                self.projects,
+                prefixes=[f"{n}_rank" for n in AGENT_SCALARS],
+            )
         except Exception:  # a scrape must not fail because the database is briefly away
             logger.exception("could not read the run snapshot for /metrics")
             return
-        families = {metric: GaugeMetricFamily(name, doc, labels=["project", "run", "layer"])
-                    for metric, (name, doc) in LAYER_GAUGES.items()}
-        scalars = {metric: GaugeMetricFamily(name, doc, labels=_scalar_labels(metric))
-                   for metric, (name, doc) in SCALAR_GAUGES.items()}
-        scalars.update({metric: CounterMetricFamily(name, doc, labels=_scalar_labels(metric))
-                        for metric, (name, doc) in SCALAR_COUNTERS.items()})
+        families = {
+            metric: GaugeMetricFamily(name, doc, labels=["project", "run", "layer"])
+            for metric, (name, doc) in LAYER_GAUGES.items()
+        }
+        scalars = {
+            metric: GaugeMetricFamily(name, doc, labels=_scalar_labels(metric))
+            for metric, (name, doc) in SCALAR_GAUGES.items()
+        }
+        scalars.update(
+            {
+                metric: CounterMetricFamily(name, doc, labels=_scalar_labels(metric))
+                for metric, (name, doc) in SCALAR_COUNTERS.items()
+            }
+        )
         collapsed: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r in rows:
             if r.layer < 0:
@@ -114,14 +132,20 @@ class RunCollector(Collector):
 
     def _run_gauges(self, runs: list, collapsed: dict) -> Iterator[GaugeMetricFamily]:
         threshold = f"{self.settings.collapse_threshold:g}"
-        n = GaugeMetricFamily("qkwatch_collapsed_layers", f"Layers whose latest qkai exceeds {threshold}.",
-                              labels=["project", "run"])
-        band = GaugeMetricFamily("qkwatch_collapse_band_layers",
-                                 f"Widest run of adjacent layers whose latest qkai exceeds {threshold}.",
-                                 labels=["project", "run"])
+        n = GaugeMetricFamily(
+            "qkwatch_collapsed_layers", f"Layers whose latest qkai exceeds {threshold}.", labels=["project", "run"]
+        )
+        band = GaugeMetricFamily(
+            "qkwatch_collapse_band_layers",
+            f"Widest run of adjacent layers whose latest qkai exceeds {threshold}.",
+            labels=["project", "run"],
+        )
         step = GaugeMetricFamily("qkwatch_last_step", "Highest step reported by the run.", labels=["project", "run"])
-        seen = GaugeMetricFamily("qkwatch_last_report_timestamp_seconds",
-                                 "Unix time the collector last stored a report of the run.", labels=["project", "run"])
+        seen = GaugeMetricFamily(
+            "qkwatch_last_report_timestamp_seconds",
+            "Unix time the collector last stored a report of the run.",
+            labels=["project", "run"],
+        )
         for run in runs:
             labels = [run.project, run.name]
             layers = collapsed.get((run.project, run.name), [])
@@ -153,23 +177,40 @@ class ServiceMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.points = Counter("qkwatch_points_ingested", "Points stored.", registry=registry)
-        self.duplicates = Counter("qkwatch_points_duplicate", "Points received again and not stored twice.",
-                                  registry=registry)
-        self.rejected = Counter("qkwatch_requests_rejected", "Requests refused, by reason.", ["reason"],
-                                registry=registry)
-        self.duration = Histogram("qkwatch_request_duration_seconds", "Time to answer a request, by route.",
-                                  ["method", "route"], registry=registry,
-                                  buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.server_errors = Counter("qkwatch_http_server_errors", "Requests answered with a 5xx, by route.",
-                                     ["method", "route"], registry=registry)
+        self.duplicates = Counter(
+            "qkwatch_points_duplicate", "Points received again and not stored twice.", registry=registry
+        )
+        self.rejected = Counter(
+            "qkwatch_requests_rejected", "Requests refused, by reason.", ["reason"], registry=registry
+        )
+        self.duration = Histogram(
+            "qkwatch_request_duration_seconds",
+            "Time to answer a request, by route.",
+            ["method", "route"],
+            registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.server_errors = Counter(
+            "qkwatch_http_server_errors",
+            "Requests answered with a 5xx, by route.",
+            ["method", "route"],
+            registry=registry,
+        )
 
     def ingested(self, inserted: int, duplicates: int) -> None:
         self.points.inc(inserted)
         self.duplicates.inc(duplicates)
 
 
-REJECT_REASONS = {400: "bad_request", 401: "unauthenticated", 403: "forbidden", 404: "not_found",
-                  413: "too_large", 422: "invalid", 429: "rate_limited"}
+REJECT_REASONS = {
+    400: "bad_request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not_found",
+    413: "too_large",
+    422: "invalid",
+    429: "rate_limited",
+}
 
 
 def build_registry() -> tuple[CollectorRegistry, ServiceMetrics]:
@@ -182,8 +223,9 @@ class Scrape:
     """What one scrape shows: the run gauges of ``projects`` (None = all; a token sees its own) and
     the service metrics of ``registry``. ``generate_latest`` takes it as a registry."""
 
-    def __init__(self, registry: CollectorRegistry, store: Store, settings: Settings,
-                 projects: Sequence[str] | None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, store: Store, settings: Settings, projects: Sequence[str] | None
+    ) -> None:
         self.registry = registry
         self.runs = RunCollector(store, settings, projects)
 

@@ -23,19 +23,19 @@ from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalErr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from monitor.alerting.notifier import Notifier
-from monitor.alerting.rules import RuleSet, with_webhooks
-from monitor.api import alerts, lambdas, queries, reports, runs
-from monitor.api.deps import Principal, RateLimiter, metrics_viewer
-from monitor.api.limits import BodyLimitMiddleware
-from monitor.api.schemas import HealthPublic
-from monitor.exposition import REJECT_REASONS, Scrape, ServiceMetrics, build_registry
-from monitor.maintenance import Maintenance
-from monitor.settings import Settings
-from monitor.store.engine import make_engine
-from monitor.store.migrate import head_revision, upgrade
-from monitor.store.store import Invalid, NotFound, Store
-from monitor.ui import routes as ui
+from qkwatch.monitor.alerting.notifier import Notifier
+from qkwatch.monitor.alerting.rules import RuleSet, with_webhooks
+from qkwatch.monitor.api import alerts, lambdas, queries, reports, runs
+from qkwatch.monitor.api.deps import Principal, RateLimiter, metrics_viewer
+from qkwatch.monitor.api.limits import BodyLimitMiddleware
+from qkwatch.monitor.api.schemas import HealthPublic
+from qkwatch.monitor.exposition import REJECT_REASONS, Scrape, ServiceMetrics, build_registry
+from qkwatch.monitor.maintenance import Maintenance
+from qkwatch.monitor.settings import Settings
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.migrate import head_revision, upgrade
+from qkwatch.monitor.store.store import Invalid, NotFound, Store
+from qkwatch.monitor.ui import routes as ui
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upgrade(store.engine)
     rules = load_rules(settings)
     registry, service_metrics = build_registry()
-    notifier = Notifier(store, rules.webhooks, max_attempts=settings.webhook_max_attempts,
-                        timeout_s=settings.webhook_timeout_s, external_url=settings.external_url)
+    notifier = Notifier(
+        store,
+        rules.webhooks,
+        max_attempts=settings.webhook_max_attempts,
+        timeout_s=settings.webhook_timeout_s,
+        external_url=settings.external_url,
+    )
     background = Maintenance(store, notifier, settings)
 
     @asynccontextmanager
@@ -81,9 +86,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # /docs and /redoc load Swagger UI's and ReDoc's JS and CSS from the collector (FastAPI's own pages
     # take them from a CDN and stay blank offline).
-    app = FastAPIOffline(title="qkwatch collector", version=__version__, lifespan=lifespan, static_url=DOCS_ASSETS,
-                         description="Stores per-layer query-key diagnostics of training runs exactly once; serves "
-                                     "history, alerts, Prometheus metrics and the RAA lambdas.")
+    app = FastAPIOffline(
+        title="qkwatch collector",
+        version=__version__,
+        lifespan=lifespan,
+        static_url=DOCS_ASSETS,
+        description="Stores per-layer query-key diagnostics of training runs exactly once; serves "
+        "history, alerts, Prometheus metrics and the RAA lambdas.",
+    )
     app.state.settings = settings
     app.state.store = store
     app.state.rules = rules
@@ -136,8 +146,11 @@ def _add_service_routes(app: FastAPI) -> None:
 
 
 def _degraded(database: str) -> JSONResponse:
-    return JSONResponse({"status": "degraded", "database": database, "version": __version__}, 503,
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    return JSONResponse(
+        {"status": "degraded", "database": database, "version": __version__},
+        503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def _one_line(exc: BaseException) -> str:
@@ -157,8 +170,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         count(request, 422)
-        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-                  for e in exc.errors()]
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors()
+        ]
         return JSONResponse({"detail": errors}, 422)
 
     @app.exception_handler(NotFound)
@@ -179,8 +193,11 @@ def _add_error_handlers(app: FastAPI) -> None:
         code = getattr(exc.orig, "sqlstate", None)
         if isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated or code in SCHEMA_ERRORS:
             logger.warning("%s %s: database unavailable: %s", request.method, request.url.path, _one_line(exc))
-            detail = ("the database schema is not what this collector expects (migrate it: qkwatch db upgrade)"
-                      if code in SCHEMA_ERRORS else "the database is unavailable")
+            detail = (
+                "the database schema is not what this collector expects (migrate it: qkwatch db upgrade)"
+                if code in SCHEMA_ERRORS
+                else "the database is unavailable"
+            )
             return JSONResponse({"detail": f"{detail}; retry later"}, 503, headers={"Retry-After": str(RETRY_AFTER_S)})
         raise exc
 

@@ -11,9 +11,9 @@ import logging
 import threading
 import time
 
-from monitor.alerting.notifier import Notifier
-from monitor.settings import Settings
-from monitor.store.store import Store
+from qkwatch.monitor.alerting.notifier import Notifier
+from qkwatch.monitor.settings import Settings
+from qkwatch.monitor.store.store import Store
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,12 @@ class Maintenance:
         now = time.time() if now is None else now
         stale = self.store.mark_stale(self.settings.stale_timeout_s, now)
         if stale:
-            logger.warning("marked %d run(s) crashed after %.0f s without reports: %s", len(stale),
-                           self.settings.stale_timeout_s, ", ".join(stale))
+            logger.warning(
+                "marked %d run(s) crashed after %.0f s without reports: %s",
+                len(stale),
+                self.settings.stale_timeout_s,
+                ", ".join(stale),
+            )
         if self.settings.retention_days is not None:
             gone = self.store.apply_retention(self.settings.retention_days, now)
             if gone:

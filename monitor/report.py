@@ -7,7 +7,7 @@ attention entropy, lambda), QKAI per layer over steps, the latest QKAI per layer
 the lambdas with their override audit trail, the config and the status. Given a second run (``--vs``)
 every figure shows both runs, side by side on the same colour scale and step range.
 
-Only the collector's REST API is read, through :class:`monitor.client.Client`. The figures are
+Only the collector's REST API is read, through :class:`qkwatch.monitor.client.Client`. The figures are
 ``monitor.report_figures``; this module reads the runs and lays out the page.
 """
 
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from monitor.client import Client, CollectorError
-from monitor.report_figures import (
+from qkwatch.monitor.client import Client, CollectorError
+from qkwatch.monitor.report_figures import (
     RunData,
     colour_scale,
     finite,
@@ -89,8 +89,9 @@ def resolve_run(client: Client, ref: str) -> dict:
         except CollectorError as exc:
             if exc.status != 404:
                 raise
-    raise ReportError(f"no run {ref!r} on the collector (give a run id or project/name; "
-                      "`qkwatch runs list` lists them)")
+    raise ReportError(
+        f"no run {ref!r} on the collector (give a run id or project/name; `qkwatch runs list` lists them)"
+    )
 
 
 def fetch_run(client: Client, run: dict) -> RunData:
@@ -98,23 +99,48 @@ def fetch_run(client: Client, run: dict) -> RunData:
     # The collector answers 404 for a metric the run never reported (a vanilla run has no lambda),
     # so ask only for those it has; the others are drawn empty.
     have = client.metrics(rid).metrics
-    heatmaps = {m: client.heatmap(rid, m, max_steps=MAX_STEPS) if m in have else _empty_heatmap(m)
-                for m in BAND_METRICS}
-    loss, val_loss = (client.series(rid, m, max_points=MAX_POINTS) if m in have else _empty_series(m)
-                      for m in ("loss", "val_loss"))
-    return RunData(run=run, heatmaps=heatmaps, latest=latest_values(client, rid, heatmaps["qkai"]),
-                   loss=loss, val_loss=val_loss, alerts=client.alerts(run=rid)["data"], lambdas=client.lambdas(rid),
-                   audit=client.lambdas_audit(rid)["data"])
+    heatmaps = {
+        m: client.heatmap(rid, m, max_steps=MAX_STEPS) if m in have else _empty_heatmap(m) for m in BAND_METRICS
+    }
+    loss, val_loss = (
+        client.series(rid, m, max_points=MAX_POINTS) if m in have else _empty_series(m) for m in ("loss", "val_loss")
+    )
+    return RunData(
+        run=run,
+        heatmaps=heatmaps,
+        latest=latest_values(client, rid, heatmaps["qkai"]),
+        loss=loss,
+        val_loss=val_loss,
+        alerts=client.alerts(run=rid)["data"],
+        lambdas=client.lambdas(rid),
+        audit=client.lambdas_audit(rid)["data"],
+    )
 
 
 def _empty_heatmap(metric: str) -> dict:
-    return {"metric": metric, "agg": "max", "attempt": None, "downsampled": False, "steps": [], "layers": [],
-            "values": []}
+    return {
+        "metric": metric,
+        "agg": "max",
+        "attempt": None,
+        "downsampled": False,
+        "steps": [],
+        "layers": [],
+        "values": [],
+    }
 
 
 def _empty_series(metric: str) -> dict:
-    return {"metric": metric, "layer": -1, "head": -1, "attempt": None, "downsampled": False, "steps": [],
-            "values": [], "min": [], "max": []}
+    return {
+        "metric": metric,
+        "layer": -1,
+        "head": -1,
+        "attempt": None,
+        "downsampled": False,
+        "steps": [],
+        "values": [],
+        "min": [],
+        "max": [],
+    }
 
 
 def latest_values(client: Client, run_id: str, h: dict) -> dict[int, tuple[float, int]]:
@@ -141,13 +167,17 @@ def explain(exc: CollectorError, url: str, token: str | None) -> str:
     if exc.status == 0:
         return exc.message
     if exc.status == 401:
-        return (f"the collector at {url} refused the token (401: {exc.message})" if token else
-                f"the collector at {url} wants a read token: pass --token TOKEN or set QKWATCH_TOKEN")
+        return (
+            f"the collector at {url} refused the token (401: {exc.message})"
+            if token
+            else f"the collector at {url} wants a read token: pass --token TOKEN or set QKWATCH_TOKEN"
+        )
     return f"collector at {url}: {exc}"
 
 
-def write_report(run: str, out: Path, *, vs: str | None = None, url: str | None = None,
-                 token: str | None = None) -> Path:
+def write_report(
+    run: str, out: Path, *, vs: str | None = None, url: str | None = None, token: str | None = None
+) -> Path:
     """Read ``run`` (and ``vs``) from the collector and write the report to ``out``.
 
     Args:
@@ -206,47 +236,76 @@ def render(runs: list[RunData], *, threshold: float, source: str) -> str:
 
     names = " vs ".join(r.label for r in runs)
     generated = _time(time.time())
-    sections = [summary_section(runs, threshold), heatmaps_section(runs, threshold), curves_section(runs, threshold),
-                alerts_section(runs), lambdas_section(runs), config_section(runs)]
+    sections = [
+        summary_section(runs, threshold),
+        heatmaps_section(runs, threshold),
+        curves_section(runs, threshold),
+        alerts_section(runs),
+        lambdas_section(runs),
+        config_section(runs),
+    ]
     nav = "".join(f'<a href="#{anchor}">{title}</a>' for anchor, title in NAV)
-    return (f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f"<title>qkwatch report: {html.escape(names)}</title>\n<style>{STYLE}</style>\n"
-            f'<script type="text/javascript">{get_plotlyjs()}</script>\n</head>\n<body>\n'
-            f"<h1>qkwatch report: {html.escape(names)}</h1>\n"
-            f'<div class="meta">read from {html.escape(source)} at {generated}; collapse threshold '
-            f"{threshold:.2f}</div>\n<nav>{nav}</nav>\n{''.join(sections)}</body>\n</html>\n")
+    return (
+        f'<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>qkwatch report: {html.escape(names)}</title>\n<style>{STYLE}</style>\n"
+        f'<script type="text/javascript">{get_plotlyjs()}</script>\n</head>\n<body>\n'
+        f"<h1>qkwatch report: {html.escape(names)}</h1>\n"
+        f'<div class="meta">read from {html.escape(source)} at {generated}; collapse threshold '
+        f"{threshold:.2f}</div>\n<nav>{nav}</nav>\n{''.join(sections)}</body>\n</html>\n"
+    )
 
 
-NAV = (("summary", "summary"), ("heatmaps", "band heatmaps"), ("layers", "qkai per layer"), ("loss", "loss"),
-       ("alerts", "alerts"), ("lambdas", "lambdas"), ("config", "config"))
+NAV = (
+    ("summary", "summary"),
+    ("heatmaps", "band heatmaps"),
+    ("layers", "qkai per layer"),
+    ("loss", "loss"),
+    ("alerts", "alerts"),
+    ("lambdas", "lambdas"),
+    ("config", "config"),
+)
 
 
 def plot(figure: dict, div_id: str, height: int = 380) -> str:
     import plotly.io as pio
 
-    return pio.to_html(figure, include_plotlyjs=False, full_html=False, validate=False, config=PLOT_CONFIG,
-                       default_height=f"{height}px", div_id=div_id)
+    return pio.to_html(
+        figure,
+        include_plotlyjs=False,
+        full_html=False,
+        validate=False,
+        config=PLOT_CONFIG,
+        default_height=f"{height}px",
+        div_id=div_id,
+    )
 
 
 def summary_section(runs: list[RunData], threshold: float) -> str:
-    rows = [("run id", lambda d: f"<code>{html.escape(d.run['id'])}</code>"),
-            ("status", _status_cell),
-            ("attempt", lambda d: str(d.run["latest_attempt"])),
-            ("last step", lambda d: str(d.run["last_step"])),
-            ("created", lambda d: _time(d.run["created_at"])),
-            ("last report", lambda d: _time(d.run["last_report_at"])),
-            (f"layers above {threshold:.2f} (latest qkai)", lambda d: _above_cell(d, threshold)),
-            ("highest latest qkai", lambda d: _highest_cell(d)),
-            ("alerts", _alerts_cell),
-            ("final train loss", lambda d: _last(d.loss)),
-            ("final validation loss", lambda d: _last(d.val_loss))]
+    rows = [
+        ("run id", lambda d: f"<code>{html.escape(d.run['id'])}</code>"),
+        ("status", _status_cell),
+        ("attempt", lambda d: str(d.run["latest_attempt"])),
+        ("last step", lambda d: str(d.run["last_step"])),
+        ("created", lambda d: _time(d.run["created_at"])),
+        ("last report", lambda d: _time(d.run["last_report_at"])),
+        (f"layers above {threshold:.2f} (latest qkai)", lambda d: _above_cell(d, threshold)),
+        ("highest latest qkai", lambda d: _highest_cell(d)),
+        ("alerts", _alerts_cell),
+        ("final train loss", lambda d: _last(d.loss)),
+        ("final validation loss", lambda d: _last(d.val_loss)),
+    ]
     head = "".join(f"<th>{html.escape(d.label)}</th>" for d in runs)
-    body = "".join(f"<tr><th>{html.escape(name)}</th>{''.join(f'<td>{cell(d)}</td>' for d in runs)}</tr>"
-                   for name, cell in rows)
-    figures = (f'<div>{plot(latest_figure(runs, threshold), "fig-latest", 360)}</div>'
-               f'<div id="loss">{plot(loss_figure(runs), "fig-loss", 360)}</div>')
-    return (f'<section id="summary"><h2>Summary</h2><table class="facts"><tr><th></th>{head}</tr>{body}</table>'
-            f"{_grid(figures, 2)}</section>\n")
+    body = "".join(
+        f"<tr><th>{html.escape(name)}</th>{''.join(f'<td>{cell(d)}</td>' for d in runs)}</tr>" for name, cell in rows
+    )
+    figures = (
+        f"<div>{plot(latest_figure(runs, threshold), 'fig-latest', 360)}</div>"
+        f'<div id="loss">{plot(loss_figure(runs), "fig-loss", 360)}</div>'
+    )
+    return (
+        f'<section id="summary"><h2>Summary</h2><table class="facts"><tr><th></th>{head}</tr>{body}</table>'
+        f"{_grid(figures, 2)}</section>\n"
+    )
 
 
 def heatmaps_section(runs: list[RunData], threshold: float) -> str:
@@ -255,8 +314,10 @@ def heatmaps_section(runs: list[RunData], threshold: float) -> str:
     cells = []
     for metric in BAND_METRICS:
         scale = colour_scale(metric, [r.heatmaps[metric] for r in runs], threshold)
-        cells += [plot(heatmap_figure(r, metric, scale, axes, threshold), f"fig-heatmap-{metric}-{i}")
-                  for i, r in enumerate(runs)]
+        cells += [
+            plot(heatmap_figure(r, metric, scale, axes, threshold), f"fig-heatmap-{metric}-{i}")
+            for i, r in enumerate(runs)
+        ]
     return f'<section id="heatmaps"><h2>Band heatmaps</h2><div class="grid">{"".join(cells)}</div></section>\n'
 
 
@@ -269,13 +330,30 @@ def curves_section(runs: list[RunData], threshold: float) -> str:
 def alerts_section(runs: list[RunData]) -> str:
     parts = []
     for d in runs:
-        rows = [(f'class="{html.escape(a["state"])}"',
-                 [f'<span class="state">{html.escape(a["state"])}</span>', html.escape(a["severity"]),
-                  f"<b>{html.escape(a['rule'])}</b>", _layers(a["layers"]), _num(a["onset_step"]),
-                  _num(a["resolved_step"]), _time(a["starts_at"]), html.escape(a["summary"])]) for a in d.alerts]
-        parts.append(f"<h3>{html.escape(d.label)}</h3>" + _table(
-            ["state", "severity", "rule", "layers", "onset step", "resolved step", "since", "summary"], rows,
-            empty="no alerts"))
+        rows = [
+            (
+                f'class="{html.escape(a["state"])}"',
+                [
+                    f'<span class="state">{html.escape(a["state"])}</span>',
+                    html.escape(a["severity"]),
+                    f"<b>{html.escape(a['rule'])}</b>",
+                    _layers(a["layers"]),
+                    _num(a["onset_step"]),
+                    _num(a["resolved_step"]),
+                    _time(a["starts_at"]),
+                    html.escape(a["summary"]),
+                ],
+            )
+            for a in d.alerts
+        ]
+        parts.append(
+            f"<h3>{html.escape(d.label)}</h3>"
+            + _table(
+                ["state", "severity", "rule", "layers", "onset step", "resolved step", "since", "summary"],
+                rows,
+                empty="no alerts",
+            )
+        )
     return f'<section id="alerts"><h2>Alerts</h2>{"".join(parts)}</section>\n'
 
 
@@ -286,26 +364,55 @@ def lambdas_section(runs: list[RunData]) -> str:
         schedule = lam.get("schedule") or {}
         floor = schedule.get("floor", 0) * schedule.get("lambda_0", 0)
         h = lam.get("h") or []
-        rows = [('class="lambda"', [str(layer), _num(v), _num(lam["overrides"].get(str(layer))),
-                      _num(h[layer] if layer < len(h) else None), "yes" if floor and v > floor else ""])
-                for layer, v in enumerate(lam["lambdas"])]
-        audit = [('class="audit"', [str(a["version"]), _num(a["step"]), str(a["layer"]), _num(a["old"]), _num(a["new"]),
-                       html.escape(a["who"]), _time(a["at"])]) for a in d.audit]
+        rows = [
+            (
+                'class="lambda"',
+                [
+                    str(layer),
+                    _num(v),
+                    _num(lam["overrides"].get(str(layer))),
+                    _num(h[layer] if layer < len(h) else None),
+                    "yes" if floor and v > floor else "",
+                ],
+            )
+            for layer, v in enumerate(lam["lambdas"])
+        ]
+        audit = [
+            (
+                'class="audit"',
+                [
+                    str(a["version"]),
+                    _num(a["step"]),
+                    str(a["layer"]),
+                    _num(a["old"]),
+                    _num(a["new"]),
+                    html.escape(a["who"]),
+                    _time(a["at"]),
+                ],
+            )
+            for a in d.audit
+        ]
         parts.append(
             f"<div><h3>{html.escape(d.label)}</h3>{plot(lambdas_figure(d), f'fig-lambdas-{i}', 320)}"
             f"<div class='meta'>what the collector serves (source {html.escape(str(lam.get('source')))}; a run "
             f"applies them only with RAA on); schedule <code>{html.escape(json.dumps(schedule))}</code></div>"
-            + _table(["layer", "lambda", "override", "running entropy H", "above the flag floor"], rows,
-                     empty="no layers yet")
+            + _table(
+                ["layer", "lambda", "override", "running entropy H", "above the flag floor"],
+                rows,
+                empty="no layers yet",
+            )
             + "<h3>override audit trail</h3>"
             + _table(["version", "step", "layer", "old", "new", "who", "at"], audit, empty="no overrides")
-            + "</div>")
+            + "</div>"
+        )
     return f'<section id="lambdas"><h2>Lambdas</h2>{_grid("".join(parts), len(runs))}</section>\n'
 
 
 def config_section(runs: list[RunData]) -> str:
-    parts = "".join(f"<div><h3>{html.escape(d.label)}</h3><pre>{html.escape(json.dumps(d.run['config'], indent=2))}"
-                    "</pre></div>" for d in runs)
+    parts = "".join(
+        f"<div><h3>{html.escape(d.label)}</h3><pre>{html.escape(json.dumps(d.run['config'], indent=2))}</pre></div>"
+        for d in runs
+    )
     return f'<section id="config"><h2>Config</h2>{_grid(parts, len(runs))}</section>\n'
 
 
@@ -327,8 +434,9 @@ def _table(headers: list[str], rows: list[tuple[str, list[str]]], empty: str) ->
 def _status_cell(d: RunData) -> str:
     status = d.run["status"]
     reason = d.run.get("status_reason")
-    return (f'<span class="status-{html.escape(status)}">{html.escape(status)}</span>'
-            + (f" ({html.escape(reason)})" if reason else ""))
+    return f'<span class="status-{html.escape(status)}">{html.escape(status)}</span>' + (
+        f" ({html.escape(reason)})" if reason else ""
+    )
 
 
 def _above_cell(d: RunData, threshold: float) -> str:
@@ -352,11 +460,18 @@ def _alerts_cell(d: RunData) -> str:
     done = [a for a in d.alerts if a["state"] != "firing"]
     parts = []
     if firing:
-        parts.append('<span class="bad">firing: ' + ", ".join(
-            f"{html.escape(a['rule'])} ({_layers(a['layers'])})" for a in firing) + "</span>")
+        parts.append(
+            '<span class="bad">firing: '
+            + ", ".join(f"{html.escape(a['rule'])} ({_layers(a['layers'])})" for a in firing)
+            + "</span>"
+        )
     if done:
-        parts.append("resolved: " + ", ".join(
-            f"{html.escape(a['rule'])} ({_layers(a['layers'])}, step {a.get('resolved_step')})" for a in done))
+        parts.append(
+            "resolved: "
+            + ", ".join(
+                f"{html.escape(a['rule'])} ({_layers(a['layers'])}, step {a.get('resolved_step')})" for a in done
+            )
+        )
     return "; ".join(parts)
 
 
@@ -368,7 +483,7 @@ def _last(series: dict) -> str:
 
 
 def _layers(layers: list[int]) -> str:
-    """"3-5" for three or more adjacent layers, else "1, 4"."""
+    """ "3-5" for three or more adjacent layers, else "1, 4"."""
     s = sorted(layers)
     if len(s) > 2 and s == list(range(s[0], s[-1] + 1)):
         return f"{s[0]}-{s[-1]}"

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from monitor.wire import decode_value
+from qkwatch.monitor.wire import decode_value
 
 THRESHOLD_METRICS = frozenset({"qkai"})
 UNIT_RANGE = frozenset({"qkai", "attn_entropy"})  # normalised to [0, 1]
@@ -21,8 +21,18 @@ UNIT_RANGE = frozenset({"qkai", "attn_entropy"})  # normalised to [0, 1]
 COOL = ("#eff3ff", "#bdd7e7", "#6baed6", "#2171b5", "#08306b")
 HOT = ("#fed976", "#fd8d3c", "#e31a1c", "#800026")
 RUN_COLORS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e")
-LAYER_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-                "#bcbd22", "#17becf")
+LAYER_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
 STATUS_COLORS = {"running": "#1b7f3b", "crashed": "#b00020", "finished": "#666"}
 
 
@@ -71,8 +81,12 @@ def threshold_scale(lo: float, hi: float, t: float) -> dict:
     ticks = [v for v in (lo + p * (hi - lo) for p in (0, 0.2, 0.4, 0.6, 0.8, 1)) if abs(v - t) > 0.06 * (hi - lo)]
     tickvals = sorted([*ticks, t])
     ticktext = [f"<b>{t:.2f} collapse</b>" if v == t else f"{v:.3g}" for v in tickvals]
-    return {"zmin": lo, "zmax": hi, "colorscale": scale,
-            "colorbar": {"tickvals": tickvals, "ticktext": ticktext, "ticks": "outside"}}
+    return {
+        "zmin": lo,
+        "zmax": hi,
+        "colorscale": scale,
+        "colorbar": {"tickvals": tickvals, "ticktext": ticktext, "ticks": "outside"},
+    }
 
 
 def _ramp(colors: tuple[str, ...], a: float, b: float) -> list[list]:
@@ -100,8 +114,10 @@ def step_range(runs: list[RunData]) -> list[float] | None:
     if not filled:
         return None
     half = [(s[-1] - s[0]) / (len(s) - 1) / 2 if len(s) > 1 else 0.5 for s in filled]
-    return [min(s[0] - w for s, w in zip(filled, half, strict=True)),
-            max(s[-1] + w for s, w in zip(filled, half, strict=True))]
+    return [
+        min(s[0] - w for s, w in zip(filled, half, strict=True)),
+        max(s[-1] + w for s, w in zip(filled, half, strict=True)),
+    ]
 
 
 def layer_range(runs: list[RunData]) -> list[float]:
@@ -110,20 +126,31 @@ def layer_range(runs: list[RunData]) -> list[float]:
     return [-0.5, top + 0.5]
 
 
-def heatmap_figure(data: RunData, metric: str, scale: dict, axes: tuple[list[float] | None, list[float]],
-                   threshold: float) -> dict:
+def heatmap_figure(
+    data: RunData, metric: str, scale: dict, axes: tuple[list[float] | None, list[float]], threshold: float
+) -> dict:
     h = data.heatmaps[metric]
     x_range, y_range = axes
     z = [[finite(row[j]) for row in h["values"]] for j in range(len(h["layers"]))]  # (layers, steps)
-    trace = {"type": "heatmap", "x": h["steps"], "y": h["layers"], "z": z, "zmin": scale["zmin"],
-             "zmax": scale["zmax"], "colorscale": scale["colorscale"],
-             "colorbar": {**scale["colorbar"], "thickness": 14, "title": {"text": metric}},
-             "hovertemplate": f"step %{{x}}, layer %{{y}}<br>{metric} %{{z:.4g}}<extra></extra>"}
+    trace = {
+        "type": "heatmap",
+        "x": h["steps"],
+        "y": h["layers"],
+        "z": z,
+        "zmin": scale["zmin"],
+        "zmax": scale["zmax"],
+        "colorscale": scale["colorscale"],
+        "colorbar": {**scale["colorbar"], "thickness": 14, "title": {"text": metric}},
+        "hovertemplate": f"step %{{x}}, layer %{{y}}<br>{metric} %{{z:.4g}}<extra></extra>",
+    }
     title = f"{_run_title(data)}<br><span style='font-size:12px'>{heatmap_summary(data, metric, threshold)}</span>"
-    layout = {"title": {"text": title, "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
-              "margin": {"t": 62, "r": 8, "b": 44, "l": 52}, "plot_bgcolor": "#d9d9d9",
-              "xaxis": {"title": {"text": "step"}, "range": x_range},
-              "yaxis": {"title": {"text": "layer"}, "range": y_range, "dtick": 1 if y_range[1] < 24 else None}}
+    layout = {
+        "title": {"text": title, "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
+        "margin": {"t": 62, "r": 8, "b": 44, "l": 52},
+        "plot_bgcolor": "#d9d9d9",
+        "xaxis": {"title": {"text": "step"}, "range": x_range},
+        "yaxis": {"title": {"text": "layer"}, "range": y_range, "dtick": 1 if y_range[1] < 24 else None},
+    }
     if not h["steps"]:
         layout["annotations"] = [_note(f"{metric} not reported by this run")]
     return {"data": [trace] if h["steps"] else [], "layout": layout}
@@ -136,9 +163,12 @@ def heatmap_summary(data: RunData, metric: str, threshold: float) -> str:
     parts = [f"<b>{html.escape(metric)}</b>", f"step {h['steps'][-1]}"]
     if metric in THRESHOLD_METRICS:
         above = layers_above(data, threshold)
-        parts.append(f"<span style='color:#b00020'>{len(above)} layer{'s' if len(above) > 1 else ''} above "
-                     f"{threshold:.2f}: {', '.join(map(str, above))}</span>" if above
-                     else f"no layer above {threshold:.2f}")
+        parts.append(
+            f"<span style='color:#b00020'>{len(above)} layer{'s' if len(above) > 1 else ''} above "
+            f"{threshold:.2f}: {', '.join(map(str, above))}</span>"
+            if above
+            else f"no layer above {threshold:.2f}"
+        )
     if h["downsampled"]:
         parts.append(f"bucket {h['agg']}")
     return " · ".join(parts)
@@ -153,17 +183,31 @@ def layer_curves_figure(data: RunData, threshold: float, x_range: list[float] | 
     """QKAI of each layer over steps; the layers above the threshold at the end drawn heavier."""
     h = data.heatmaps["qkai"]
     above = set(layers_above(data, threshold))
-    traces = [{"type": "scatter", "mode": "lines", "name": f"layer {layer}", "x": h["steps"],
-               "y": [finite(row[j]) for row in h["values"]],
-               "line": {"color": LAYER_COLORS[layer % len(LAYER_COLORS)], "width": 2.6 if layer in above else 1.2},
-               "opacity": 1.0 if layer in above else 0.75,
-               "hovertemplate": f"layer {layer}, step %{{x}}: %{{y:.3f}}<extra></extra>"}
-              for j, layer in enumerate(h["layers"])]
-    layout = {"title": {"text": f"{_run_title(data)}<br><span style='font-size:12px'>qkai per layer over steps"
-                                "</span>", "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
-              "margin": {"t": 62, "r": 8, "b": 44, "l": 52},
-              "xaxis": {"title": {"text": "step"}, "range": x_range},
-              "yaxis": {"title": {"text": "qkai"}, "range": [0, 1.02]}, **_threshold_marks(threshold)}
+    traces = [
+        {
+            "type": "scatter",
+            "mode": "lines",
+            "name": f"layer {layer}",
+            "x": h["steps"],
+            "y": [finite(row[j]) for row in h["values"]],
+            "line": {"color": LAYER_COLORS[layer % len(LAYER_COLORS)], "width": 2.6 if layer in above else 1.2},
+            "opacity": 1.0 if layer in above else 0.75,
+            "hovertemplate": f"layer {layer}, step %{{x}}: %{{y:.3f}}<extra></extra>",
+        }
+        for j, layer in enumerate(h["layers"])
+    ]
+    layout = {
+        "title": {
+            "text": f"{_run_title(data)}<br><span style='font-size:12px'>qkai per layer over steps</span>",
+            "font": {"size": 14},
+            "x": 0.02,
+            "xanchor": "left",
+        },
+        "margin": {"t": 62, "r": 8, "b": 44, "l": 52},
+        "xaxis": {"title": {"text": "step"}, "range": x_range},
+        "yaxis": {"title": {"text": "qkai"}, "range": [0, 1.02]},
+        **_threshold_marks(threshold),
+    }
     if not traces:
         layout["annotations"] = [_note("qkai not reported by this run")]
     return {"data": traces, "layout": layout}
@@ -174,15 +218,26 @@ def latest_figure(runs: list[RunData], threshold: float) -> dict:
     traces = []
     for i, data in enumerate(runs):
         layers = sorted(data.latest)
-        traces.append({"type": "scatter", "mode": "lines+markers", "name": data.label, "x": layers,
-                       "y": [data.latest[layer][0] for layer in layers],
-                       "line": {"color": RUN_COLORS[i % len(RUN_COLORS)], "width": 2},
-                       "hovertemplate": f"layer %{{x}}: %{{y:.3f}}<extra>{html.escape(data.label)}</extra>"})
-    layout = {"title": {"text": "latest qkai per layer", "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
-              "margin": {"t": 40, "r": 8, "b": 70, "l": 52}, "showlegend": True,
-              "legend": {"orientation": "h", "x": 0, "yref": "container", "y": 0, "yanchor": "bottom"},
-              "xaxis": {"title": {"text": "layer"}, "dtick": 1, "zeroline": False},
-              "yaxis": {"title": {"text": "qkai"}, "range": [0, 1.02]}, **_threshold_marks(threshold)}
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "lines+markers",
+                "name": data.label,
+                "x": layers,
+                "y": [data.latest[layer][0] for layer in layers],
+                "line": {"color": RUN_COLORS[i % len(RUN_COLORS)], "width": 2},
+                "hovertemplate": f"layer %{{x}}: %{{y:.3f}}<extra>{html.escape(data.label)}</extra>",
+            }
+        )
+    layout = {
+        "title": {"text": "latest qkai per layer", "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
+        "margin": {"t": 40, "r": 8, "b": 70, "l": 52},
+        "showlegend": True,
+        "legend": {"orientation": "h", "x": 0, "yref": "container", "y": 0, "yanchor": "bottom"},
+        "xaxis": {"title": {"text": "layer"}, "dtick": 1, "zeroline": False},
+        "yaxis": {"title": {"text": "qkai"}, "range": [0, 1.02]},
+        **_threshold_marks(threshold),
+    }
     return {"data": traces, "layout": layout}
 
 
@@ -194,18 +249,28 @@ def loss_figure(runs: list[RunData]) -> dict:
         hover = f"%{{y:.4f}}<extra>{html.escape(data.label)}</extra>"
         for name, series, style in (("loss", data.loss, {}), ("val_loss", data.val_loss, {"dash": "dash"})):
             if series["steps"]:
-                traces.append({"type": "scatter", "mode": "lines+markers" if style else "lines",
-                               "name": data.label if name == "loss" else f"{data.label} {name}",
-                               "legendgroup": data.run["id"], "showlegend": name == "loss" or not data.loss["steps"],
-                               "x": series["steps"],
-                               "y": [finite(v) for v in series["values"]], "line": {"color": color, **style},
-                               "marker": {"size": 7, "symbol": "diamond"},
-                               "hovertemplate": f"step %{{x}}: {name} {hover}"})
-    layout = {"title": {"text": "loss (train solid, validation dashed)", "font": {"size": 14}, "x": 0.02,
-                        "xanchor": "left"},
-              "margin": {"t": 40, "r": 8, "b": 70, "l": 52}, "showlegend": True,
-              "legend": {"orientation": "h", "x": 0, "yref": "container", "y": 0, "yanchor": "bottom"},
-              "xaxis": {"title": {"text": "step"}}, "yaxis": {"title": {"text": "loss"}}}
+                traces.append(
+                    {
+                        "type": "scatter",
+                        "mode": "lines+markers" if style else "lines",
+                        "name": data.label if name == "loss" else f"{data.label} {name}",
+                        "legendgroup": data.run["id"],
+                        "showlegend": name == "loss" or not data.loss["steps"],
+                        "x": series["steps"],
+                        "y": [finite(v) for v in series["values"]],
+                        "line": {"color": color, **style},
+                        "marker": {"size": 7, "symbol": "diamond"},
+                        "hovertemplate": f"step %{{x}}: {name} {hover}",
+                    }
+                )
+    layout = {
+        "title": {"text": "loss (train solid, validation dashed)", "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
+        "margin": {"t": 40, "r": 8, "b": 70, "l": 52},
+        "showlegend": True,
+        "legend": {"orientation": "h", "x": 0, "yref": "container", "y": 0, "yanchor": "bottom"},
+        "xaxis": {"title": {"text": "step"}},
+        "yaxis": {"title": {"text": "loss"}},
+    }
     if not traces:
         layout["annotations"] = [_note("no loss reported")]
     return {"data": traces, "layout": layout}
@@ -219,39 +284,106 @@ def lambdas_figure(data: RunData) -> dict:
     schedule = lam.get("schedule") or {}
     floor = schedule.get("floor", 0) * schedule.get("lambda_0", 0)
     log = bool(values) and all(v > 0 for v in values) and floor > 0
-    layout = {"title": {"text": f"{_run_title(data)}<br><span style='font-size:12px'>lambda per layer, version "
-                                f"{lam['version']} at step {lam['step']} (orange: override)</span>",
-                        "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
-              "margin": {"t": 62, "r": 8, "b": 44, "l": 64},
-              "xaxis": {"title": {"text": "layer"}, "dtick": 1},
-              "yaxis": {"title": {"text": "lambda"}, "type": "log" if log else "linear", "exponentformat": "e"}}
+    layout = {
+        "title": {
+            "text": f"{_run_title(data)}<br><span style='font-size:12px'>lambda per layer, version "
+            f"{lam['version']} at step {lam['step']} (orange: override)</span>",
+            "font": {"size": 14},
+            "x": 0.02,
+            "xanchor": "left",
+        },
+        "margin": {"t": 62, "r": 8, "b": 44, "l": 64},
+        "xaxis": {"title": {"text": "layer"}, "dtick": 1},
+        "yaxis": {"title": {"text": "lambda"}, "type": "log" if log else "linear", "exponentformat": "e"},
+    }
     if floor > 0:
-        layout["shapes"] = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": floor, "y1": floor,
-                             "line": {"color": "#b00020", "dash": "dash", "width": 1.2}}]
-        layout["annotations"] = [{"xref": "paper", "x": 1, "y": math.log10(floor) if log else floor,
-                                  "xanchor": "right", "yanchor": "bottom", "showarrow": False,
-                                  "text": f"flag floor {floor:.2g}", "font": {"color": "#b00020", "size": 11}}]
-    trace = {"type": "bar", "x": list(range(len(values))), "y": values, "marker": {"color": colors},
-             "hovertemplate": "layer %{x}: lambda %{y:.3g}<extra></extra>"}
+        layout["shapes"] = [
+            {
+                "type": "line",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "y0": floor,
+                "y1": floor,
+                "line": {"color": "#b00020", "dash": "dash", "width": 1.2},
+            }
+        ]
+        layout["annotations"] = [
+            {
+                "xref": "paper",
+                "x": 1,
+                "y": math.log10(floor) if log else floor,
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "text": f"flag floor {floor:.2g}",
+                "font": {"color": "#b00020", "size": 11},
+            }
+        ]
+    trace = {
+        "type": "bar",
+        "x": list(range(len(values))),
+        "y": values,
+        "marker": {"color": colors},
+        "hovertemplate": "layer %{x}: lambda %{y:.3g}<extra></extra>",
+    }
     return {"data": [trace], "layout": layout}
 
 
 def _threshold_marks(t: float) -> dict:
-    return {"shapes": [{"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "y0": t, "y1": 1.02,
-                        "fillcolor": "#e31a1c", "opacity": 0.07, "line": {"width": 0}},
-                       {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": t, "y1": t,
-                        "line": {"color": "#b00020", "dash": "dash", "width": 1.5}}],
-            "annotations": [{"xref": "paper", "x": 0, "y": t, "xanchor": "left", "yanchor": "bottom",
-                             "showarrow": False, "text": f"collapse {t:.2f}",
-                             "font": {"color": "#b00020", "size": 11}}]}
+    return {
+        "shapes": [
+            {
+                "type": "rect",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "y0": t,
+                "y1": 1.02,
+                "fillcolor": "#e31a1c",
+                "opacity": 0.07,
+                "line": {"width": 0},
+            },
+            {
+                "type": "line",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "y0": t,
+                "y1": t,
+                "line": {"color": "#b00020", "dash": "dash", "width": 1.5},
+            },
+        ],
+        "annotations": [
+            {
+                "xref": "paper",
+                "x": 0,
+                "y": t,
+                "xanchor": "left",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "text": f"collapse {t:.2f}",
+                "font": {"color": "#b00020", "size": 11},
+            }
+        ],
+    }
 
 
 def _note(text: str) -> dict:
-    return {"xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5, "showarrow": False, "text": text,
-            "font": {"color": "#666", "size": 13}}
+    return {
+        "xref": "paper",
+        "yref": "paper",
+        "x": 0.5,
+        "y": 0.5,
+        "showarrow": False,
+        "text": text,
+        "font": {"color": "#666", "size": 13},
+    }
 
 
 def _run_title(data: RunData) -> str:
     status = data.run["status"]
-    return (f"<b>{html.escape(data.label)}</b> <span style='color:{STATUS_COLORS.get(status, '#666')}'>"
-            f"({html.escape(status)})</span>")
+    return (
+        f"<b>{html.escape(data.label)}</b> <span style='color:{STATUS_COLORS.get(status, '#666')}'>"
+        f"({html.escape(status)})</span>"
+    )

@@ -1,4 +1,4 @@
-"""The typed results of the collector's REST API, as :class:`monitor.client.Client` returns them.
+"""The typed results of the collector's REST API, as :class:`qkwatch.monitor.client.Client` returns them.
 
 Frozen dataclasses whose times are timezone-aware datetimes (UTC) and whose values are floats, NaN
 and infinities decoded from the wire's ``"nan"``/``"inf"``/``"-inf"`` (None: not measured). A list
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
-from monitor.wire import decode_value
+from qkwatch.monitor.wire import decode_value
 
 
 def _time(seconds: float | None) -> datetime | None:
@@ -300,8 +300,9 @@ class HistoryGrid:
             return cls(g["steps"], g["layers"], values, base64.b64decode(g["measured"]) if g["measured"] else None)
         flat = [v for row in g["values"] for v in row]
         measured = bytes(v is not None for v in flat) if None in flat else None
-        return cls(g["steps"], g["layers"], array("d", (math.nan if v is None else decode_value(v) for v in flat)),
-                   measured)
+        return cls(
+            g["steps"], g["layers"], array("d", (math.nan if v is None else decode_value(v) for v in flat)), measured
+        )
 
 
 def _grids(body: dict) -> tuple[dict[str, HistoryGrid], list[int], list[int]]:
@@ -324,7 +325,7 @@ def _on(grid: HistoryGrid, steps: list[int], layers: list[int]) -> list[float | 
     cols, width = [li[la] for la in grid.layers], len(grid.layers)
     for r, step in enumerate(grid.steps):
         base = si[step] * len(layers)
-        for j, v in zip(cols, flat[r * width:(r + 1) * width], strict=True):
+        for j, v in zip(cols, flat[r * width : (r + 1) * width], strict=True):
             out[base + j] = v
     return out
 
@@ -353,15 +354,25 @@ def history_frame(body: dict) -> Any:
     columns, keep = {}, None
     for name, g in grids.items():
         values = pd.Series(g.values, dtype="float64").to_numpy().reshape(len(g.steps), len(g.layers))
-        measured = (pd.Series(list(g.measured), dtype=bool) if g.measured is not None
-                    else pd.Series(True, index=range(len(g.values)))).to_numpy().reshape(values.shape)
+        measured = (
+            (
+                pd.Series(list(g.measured), dtype=bool)
+                if g.measured is not None
+                else pd.Series(True, index=range(len(g.values)))
+            )
+            .to_numpy()
+            .reshape(values.shape)
+        )
         if g.steps != steps or g.layers != layers:  # lay it out on the grid of all metrics
             values = pd.DataFrame(values, index=g.steps, columns=g.layers).reindex(index=steps, columns=layers)
             measured = pd.DataFrame(measured, index=g.steps, columns=g.layers).reindex(
-                index=steps, columns=layers, fill_value=False)
+                index=steps, columns=layers, fill_value=False
+            )
             values, measured = values.to_numpy(), measured.to_numpy()
         columns[name] = values.ravel()
         keep = measured.ravel() if keep is None else keep | measured.ravel()
-    index = {"step": pd.Index(steps, dtype="int64").repeat(len(layers))[keep],
-             "layer": pd.Index(layers * len(steps), dtype="int64")[keep]}
+    index = {
+        "step": pd.Index(steps, dtype="int64").repeat(len(layers))[keep],
+        "layer": pd.Index(layers * len(steps), dtype="int64")[keep],
+    }
     return pd.DataFrame(index | {name: values[keep] for name, values in columns.items()})

@@ -130,8 +130,9 @@ def _bounded_json(max_bytes: int):
 RunConfig = Annotated[dict[str, Any], _bounded_json(MAX_CONFIG_BYTES)]
 EventData = Annotated[dict[str, Any], _bounded_json(MAX_EVENT_DATA_BYTES)]
 LayerValues = Annotated[list[WireValue], Field(max_length=MAX_LAYERS)]
-HeadValues = Annotated[list[Annotated[list[WireValue], Field(max_length=MAX_HEADS)] | None],
-                       Field(max_length=MAX_LAYERS)]
+HeadValues = Annotated[
+    list[Annotated[list[WireValue], Field(max_length=MAX_HEADS)] | None], Field(max_length=MAX_LAYERS)
+]
 
 
 class _Wire(BaseModel):

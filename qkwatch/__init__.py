@@ -1,3 +1,63 @@
-"""qkwatch: see, and act on, what attention is doing inside a model while it trains."""
+"""qkwatch: see, and act on, what attention is doing inside a model while it trains.
+
+    import qkwatch
+
+    with qkwatch.attach(model, project="p", run="r1") as agent:     # in the training process
+        for step in range(steps):
+            agent.step(step)
+            ...
+
+    runs = qkwatch.Client("http://127.0.0.1:8000").runs()           # anywhere: the collector's REST API
+
+The public names load on first use, so ``import qkwatch`` needs neither torch nor the collector's
+dependencies until a name that uses them is touched. The parts live under this package:
+``qkwatch.agent`` (in-process), ``qkwatch.monitor`` (the collector), ``qkwatch.trainer`` (the
+FSDP2 GPT trainer with RAA).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
+    from qkwatch.agent import Agent, AgentConfig, Layout, attach
+    from qkwatch.monitor.client import Client, CollectorError
+    from qkwatch.monitor.scheduling import ScheduleConfig
+    from qkwatch.monitor.thresholds import Thresholds
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "Client",
+    "CollectorError",
+    "Layout",
+    "ScheduleConfig",
+    "Thresholds",
+    "__version__",
+    "attach",
+]
+
+_LAZY = {
+    "attach": "qkwatch.agent",
+    "Agent": "qkwatch.agent",
+    "AgentConfig": "qkwatch.agent",
+    "Layout": "qkwatch.agent",
+    "Client": "qkwatch.monitor.client",
+    "CollectorError": "qkwatch.monitor.client",
+    "ScheduleConfig": "qkwatch.monitor.scheduling",
+    "Thresholds": "qkwatch.monitor.thresholds",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'qkwatch' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -15,7 +15,7 @@ import sys
 from qkwatch import __version__
 
 # (module, what it adds); a module that is missing or fails to import is skipped with a note.
-COMPONENTS = ("agent.cli", "monitor.cli", "trainer.cli", "qkwatch.demo")
+COMPONENTS = ("qkwatch.agent.cli", "qkwatch.monitor.cli", "qkwatch.trainer.cli", "qkwatch.demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

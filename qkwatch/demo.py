@@ -30,9 +30,12 @@ PROGRESS_SECONDS = 15.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="the collapse band forming without RAA and held with it, live, side by side",
-                       description=__doc__.replace("``", ""),  # the docstring's reST quoting, not for a terminal
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "demo",
+        help="the collapse band forming without RAA and held with it, live, side by side",
+        description=__doc__.replace("``", ""),  # the docstring's reST quoting, not for a terminal
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--recipe", default="collapse_cpu", help="trainer recipe (default collapse_cpu)")
     p.add_argument("--port", type=int, default=0, help="collector port (default: a free one)")
     p.add_argument("--dir", default=".qkwatch/demo", help="where the database, spools, runs and logs live")
@@ -54,7 +57,7 @@ class Trainee:
 
 def run_demo(args: argparse.Namespace) -> int:
     from qkwatch.launch import CollectorLaunchError, CollectorProcess
-    from trainer.cli import resolve_config
+    from qkwatch.trainer.cli import resolve_config
 
     try:
         cfg = resolve_config(args.recipe, args.set)
@@ -63,8 +66,9 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    collector = CollectorProcess(f"sqlite:///{workdir / 'collector.db'}", port=args.port or None,
-                                 log=workdir / "collector.log")
+    collector = CollectorProcess(
+        f"sqlite:///{workdir / 'collector.db'}", port=args.port or None, log=workdir / "collector.log"
+    )
     url = collector.url
     trainees: list[Trainee] = []
     try:
@@ -76,16 +80,21 @@ def run_demo(args: argparse.Namespace) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         trainees = [_start_run(variant, f"{variant}-{stamp}", args, url, workdir) for variant in VARIANTS]
         band = band_layers(cfg)
-        print(f"\nqkwatch demo: {args.recipe} twice, vanilla and with RAA, into the collector at {url}\n"
-              f"  (about {cfg.train.steps} steps each; the band is induced on layers {_layers(band)}; "
-              f"logs in {workdir})", flush=True)
+        print(
+            f"\nqkwatch demo: {args.recipe} twice, vanilla and with RAA, into the collector at {url}\n"
+            f"  (about {cfg.train.steps} steps each; the band is induced on layers {_layers(band)}; "
+            f"logs in {workdir})",
+            flush=True,
+        )
         with collector.client(timeout=10.0) as client:
             _announce_page(client, url, trainees)
             _follow(client, trainees, band, cfg.train.steps)
             failed = [t for t in trainees if t.process.returncode != 0]
             for t in failed:
-                print(f"qkwatch demo: the {t.variant} run failed (exit {t.process.returncode}); see {t.log}",
-                      file=sys.stderr)
+                print(
+                    f"qkwatch demo: the {t.variant} run failed (exit {t.process.returncode}); see {t.log}",
+                    file=sys.stderr,
+                )
             if all(t.run_id for t in trainees):
                 print(summary_table(client, trainees, band, onset(cfg)), flush=True)
         if failed:
@@ -94,8 +103,11 @@ def run_demo(args: argparse.Namespace) -> int:
             print(f"the collector is still serving at {url}; Ctrl-C stops it", flush=True)
             collector.wait()
         else:
-            print(f"the collector stops now; to look again: qkwatch serve --open --database-url "
-                  f"sqlite:///{workdir / 'collector.db'}", flush=True)
+            print(
+                f"the collector stops now; to look again: qkwatch serve --open --database-url "
+                f"sqlite:///{workdir / 'collector.db'}",
+                flush=True,
+            )
         return 0
     except KeyboardInterrupt:
         return 130
@@ -123,21 +135,34 @@ def band_layers(cfg) -> list[int]:
 
 
 def _start_run(variant: str, name: str, args: argparse.Namespace, url: str, workdir: Path) -> Trainee:
-    env = {**os.environ, "QKWATCH_URL": url, "QKWATCH_PROJECT": "demo", "QKWATCH_RUN": name,
-           "QKWATCH_SPOOL": str(workdir / "spool")}
+    env = {
+        **os.environ,
+        "QKWATCH_URL": url,
+        "QKWATCH_PROJECT": "demo",
+        "QKWATCH_RUN": name,
+        "QKWATCH_SPOOL": str(workdir / "spool"),
+    }
     sets = [item for kv in [*args.set, *VARIANTS[variant]] for item in ("--set", kv)]
     log = workdir / f"{name}.log"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "qkwatch.cli", "train", "--recipe", args.recipe, "--out", str(workdir / "runs" / name),
-         *sets],
-        env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
-    )
+    command = [
+        sys.executable,
+        "-m",
+        "qkwatch.cli",
+        "train",
+        "--recipe",
+        args.recipe,
+        "--out",
+        str(workdir / "runs" / name),
+        *sets,
+    ]
+    with log.open("w") as out:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     return Trainee(variant, name, process, log)
 
 
 def _announce_page(client, url: str, trainees: list[Trainee], timeout: float = 180.0) -> None:
     """Print the live page's link, with both runs selected, once the agents have created them."""
-    from monitor.client import CollectorError
+    from qkwatch.monitor.client import CollectorError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(t.run_id is None and t.process.poll() is None for t in trainees):
@@ -153,13 +178,15 @@ def _announce_page(client, url: str, trainees: list[Trainee], timeout: float = 1
         return
     link = f"{url}/?" + "&".join(f"run={t.run_id}" for t in trainees)
     rule = "=" * max(60, len(link) + 4)
-    print(f"\n{rule}\n  live page:  {link}\n"
-          f"  (the vanilla and the RAA run side by side; refreshes every 5 s)\n{rule}\n", flush=True)
+    print(
+        f"\n{rule}\n  live page:  {link}\n  (the vanilla and the RAA run side by side; refreshes every 5 s)\n{rule}\n",
+        flush=True,
+    )
 
 
 def _follow(client, trainees: list[Trainee], band: list[int], steps: int) -> None:
     """Until every run ends: a progress line every PROGRESS_SECONDS, read from the collector."""
-    from monitor.client import CollectorError
+    from qkwatch.monitor.client import CollectorError
 
     last = 0.0
     while any(t.process.poll() is None for t in trainees):
@@ -180,8 +207,11 @@ def _progress(client, t: Trainee, band: list[int]) -> str:
     if not h["steps"]:
         return f"{t.variant}: starting"
     row = h["values"][-1]
-    text = f"{t.variant}: step {h['steps'][-1]:>4}  band QKAI {_mean(row, band):.2f}" if band else \
-        f"{t.variant}: step {h['steps'][-1]:>4}  QKAI max {max(_finite(row), default=math.nan):.2f}"
+    text = (
+        f"{t.variant}: step {h['steps'][-1]:>4}  band QKAI {_mean(row, band):.2f}"
+        if band
+        else f"{t.variant}: step {h['steps'][-1]:>4}  QKAI max {max(_finite(row), default=math.nan):.2f}"
+    )
     firing = {a["rule"] for a in client.alerts(run=t.run_id, state="firing")["data"]}
     return text + (f"  ALERT {', '.join(sorted(firing))}" if firing else "")
 
@@ -206,14 +236,21 @@ def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any
         facts[metric] = (_mean(start, band), _mean(h["values"][-1], band))
         facts[f"{metric}_outside"] = _mean(h["values"][-1], outside)
         if metric == "qkai":
-            facts["qkai_outside_max"] = max((max(_finite([row[i] for i in outside]), default=math.nan)
-                                             for row in h["values"]), default=math.nan)
+            facts["qkai_outside_max"] = max(
+                (max(_finite([row[i] for i in outside]), default=math.nan) for row in h["values"]), default=math.nan
+            )
             facts["qkai_band_peak"] = max(_mean(row, band) for row in h["values"])
-    flagged = client.series(run_id, "raa_flagged_fraction", max_points=100_000) if "raa_flagged_fraction" in have \
-        else {"values": []}  # only RAA runs report it
+    flagged = (
+        client.series(run_id, "raa_flagged_fraction", max_points=100_000)
+        if "raa_flagged_fraction" in have
+        else {"values": []}
+    )  # only RAA runs report it
     values = _finite(flagged["values"])
     if values:
-        facts["flagged"] = (sum(values) / len(values), sum(values[len(values) // 2:]) / len(values[len(values) // 2:]))
+        facts["flagged"] = (
+            sum(values) / len(values),
+            sum(values[len(values) // 2 :]) / len(values[len(values) // 2 :]),
+        )
     for name in ("loss", "val_loss"):
         values = _finite(client.series(run_id, name, max_points=100_000)["values"]) if name in have else []
         facts[name] = values[-1] if values else math.nan
@@ -238,8 +275,10 @@ def summary_table(client, trainees: list[Trainee], band: list[int], onset: int) 
     ]
     names = [t.variant for t in trainees]
     width = max(len(label) for label, _ in rows) + 2
-    lines = [f"\nthe band is layers {_layers(band)}; every figure is read back from the collector",
-             "".ljust(width) + "".join(n.rjust(18) for n in names)]
+    lines = [
+        f"\nthe band is layers {_layers(band)}; every figure is read back from the collector",
+        "".ljust(width) + "".join(n.rjust(18) for n in names),
+    ]
     lines += [label.ljust(width) + "".join(cell(facts[n]).rjust(18) for n in names) for label, cell in rows]
     return "\n".join(lines) + "\n"
 
@@ -272,4 +311,3 @@ def _layers(band: list[int]) -> str:
     if not band:
         return "none"
     return f"{band[0]}-{band[-1]}" if band == list(range(band[0], band[-1] + 1)) else ", ".join(map(str, band))
-

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 if TYPE_CHECKING:
-    from monitor.client import Client
+    from qkwatch.monitor.client import Client
 
 HOST = "127.0.0.1"
 LOG_TAIL_CHARS = 3000
@@ -62,9 +62,18 @@ class CollectorProcess:
         start_timeout: seconds :meth:`start` waits for ``/healthz`` by default.
     """
 
-    def __init__(self, database_url: str, *, port: int | None = None, log: str | Path | None = None,
-                 open_access: bool = True, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 cwd: str | Path | None = None, start_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        port: int | None = None,
+        log: str | Path | None = None,
+        open_access: bool = True,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        start_timeout: float = 60.0,
+    ) -> None:
         self.database_url = database_url
         self.port = port or free_port()
         self.url = f"http://{HOST}:{self.port}"
@@ -78,8 +87,20 @@ class CollectorProcess:
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "qkwatch.cli", "serve", *(["--open"] if self.open_access else []),
-                "--host", HOST, "--port", str(self.port), "--database-url", self.database_url, *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "qkwatch.cli",
+            "serve",
+            *(["--open"] if self.open_access else []),
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--database-url",
+            self.database_url,
+            *self.args,
+        ]
 
     @property
     def running(self) -> bool:
@@ -96,12 +117,12 @@ class CollectorProcess:
             raise RuntimeError(f"the collector at {self.url} is already running")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}  # unbuffered: the log is current when quoted
         if self.log is None:
-            self.proc = subprocess.Popen(self.command, cwd=self.cwd, env=env, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.command, cwd=self.cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+            )
         else:
             with open(self.log, "a") as out:  # the child keeps its own descriptor
-                self.proc = subprocess.Popen(self.command, cwd=self.cwd, env=env, stdout=out,
-                                             stderr=subprocess.STDOUT)
+                self.proc = subprocess.Popen(self.command, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
         self._wait_healthy(self.start_timeout if timeout is None else timeout)
         return self
 
@@ -143,8 +164,8 @@ class CollectorProcess:
         return self.proc.wait() if self.proc is not None else None
 
     def client(self, token: str | None = None, timeout: float = 30.0) -> Client:
-        """A :class:`monitor.client.Client` of this collector."""
-        from monitor.client import Client
+        """A :class:`qkwatch.monitor.client.Client` of this collector."""
+        from qkwatch.monitor.client import Client
 
         return Client(self.url, token=token, timeout=timeout)
 

@@ -39,8 +39,15 @@ class LiveCollector(CollectorProcess):
     ):
         """``extra``: more ``serve`` arguments; ``env``: settings as ``QKWATCH_*`` variables (e.g. the
         body and rate limits); ``open_access=False`` requires tokens (``token()`` mints them)."""
-        super().__init__(f"sqlite:///{workdir / 'collector.db'}", port=port, log=workdir / "collector.log",
-                         open_access=open_access, args=extra, env=env, cwd=ROOT)
+        super().__init__(
+            f"sqlite:///{workdir / 'collector.db'}",
+            port=port,
+            log=workdir / "collector.log",
+            open_access=open_access,
+            args=extra,
+            env=env,
+            cwd=ROOT,
+        )
 
     @property
     def db_url(self) -> str:

@@ -1,17 +1,24 @@
 """The import directions of docs/architecture.md, held by a test.
 
-* ``monitor`` never imports torch, ``agent``, ``trainer`` or ``qkwatch`` (a collector host needs no
-  torch; the version comes from the installed distribution's metadata).
-* ``agent`` imports from ``monitor`` only its pure modules, the wire schema and the schedule
-  formula, and never ``trainer`` or ``qkwatch``.
-* ``agent.metrics`` is pure math: tensors in, tensors out; no threads, sockets, files or hooks.
-* nothing imports ``trainer`` but ``trainer`` itself and the top-level ``qkwatch`` glue, and
-  ``trainer`` does not import ``qkwatch``.
+Every module of ours is ``qkwatch.<package>...``: the folders ``agent/``, ``monitor/`` and
+``trainer/`` at the repository's top level are the packages ``qkwatch.agent``, ``qkwatch.monitor``
+and ``qkwatch.trainer`` (``qkwatch/agent`` is a link to ``agent/``, and so on). The rules:
+
+* nothing imports a bare ``agent``, ``monitor`` or ``trainer``: only ``qkwatch`` is installed.
+* ``qkwatch.monitor`` never imports torch, numpy, safetensors or any other ``qkwatch`` package (a
+  collector host needs no torch). Inside it, ``alerting`` never imports ``store``, ``api``, ``ui``
+  or ``main`` (the store calls the rules, not the other way round), and ``store`` never imports
+  ``api``, ``ui`` or ``main``.
+* ``qkwatch.agent`` imports from ``qkwatch.monitor`` only its pure modules (the wire schema, the
+  schedule formula and the thresholds), and never the trainer or the top-level glue.
+* ``qkwatch.agent.metrics`` is pure math: tensors in, tensors out; no threads, sockets, files or hooks.
+* ``qkwatch.trainer`` meets the agent through its public API only: the ``qkwatch.agent`` package
+  itself and the geometry functions of ``qkwatch.agent.metrics``. It does not import the glue.
+* nothing imports ``qkwatch.trainer`` but the trainer itself and the glue (the ``qkwatch`` command).
 * no two modules of ours import each other, directly or around a circle (imports inside functions
-  count; a script's ``if __name__ == "__main__":`` block does not).
-* ``bench/`` imports nothing from ``tests/`` (what both need lives in a package, e.g. ``qkwatch.launch``).
-* ``experiments/`` sits on top of everything (it drives the trainer through subprocesses and reads
-  the collector through the client); no package imports it.
+  count; so does a script's ``if __name__ == "__main__":`` block).
+* ``bench/`` and ``experiments/`` import nothing from ``tests/``, never patch ``sys.path`` (they run
+  as modules, ``python -m bench.ingest``), and no package imports them.
 """
 
 from __future__ import annotations
@@ -24,8 +31,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agent", "monitor", "trainer", "qkwatch")
-MONITOR_PURE = {"monitor.wire", "monitor.scheduling"}
+FOLDERS = {"qkwatch.agent": "agent", "qkwatch.monitor": "monitor", "qkwatch.trainer": "trainer"}
+"""Package -> the top-level folder that holds it (``qkwatch/<name>`` links to it)."""
+GLUE = "qkwatch"
+"""The top-level package's own modules (``qkwatch/*.py``): the command line, the demo, the launcher."""
+MONITOR_PURE = {"qkwatch.monitor.wire", "qkwatch.monitor.scheduling", "qkwatch.monitor.thresholds"}
+AGENT_PUBLIC = {"qkwatch.agent", "qkwatch.agent.metrics"}
 IMPURE_FOR_METRICS = {
     "threading",
     "socket",
@@ -43,12 +54,9 @@ IMPURE_FOR_METRICS = {
 }
 
 
-def imports_of(path: Path, *, main_block: bool = True) -> list[str]:
-    """Every absolute import of ``path``, ``module`` and ``module.name`` for ``from module import name``;
-    ``main_block=False`` leaves out the top-level ``if __name__ == "__main__":`` block."""
+def imports_of(path: Path) -> list[str]:
+    """Every absolute import of ``path``: ``module`` and ``module.name`` for ``from module import name``."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    if not main_block:
-        tree.body = [node for node in tree.body if not is_main_block(node)]
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -59,76 +67,155 @@ def imports_of(path: Path, *, main_block: bool = True) -> list[str]:
     return names
 
 
-def is_main_block(node: ast.stmt) -> bool:
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
-            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators))
+def relative_imports(path: Path) -> list[int]:
+    """Line numbers of ``from . import x`` style imports (the tree uses absolute imports only)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level > 0]
 
 
-def module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+def glue_modules() -> dict[str, Path]:
+    return {module_of(p): p for p in sorted((ROOT / "qkwatch").glob("*.py"))}
 
 
-def modules(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+def module_of(path: Path) -> str:
+    """``agent/probe.py`` -> ``qkwatch.agent.probe``; ``qkwatch/cli.py`` -> ``qkwatch.cli``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] != GLUE:
+        parts = (GLUE, *parts)
+    return ".".join(parts).removesuffix(".__init__")
 
 
-def top(name: str) -> str:
-    return name.split(".")[0]
+def modules(package: str) -> dict[str, Path]:
+    """Module name -> file, for one of our packages (``qkwatch.agent``, or a subpackage of it)."""
+    top, *rest = package.removeprefix("qkwatch.").split(".")
+    folder = ROOT / FOLDERS[f"qkwatch.{top}"] / Path(*rest)
+    return {module_of(p): p for p in sorted(folder.rglob("*.py"))}
 
 
-@pytest.mark.parametrize("path", modules("monitor"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_monitor_imports_no_torch_agent_trainer_or_qkwatch(path: Path) -> None:
-    bad = [n for n in imports_of(path) if top(n) in {"torch", "agent", "trainer", "qkwatch", "numpy", "safetensors"}]
-    assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+def ours() -> dict[str, Path]:
+    return {**glue_modules(), **{n: p for package in FOLDERS for n, p in modules(package).items()}}
 
 
-@pytest.mark.parametrize("path", modules("agent"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_agent_imports_only_pure_monitor_modules(path: Path) -> None:
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def cases(found: dict[str, Path]) -> list[object]:
+    """``(name, path)`` parameters, each named by its module."""
+    return [pytest.param(name, path, id=name) for name, path in found.items()]
+
+
+def python_files() -> list[Path]:
+    """Every Python file of the repository: packages, tests, bench, experiments, dashboards."""
+    tracked = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return [ROOT / line for line in tracked.stdout.split()]
+
+
+@pytest.mark.parametrize("path", python_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_nothing_imports_a_bare_top_level_package(path: Path) -> None:
+    bare = [n for n in imports_of(path) if n.split(".")[0] in {"agent", "monitor", "trainer"}]
+    assert not bare, f"{path.relative_to(ROOT)} imports {bare}: write qkwatch.{bare[0]}"
+    assert not relative_imports(path), (
+        f"{path.relative_to(ROOT)} has relative imports on lines {relative_imports(path)}"
+    )
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.monitor")))
+def test_monitor_imports_no_torch_and_no_other_package(name: str, path: Path) -> None:
     names = imports_of(path)
-    upward = [n for n in names if top(n) in {"trainer", "qkwatch"}]
-    assert not upward, f"{path.relative_to(ROOT)} imports {upward}"
-    bad = [
-        n
-        for n in names
-        if top(n) == "monitor"
-        and n not in MONITOR_PURE
-        and not any(n.startswith(m + ".") for m in MONITOR_PURE)
-        and n != "monitor"
+    bad = [n for n in names if n.split(".")[0] in {"torch", "numpy", "safetensors"}]
+    bad += [n for n in names if within(n, GLUE) and not within(n, "qkwatch.monitor")]
+    assert not bad, f"{name} imports {bad}"
+
+
+LOWER_MONITOR_LAYERS = {
+    "qkwatch.monitor.alerting": (
+        "qkwatch.monitor.store",
+        "qkwatch.monitor.api",
+        "qkwatch.monitor.ui",
+        "qkwatch.monitor.main",
+    ),
+    "qkwatch.monitor.store": ("qkwatch.monitor.api", "qkwatch.monitor.ui", "qkwatch.monitor.main"),
+}
+
+
+@pytest.mark.parametrize("layer", LOWER_MONITOR_LAYERS)
+def test_monitor_layers_import_only_downward(layer: str) -> None:
+    above = LOWER_MONITOR_LAYERS[layer]
+    for name, path in modules(layer).items():
+        upward = [n for n in imports_of(path) if any(within(n, a) for a in above)]
+        assert not upward, f"{name} imports {upward}, which sit above {layer}"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.agent")))
+def test_agent_imports_only_pure_monitor_modules(name: str, path: Path) -> None:
+    names = imports_of(path)
+    upward = [n for n in names if within(n, "qkwatch.trainer") or n in glue_modules()]
+    assert not upward, f"{name} imports {upward}"
+    monitor = [n for n in names if within(n, "qkwatch.monitor") and n != "qkwatch.monitor"]
+    bad = [n for n in monitor if not any(within(n, m) for m in MONITOR_PURE)]
+    assert not bad, f"{name} imports impure monitor modules {bad}"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.agent.metrics")))
+def test_metrics_are_pure(name: str, path: Path) -> None:
+    names = imports_of(path)
+    foreign = [n for n in names if within(n, GLUE) and not within(n, "qkwatch.agent.metrics")]
+    impure = [n for n in names if n.split(".")[0] in IMPURE_FOR_METRICS]
+    assert not foreign and not impure, f"{name} imports {foreign + impure}"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.trainer")))
+def test_trainer_meets_the_agent_through_its_public_api(name: str, path: Path) -> None:
+    names = imports_of(path)
+    agent = [n for n in names if within(n, "qkwatch.agent")]
+    # ``from qkwatch.agent import attach`` gives "qkwatch.agent" and "qkwatch.agent.attach"
+    private = [n for n in agent if n not in AGENT_PUBLIC and n.rsplit(".", 1)[0] not in AGENT_PUBLIC]
+    assert not private, f"{name} reaches into the agent: {private}"
+    glue = [n for n in names if n in glue_modules() and n != GLUE]
+    assert not glue, f"{name} imports the glue {glue}"
+
+
+@pytest.mark.parametrize("package", ["qkwatch.agent", "qkwatch.monitor"])
+def test_nothing_imports_the_trainer(package: str) -> None:
+    for name, path in modules(package).items():
+        assert not [n for n in imports_of(path) if within(n, "qkwatch.trainer")], name
+
+
+@pytest.mark.parametrize(("name", "path"), cases(ours()))
+def test_no_package_imports_bench_experiments_or_tests(name: str, path: Path) -> None:
+    bad = [n for n in imports_of(path) if n.split(".")[0] in {"bench", "experiments", "tests"}]
+    assert not bad, f"{name} imports {bad}"
+
+
+SCRIPTS = sorted(
+    [*(ROOT / "bench").glob("*.py"), *(ROOT / "experiments").rglob("*.py"), *(ROOT / "dashboards").rglob("*.py")]
+)
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_scripts_run_as_modules_without_path_hacks(path: Path) -> None:
+    assert not [n for n in imports_of(path) if n.split(".")[0] == "tests"], f"{path.relative_to(ROOT)} imports tests"
+    tree = ast.parse(path.read_text())
+    hacks = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
     ]
-    assert not bad, f"{path.relative_to(ROOT)} imports impure monitor modules {bad}"
-
-
-@pytest.mark.parametrize("path", modules("agent/metrics"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_metrics_are_pure(path: Path) -> None:
-    names = imports_of(path)
-    ours = [n for n in names if top(n) in {"agent", "monitor", "trainer"} and not n.startswith("agent.metrics")]
-    impure = [n for n in names if top(n) in IMPURE_FOR_METRICS]
-    assert not ours and not impure, f"{path.relative_to(ROOT)} imports {ours + impure}"
-
-
-@pytest.mark.parametrize("package", ["agent", "monitor"])
-def test_nothing_imports_trainer(package: str) -> None:
-    for path in modules(package):
-        assert not [n for n in imports_of(path) if top(n) == "trainer"], path
-
-
-@pytest.mark.parametrize("package", PACKAGES)
-def test_nothing_imports_experiments(package: str) -> None:
-    for path in modules(package):
-        assert not [n for n in imports_of(path) if top(n) == "experiments"], path
-
-
-@pytest.mark.parametrize("path", modules("trainer"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_trainer_does_not_import_qkwatch(path: Path) -> None:
-    assert not [n for n in imports_of(path) if top(n) == "qkwatch"], f"{path.relative_to(ROOT)} imports qkwatch"
+    assert not hacks, f"{path.relative_to(ROOT)} touches sys.path on lines {hacks}"
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports (``from a import b`` counts ``a.b`` when that is a module)."""
-    paths = {module_name(p): p for package in PACKAGES for p in modules(package)}
-    return {name: {n for n in imports_of(path, main_block=False) if n in paths and n != name}
-            for name, path in paths.items()}
+    """Module -> the modules of ours it imports (``from a import b`` counts ``a.b`` when that is a module).
+
+    Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first, but those edges are
+    Python's, not the code's: only what a file names counts.
+    """
+    paths = ours()
+    return {name: {n for n in imports_of(path) if n in paths and n != name} for name, path in paths.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -141,7 +228,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return [*path[path.index(nxt):], nxt]
+                return [*path[path.index(nxt) :], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -164,20 +251,23 @@ def test_find_cycle_finds_a_circle() -> None:
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "bench").glob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
-def test_bench_does_not_import_tests(path: Path) -> None:
-    assert not [n for n in imports_of(path) if top(n) == "tests"], f"{path.relative_to(ROOT)} imports tests"
+def test_module_names_follow_the_links() -> None:
+    """The folders really are the namespace's packages: ``qkwatch/agent`` resolves to ``agent/``."""
+    for package, folder in FOLDERS.items():
+        link = ROOT / "qkwatch" / package.removeprefix("qkwatch.")
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
+    assert module_of(ROOT / "agent" / "metrics" / "__init__.py") == "qkwatch.agent.metrics"
 
 
-def test_monitor_loads_without_torch_at_runtime() -> None:
-    """Transitive imports too: importing every monitor module must not pull torch in."""
-    names = [".".join(p.relative_to(ROOT).with_suffix("").parts) for p in modules("monitor")]
-    names = [n.removesuffix(".__init__") for n in names]
+def test_monitor_and_the_package_load_without_torch_at_runtime() -> None:
+    """Transitive imports too: ``import qkwatch`` and every monitor module must not pull torch in."""
+    names = ["qkwatch", *modules("qkwatch.monitor")]
     code = (
         "import importlib, sys\n"
         f"for n in {names!r}:\n"
         "    importlib.import_module(n)\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'agent', 'trainer', 'qkwatch'))\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')\n"
+        "             or m.startswith(('qkwatch.agent', 'qkwatch.trainer')))\n"
         "assert not bad, bad\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -2,6 +2,6 @@
 
 import sys
 
-from trainer.cli import main
+from qkwatch.trainer.cli import main
 
 sys.exit(main())

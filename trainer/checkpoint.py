@@ -97,8 +97,9 @@ class Checkpointer:
     def due(self, step: int, last: bool) -> bool:
         return self.config.enabled and (last or (self.config.every > 0 and step % self.config.every == 0))
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-             local_state: dict | None = None) -> Path:
+    def save(
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, local_state: dict | None = None
+    ) -> Path:
         """Collective: every rank calls it. Returns the checkpoint folder.
 
         ``local_state`` is this rank's own small JSON state (the monitor's), written beside the
@@ -135,7 +136,6 @@ class Checkpointer:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         logger.info("resumed from %s (step %d)", path, state["train"]["step"])
         return int(state["train"]["step"])
-
 
     @staticmethod
     def local_states(path: Path) -> list[dict]:
@@ -174,7 +174,7 @@ def export_model(model: nn.Module, path: str | Path, *, meta: dict | None = None
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     """The GPT of a qkwatch-gpt file, in eval mode."""
-    from trainer.model import GPT, ModelConfig
+    from qkwatch.trainer.model import GPT, ModelConfig
 
     payload = torch.load(path, map_location=device, weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

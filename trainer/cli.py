@@ -18,24 +18,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainer.config import RunConfig
+    from qkwatch.trainer.config import RunConfig
 
 logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
     train = subparsers.add_parser(
-        "train", help="train a GPT recipe (one process; use torchrun -m trainer for several)",
+        "train",
+        help="train a GPT recipe (one process; use torchrun -m trainer for several)",
         description="Train a recipe. For several processes: torchrun --nproc_per_node N -m trainer "
-                    "--recipe NAME [...]. The agent is attached when QKWATCH_URL (or --collector) is set.")
+        "--recipe NAME [...]. The agent is attached when QKWATCH_URL (or --collector) is set.",
+    )
     add_train_arguments(train, verbose=False)
     train.set_defaults(handler=train_command)
 
-    ev = subparsers.add_parser("eval", help="passkey / variable binding / perplexity of a checkpoint",
-                               description="Evaluate a model.pt export, a run folder or a DCP checkpoint folder.")
+    ev = subparsers.add_parser(
+        "eval",
+        help="passkey / variable binding / perplexity of a checkpoint",
+        description="Evaluate a model.pt export, a run folder or a DCP checkpoint folder.",
+    )
     ev.add_argument("checkpoint", help="model.pt, a run folder (runs/NAME) or a checkpoints/step-N folder")
-    ev.add_argument("--task", action="append", choices=["passkey", "binding", "perplexity", "all"],
-                    help="task to run; repeat for several (default: all)")
+    ev.add_argument(
+        "--task",
+        action="append",
+        choices=["passkey", "binding", "perplexity", "all"],
+        help="task to run; repeat for several (default: all)",
+    )
     ev.add_argument("--lengths", help="comma-separated context lengths (default: fractions of the model's context)")
     ev.add_argument("--samples", type=int, default=50, help="queries per task and length (windows for perplexity)")
     ev.add_argument("--seed", type=int, default=0, help="seed of the synthetic tasks")
@@ -47,8 +56,12 @@ def register(subparsers) -> None:
 
 def add_train_arguments(parser: argparse.ArgumentParser, verbose: bool = True) -> None:
     parser.add_argument("--recipe", default="debug_cpu", help="recipe name (see --list); default debug_cpu")
-    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
-                        help="override a config field by dotted key, e.g. model.n_layers=6 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config field by dotted key, e.g. model.n_layers=6 (repeatable)",
+    )
     parser.add_argument("--out", help="run folder (default runs/RECIPE)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     parser.add_argument("--collector", help="collector URL for the agent (sets QKWATCH_URL)")
@@ -64,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format=f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s",
+    )
     if rank != "0":  # one voice per job: other ranks only warn
         logging.getLogger().setLevel(logging.WARNING)
     if not args.verbose:  # the agent's httpx logs every request at INFO
@@ -89,7 +104,7 @@ def train_command(args: argparse.Namespace) -> int:
         return 0
     if args.collector:
         os.environ["QKWATCH_URL"] = args.collector
-    from trainer.train import run
+    from qkwatch.trainer.train import run
 
     out = Path(args.out or Path("runs") / cfg.recipe)
     try:
@@ -97,33 +112,41 @@ def train_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"qkwatch train: {exc}", file=sys.stderr)
         return 2
-    logger.info("done: %d steps, loss %.4f, val_loss %s, run %s, out %s", result.steps, result.loss,
-                f"{result.val_loss:.4f}" if result.val_loss is not None else "-", result.run_name, result.out_dir)
+    logger.info(
+        "done: %d steps, loss %.4f, val_loss %s, run %s, out %s",
+        result.steps,
+        result.loss,
+        f"{result.val_loss:.4f}" if result.val_loss is not None else "-",
+        result.run_name,
+        result.out_dir,
+    )
     return 0
 
 
 def resolve_config(recipe: str, overrides: list[str]) -> RunConfig:
-    """The recipe's :class:`trainer.config.RunConfig` with the ``key=value`` overrides applied and validated."""
-    from trainer import recipes
-    from trainer.config import apply_overrides
+    """The recipe's :class:`qkwatch.trainer.config.RunConfig` with the ``key=value`` overrides applied and validated."""
+    from qkwatch.trainer import recipes
+    from qkwatch.trainer.config import apply_overrides
 
     return apply_overrides(recipes.get(recipe), overrides)
 
 
 def print_recipes() -> None:
-    from trainer import recipes
+    from qkwatch.trainer import recipes
 
     for name, fn in recipes.RECIPES.items():
         cfg = fn()
-        print(f"{name:24s} {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
-              f"{cfg.model_config().num_params() / 1e6:,.1f}M params")
+        print(
+            f"{name:24s} {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
+            f"{cfg.model_config().num_params() / 1e6:,.1f}M params"
+        )
 
 
 def _eval(args: argparse.Namespace) -> int:
     import torch
 
-    from trainer.evals import TASK_NAMES, evaluate, format_table, load_checkpoint
-    from trainer.monitoring import open_monitor
+    from qkwatch.trainer.evals import TASK_NAMES, evaluate, format_table, load_checkpoint
+    from qkwatch.trainer.monitoring import open_monitor
 
     tasks = list(TASK_NAMES) if not args.task or "all" in args.task else list(dict.fromkeys(args.task))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -138,15 +161,20 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     if args.collector:
         os.environ["QKWATCH_URL"] = args.collector
-    monitor = open_monitor(loaded.model, config={"eval": tasks, "checkpoint": str(args.checkpoint)},
-                           run=loaded.run, project=loaded.project)
+    monitor = open_monitor(
+        loaded.model, config={"eval": tasks, "checkpoint": str(args.checkpoint)}, run=loaded.run, project=loaded.project
+    )
     try:
         monitor.log(loaded.step or 0, **{r.name: r.value for r in results})
     finally:
         monitor.close(10.0)
     if args.json:
-        print(json.dumps({"checkpoint": str(args.checkpoint), "step": loaded.step,
-                          "results": [r.__dict__ for r in results]}, indent=2))
+        print(
+            json.dumps(
+                {"checkpoint": str(args.checkpoint), "step": loaded.step, "results": [r.__dict__ for r in results]},
+                indent=2,
+            )
+        )
     else:
         print(format_table(results))
     return 0

@@ -15,14 +15,14 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.checkpoint import CheckpointConfig
-from trainer.data import DataConfig
-from trainer.init import InitConfig
-from trainer.interventions import InterventionConfig
-from trainer.model import ModelConfig
-from trainer.optim import OptimConfig
-from trainer.parallelize import ParallelConfig
-from trainer.raa import RAAConfig
+from qkwatch.trainer.checkpoint import CheckpointConfig
+from qkwatch.trainer.data import DataConfig
+from qkwatch.trainer.init import InitConfig
+from qkwatch.trainer.interventions import InterventionConfig
+from qkwatch.trainer.model import ModelConfig
+from qkwatch.trainer.optim import OptimConfig
+from qkwatch.trainer.parallelize import ParallelConfig
+from qkwatch.trainer.raa import RAAConfig
 
 
 @dataclass
@@ -68,8 +68,10 @@ class TrainConfig:
         """``(micro_batch_size, accumulation steps)`` for ``world_size`` ranks."""
         micro = self.micro_batch_size or max(1, self.global_batch_size // world_size)
         if self.global_batch_size % (micro * world_size):
-            raise ValueError(f"train.global_batch_size={self.global_batch_size} is not a multiple of "
-                             f"micro_batch_size={micro} x world_size={world_size}")
+            raise ValueError(
+                f"train.global_batch_size={self.global_batch_size} is not a multiple of "
+                f"micro_batch_size={micro} x world_size={world_size}"
+            )
         return micro, self.global_batch_size // (micro * world_size)
 
 
@@ -104,15 +106,18 @@ class RunConfig:
             if bad:
                 raise ValueError(f"{key} has layers {bad} beyond model.n_layers={m.n_layers}")
         if self.init.qk_regime == "disjoint_support_xavier" and m.d_head > m.d_model // 2:
-            raise ValueError(f"init.qk_regime=disjoint_support_xavier needs model.d_head <= d_model/2 "
-                             f"({m.d_head} > {m.d_model // 2})")
+            raise ValueError(
+                f"init.qk_regime=disjoint_support_xavier needs model.d_head <= d_model/2 "
+                f"({m.d_head} > {m.d_model // 2})"
+            )
         if self.intervention.kind == "qk_decouple" and self.init.qk_regime != "qk_identical":
             raise ValueError("intervention.kind=qk_decouple starts from equal Q/K: set init.qk_regime=qk_identical")
         if self.train.seq_len is not None and self.train.seq_len > m.max_seq_len:
             raise ValueError(f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={m.max_seq_len}")
         if self.raa.fallback_lambdas is not None and len(self.raa.fallback_lambdas) != m.n_layers:
-            raise ValueError(f"raa.fallback_lambdas has {len(self.raa.fallback_lambdas)} values for "
-                             f"model.n_layers={m.n_layers}")
+            raise ValueError(
+                f"raa.fallback_lambdas has {len(self.raa.fallback_lambdas)} values for model.n_layers={m.n_layers}"
+            )
         if self.raa.rank is not None and self.raa.rank > m.d_head:
             raise ValueError(f"raa.rank={self.raa.rank} exceeds model.d_head={m.d_head}")
         if self.model.vocab_size < 256:
@@ -156,14 +161,19 @@ def apply_overrides(config: RunConfig, overrides: list[str]) -> RunConfig:
 
 
 def _tree(obj: Any) -> dict[str, Any]:
-    return {f.name: _tree(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else v
-            for f in dataclasses.fields(obj)}
+    return {
+        f.name: _tree(v) if dataclasses.is_dataclass(v := getattr(obj, f.name)) else v for f in dataclasses.fields(obj)
+    }
 
 
 def _rebuild(obj: Any, tree: dict[str, Any]) -> Any:
     """The dataclasses of ``obj``'s shape from ``tree``, innermost first (each ``__post_init__`` runs)."""
-    values = {name: _rebuild(getattr(obj, name), value) if isinstance(value, dict) and dataclasses.is_dataclass(
-        getattr(obj, name)) else value for name, value in tree.items()}
+    values = {
+        name: _rebuild(getattr(obj, name), value)
+        if isinstance(value, dict) and dataclasses.is_dataclass(getattr(obj, name))
+        else value
+        for name, value in tree.items()
+    }
     return type(obj)(**values)
 
 

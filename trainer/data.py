@@ -28,8 +28,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-FILLER_SENTENCES = ("The grass is green. ", "The sky is blue. ", "The sun is yellow. ", "Here we go. ",
-                    "There and back again. ")
+FILLER_SENTENCES = (
+    "The grass is green. ",
+    "The sky is blue. ",
+    "The sun is yellow. ",
+    "Here we go. ",
+    "There and back again. ",
+)
 NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ian", "joy", "kit", "lou")
 TASKS = ("passkey", "binding")
 
@@ -100,8 +105,11 @@ def _passkey_needle(name: str, key: str, needles: int) -> str:
 
 
 def _passkey_query(name: str, key: str, needles: int) -> str:
-    return (f"\nWhat is the pass key? The pass key is {key}" if needles == 1
-            else f"\nWhat is the pass key of {name}? The pass key of {name} is {key}")
+    return (
+        f"\nWhat is the pass key? The pass key is {key}"
+        if needles == 1
+        else f"\nWhat is the pass key of {name}? The pass key of {name} is {key}"
+    )
 
 
 def passkey(rng: random.Random, length: int, needles: int = 1, digits: int = 5) -> list[TaskSample]:
@@ -111,8 +119,10 @@ def passkey(rng: random.Random, length: int, needles: int = 1, digits: int = 5) 
     whose scored span is the key's digits at the end.
     """
     if length < passkey_min_length(needles, digits):
-        raise ValueError(f"passkey with {needles} needle(s) needs at least {passkey_min_length(needles, digits)} "
-                         f"tokens, got {length}")
+        raise ValueError(
+            f"passkey with {needles} needle(s) needs at least {passkey_min_length(needles, digits)} "
+            f"tokens, got {length}"
+        )
     names = rng.sample(NAMES, needles)
     keys = ["".join(rng.choice("0123456789") for _ in range(digits)) for _ in names]
     inserts = [_passkey_needle(n, k, needles) for n, k in zip(names, keys, strict=True)]
@@ -153,7 +163,7 @@ def binding(rng: random.Random, length: int, hops: int = 2) -> TaskSample:
     budget = length - len(query) - sum(len(s) for s in target)
     if budget < 0:
         raise ValueError(f"binding with {hops} hops needs at least {length - budget} tokens, got {length}")
-    distractors, pool = [], iter(names[hops + 1:])
+    distractors, pool = [], iter(names[hops + 1 :])
     while True:
         stmt = f"{next(pool)} = {rng.choice('0123456789')}. "
         if len(stmt) > budget:
@@ -205,10 +215,12 @@ class TrainData:
         n_val = int(len(tokens) * config.val_fraction)
         if len(tokens) - n_val < seq_len + 2 or n_val < seq_len + 2:
             raise ValueError(f"corpus {config.corpus!r} has {len(tokens)} tokens: too few for seq_len={seq_len}")
-        self.train, self.val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val:]
+        self.train, self.val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
         if config.task_mix > 0 and seq_len + 1 < binding_min_length(1):
-            raise ValueError(f"data.task_mix > 0 needs sequences of at least {binding_min_length(1) - 1} tokens "
-                             f"(seq_len is {seq_len})")
+            raise ValueError(
+                f"data.task_mix > 0 needs sequences of at least {binding_min_length(1) - 1} tokens "
+                f"(seq_len is {seq_len})"
+            )
 
     @property
     def steps_per_epoch(self) -> int:
@@ -225,7 +237,7 @@ class TrainData:
                 rng = random.Random(f"{self.seed}:{step}:{i}")
                 rows.append(np.asarray(task_sequence(rng, self.seq_len + 1), dtype=np.uint8))
             else:
-                rows.append(self.train[offsets[i]: offsets[i] + self.seq_len + 1])
+                rows.append(self.train[offsets[i] : offsets[i] + self.seq_len + 1])
         window = torch.from_numpy(np.stack(rows).astype(np.int64))  # (size, T+1)
         return window[:, :-1], window[:, 1:]
 
@@ -235,4 +247,4 @@ class TrainData:
         if span < 0:
             raise ValueError(f"the validation split ({len(self.val)} tokens) is shorter than {length + 1}")
         starts = np.linspace(0, span, num=n).astype(np.int64)
-        return torch.from_numpy(np.stack([self.val[s: s + length + 1] for s in starts]).astype(np.int64))
+        return torch.from_numpy(np.stack([self.val[s : s + length + 1] for s in starts]).astype(np.int64))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from trainer.data import DataConfig, TaskSample, TrainData, binding, passkey, passkey_min_length
+from qkwatch.trainer.data import DataConfig, TaskSample, TrainData, binding, passkey, passkey_min_length
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Loaded:
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
     """A model.pt export, a run folder (its model.pt, else its latest checkpoint) or a DCP step folder."""
-    from trainer.checkpoint import load_exported, load_model_state
+    from qkwatch.trainer.checkpoint import load_exported, load_model_state
 
     path = Path(path)
     if path.is_dir() and (path / "model.pt").is_file():
@@ -71,7 +71,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loa
     elif path.is_dir():
         run_dir, step_dir = _run_and_step_dirs(path)
         cfg = json.loads((run_dir / "config.json").read_text())
-        from trainer.model import GPT, ModelConfig
+        from qkwatch.trainer.model import GPT, ModelConfig
 
         model = GPT(ModelConfig(**cfg["model"]))
         step = load_model_state(step_dir, model)
@@ -86,7 +86,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loa
 def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:
     if (path / ".metadata").is_file():  # a DCP step folder: <run>/checkpoints/step-N
         return path.parent.parent, path
-    from trainer.checkpoint import CheckpointConfig, Checkpointer
+    from qkwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
 
     latest = Checkpointer(path / "checkpoints", CheckpointConfig()).latest()
     if latest is None or not (path / "config.json").is_file():
@@ -114,11 +114,11 @@ def accuracies(model: torch.nn.Module, samples: list[TaskSample], batch_size: in
     device = next(model.parameters()).device
     correct, hits, tokens_scored = 0, 0, 0
     for i in range(0, len(samples), batch_size):
-        chunk = samples[i:i + batch_size]
+        chunk = samples[i : i + batch_size]
         tokens = torch.tensor([s.tokens for s in chunk], device=device)  # (b, L)
         pred = model(tokens[:, :-1]).logits.argmax(-1)  # (b, L-1): pred[:, j] guesses tokens[:, j+1]
         for row, sample in enumerate(chunk):
-            right = [pred[row, s - 1:e - 1] == tokens[row, s:e] for s, e in sample.answers]
+            right = [pred[row, s - 1 : e - 1] == tokens[row, s:e] for s, e in sample.answers]
             correct += all(bool(r.all()) for r in right)
             hits += sum(int(r.sum()) for r in right)
             tokens_scored += sum(r.numel() for r in right)
@@ -130,8 +130,12 @@ def passkey_eval(model, lengths: list[int], samples: int, seed: int) -> list[Eva
     for needles in (1, 5):
         for length in lengths:
             if length < passkey_min_length(needles):
-                logger.info("passkey with %d needle(s) needs >= %d tokens: skipping length %d",
-                            needles, passkey_min_length(needles), length)
+                logger.info(
+                    "passkey with %d needle(s) needs >= %d tokens: skipping length %d",
+                    needles,
+                    passkey_min_length(needles),
+                    length,
+                )
                 continue
             rng = random.Random(f"passkey:{seed}:{needles}:{length}")
             contexts = max(1, samples // needles)

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from trainer.model import GPT, ModelConfig
+from qkwatch.trainer.model import GPT, ModelConfig
 
 POWER_ITERATIONS_AT_INIT = 50
 """sigma-Reparam's estimate at initialisation; training then adds one iteration per step."""
@@ -58,8 +58,9 @@ class InitConfig:
     def __post_init__(self) -> None:
         if self.qk_regime not in REGIMES:
             raise ValueError(f"init.qk_regime={self.qk_regime!r} is not one of {', '.join(REGIMES)}")
-        if self.qk_layers is not None and (not isinstance(self.qk_layers, list)
-                                           or not all(isinstance(i, int) and i >= 0 for i in self.qk_layers)):
+        if self.qk_layers is not None and (
+            not isinstance(self.qk_layers, list) or not all(isinstance(i, int) and i >= 0 for i in self.qk_layers)
+        ):
             raise ValueError(f"init.qk_layers must be a list of layer indices >= 0 or None, got {self.qk_layers!r}")
 
 
@@ -75,8 +76,15 @@ def xavier_uniform(shape: tuple[int, int], gen: torch.Generator, fan_in: int | N
     return torch.empty(shape).uniform_(-bound, bound, generator=gen)
 
 
-def qk_regime_weights(regime: str, wq_shape: tuple[int, int], wk_shape: tuple[int, int], n_heads: int,
-                      n_kv_heads: int, seed: int, prefix: str) -> tuple[Tensor, Tensor]:
+def qk_regime_weights(
+    regime: str,
+    wq_shape: tuple[int, int],
+    wk_shape: tuple[int, int],
+    n_heads: int,
+    n_kv_heads: int,
+    seed: int,
+    prefix: str,
+) -> tuple[Tensor, Tensor]:
     """Full ``(W_Q, W_K)`` of one layer in ``nn.Linear`` layout for a seed 001 regime."""
     gq, gk = generator(seed, prefix + "q_proj.weight"), generator(seed, prefix + "k_proj.weight")
     d_model = wq_shape[1]
@@ -113,8 +121,13 @@ def full_tensor(t: Tensor) -> Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def build_model(config: ModelConfig, init: InitConfig, seed: int, device: torch.device,
-                parallelize: Callable[[nn.Module], object] | None = None) -> GPT:
+def build_model(
+    config: ModelConfig,
+    init: InitConfig,
+    seed: int,
+    device: torch.device,
+    parallelize: Callable[[nn.Module], object] | None = None,
+) -> GPT:
     """A GPT built on the meta device, materialised on ``device`` and initialised.
 
     Args:
@@ -135,7 +148,7 @@ def build_model(config: ModelConfig, init: InitConfig, seed: int, device: torch.
 
 @torch.no_grad()
 def init_weights(model: nn.Module, init: InitConfig, seed: int) -> None:
-    """Initialise every parameter and buffer of a :class:`trainer.model.GPT` (sharded or not)."""
+    """Initialise every parameter and buffer of a :class:`qkwatch.trainer.model.GPT` (sharded or not)."""
     c = model.config
     regime_layers = set(range(c.n_layers) if init.qk_layers is None else init.qk_layers)
     done: set[str] = set()
@@ -143,8 +156,15 @@ def init_weights(model: nn.Module, init: InitConfig, seed: int) -> None:
         if init.qk_regime != "default" and i in regime_layers:
             attn = block.attn
             prefix = f"blocks.{i}.attn."
-            wq, wk = qk_regime_weights(init.qk_regime, tuple(attn.q_proj.weight.shape), tuple(attn.k_proj.weight.shape),
-                                       attn.n_heads, attn.n_kv_heads, seed, prefix)
+            wq, wk = qk_regime_weights(
+                init.qk_regime,
+                tuple(attn.q_proj.weight.shape),
+                tuple(attn.k_proj.weight.shape),
+                attn.n_heads,
+                attn.n_kv_heads,
+                seed,
+                prefix,
+            )
             assign(attn.q_proj.weight, wq)
             assign(attn.k_proj.weight, wk)
             done |= {prefix + "q_proj.weight", prefix + "k_proj.weight"}

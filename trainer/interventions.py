@@ -59,14 +59,22 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from agent.metrics import column_alignment, principal_overlap, split_heads
-from trainer.init import full_tensor, generator
-from trainer.model import effective_weight
+from qkwatch.agent.metrics import column_alignment, principal_overlap, split_heads
+from qkwatch.trainer.init import full_tensor, generator
+from qkwatch.trainer.model import effective_weight
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("none", "k_spectrum_clamp", "forced_k_contraction", "freeze_q", "freeze_k", "qk_decouple", "qk_align_reg",
-         "qk_collapse")
+KINDS = (
+    "none",
+    "k_spectrum_clamp",
+    "forced_k_contraction",
+    "freeze_q",
+    "freeze_k",
+    "qk_decouple",
+    "qk_align_reg",
+    "qk_collapse",
+)
 QK_ALIGN = "qk_align"
 QK_COLLAPSE = "qk_collapse"
 
@@ -117,13 +125,17 @@ class InterventionConfig:
         if self.align_lambda < 0:
             raise ValueError(f"intervention.align_lambda must be >= 0, got {self.align_lambda}")
         if self.collapse_start < 0 or self.collapse_ramp < 1:
-            raise ValueError(f"intervention.collapse_start must be >= 0 and collapse_ramp >= 1, got "
-                             f"{self.collapse_start} and {self.collapse_ramp}")
+            raise ValueError(
+                f"intervention.collapse_start must be >= 0 and collapse_ramp >= 1, got "
+                f"{self.collapse_start} and {self.collapse_ramp}"
+            )
         if not 0 < self.collapse_target <= 1:
             raise ValueError(f"intervention.collapse_target must lie in (0, 1], got {self.collapse_target}")
         if not self.collapse_align >= 0 or self.collapse_every < 1:
-            raise ValueError(f"intervention.collapse_align must be >= 0 and collapse_every >= 1, got "
-                             f"{self.collapse_align} and {self.collapse_every}")
+            raise ValueError(
+                f"intervention.collapse_align must be >= 0 and collapse_every >= 1, got "
+                f"{self.collapse_align} and {self.collapse_every}"
+            )
         for key in ("collapse_shrink", "collapse_tail"):
             if not 0 <= getattr(self, key) < 1:
                 raise ValueError(f"intervention.{key} must lie in [0, 1), got {getattr(self, key)}")
@@ -185,13 +197,15 @@ class Interventions:
             name = "q_proj" if kind == "freeze_q" else "k_proj"
             self.refs = [getattr(a, name).weight.detach().clone() for a in self.attentions]
         elif kind == "k_spectrum_clamp":
-            self.spectra = [torch.linalg.svdvals(full_tensor(a.k_proj.weight.detach()).float())
-                            for a in self.attentions]
+            self.spectra = [
+                torch.linalg.svdvals(full_tensor(a.k_proj.weight.detach()).float()) for a in self.attentions
+            ]
         elif kind == "qk_align_reg":
             for a in self.attentions:
                 a.weight_penalties[QK_ALIGN] = qk_align_penalty
-        self.pressure = (CollapsePressure(config.collapse_align, config.collapse_target)
-                         if kind == "qk_collapse" else None)
+        self.pressure = (
+            CollapsePressure(config.collapse_align, config.collapse_target) if kind == "qk_collapse" else None
+        )
 
     def before_step(self, step: int) -> None:
         """Set what acts inside this step's forward (qk_collapse's ramp; nothing before it starts)."""
@@ -207,8 +221,9 @@ class Interventions:
     def loss(self, penalties: list[dict[str, Tensor]]) -> Tensor | None:
         """The intervention's term of this step's loss from the layers' penalties, or None."""
         kind = self.config.kind
-        name, weight = {"qk_align_reg": (QK_ALIGN, self.config.align_lambda), "qk_collapse": (QK_COLLAPSE, 1.0)
-                        }.get(kind, (None, 0.0))
+        name, weight = {"qk_align_reg": (QK_ALIGN, self.config.align_lambda), "qk_collapse": (QK_COLLAPSE, 1.0)}.get(
+            kind, (None, 0.0)
+        )
         terms = [p[name] for p in penalties if name in p]
         if not terms or not weight:
             return None
@@ -232,8 +247,12 @@ class Interventions:
                 _replace(attn.k_proj.weight, partial(_contract, rank=c.tail_rank, factor=c.tail_factor))
             return kind
         if kind == "qk_collapse" and steps_done % c.collapse_every == 0 and (ramp := c.ramp(steps_done - 1)) > 0:
-            contract = partial(_contract_heads, n_heads=self.attentions[0].n_kv_heads,
-                               top=1 - ramp * c.collapse_shrink, rest=1 - ramp * c.collapse_tail)
+            contract = partial(
+                _contract_heads,
+                n_heads=self.attentions[0].n_kv_heads,
+                top=1 - ramp * c.collapse_shrink,
+                rest=1 - ramp * c.collapse_tail,
+            )
             for attn in self.attentions:
                 _replace(attn.k_proj.weight, contract)
             return kind
@@ -288,4 +307,3 @@ def _replace(param: Tensor, fn) -> None:
         param.copy_(distribute_tensor(new.to(param.dtype), param.device_mesh, param.placements, src_data_rank=0))
     else:
         param.copy_(new.to(param.dtype))
-

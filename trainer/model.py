@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from agent.metrics import householder
+from qkwatch.agent.metrics import householder
 
 VARIANTS = ("vanilla", "qk_norm", "sigma_reparam", "deepnorm", "rezero", "outlier_removed")
 ATTENTION_PATHS = ("auto", "sdpa", "explicit")
@@ -110,18 +110,23 @@ class ModelConfig:
             raise ValueError(f"model.n_kv_heads={n_kv} must divide model.n_heads={self.n_heads}")
         d_head = self.d_head or self.d_model // self.n_heads
         if self.d_head is None and self.d_model % self.n_heads:
-            raise ValueError(f"model.d_model={self.d_model} is not a multiple of model.n_heads={self.n_heads}; "
-                             "set d_head")
+            raise ValueError(
+                f"model.d_model={self.d_model} is not a multiple of model.n_heads={self.n_heads}; set d_head"
+            )
         if d_head > self.d_model:
             raise ValueError(f"model.d_head={d_head} exceeds model.d_model={self.d_model}")
         if self.position == "rope" and d_head % 2:
             raise ValueError(f"model.d_head={d_head} must be even for RoPE")
         if self.variant == "outlier_removed" and self.attention == "sdpa":
-            raise ValueError("model.attention=sdpa cannot remove the attention outlier (A is never formed): "
-                             "use attention=explicit or auto")
+            raise ValueError(
+                "model.attention=sdpa cannot remove the attention outlier (A is never formed): "
+                "use attention=explicit or auto"
+            )
         if self.key_rotation < 0 or self.key_rotation % 2:
-            raise ValueError(f"model.key_rotation={self.key_rotation} must be an even number >= 0 "
-                             "(pairs of equal reflections make the rotation the identity at initialisation)")
+            raise ValueError(
+                f"model.key_rotation={self.key_rotation} must be an even number >= 0 "
+                "(pairs of equal reflections make the rotation the identity at initialisation)"
+            )
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise ValueError("model.norm_eps, model.init_std and model.rope_theta must be positive")
 
@@ -332,8 +337,11 @@ class Attention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         q, k = self.qk_tap(q, k)
-        y = self._attend(q, k, v) if self.path == "explicit" else F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)  # (B, nh, T, hs)
+        y = (
+            self._attend(q, k, v)
+            if self.path == "explicit"
+            else F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        )  # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_head)  # (B, T, nh*hs)
         return self.o_proj(y), self._penalties()
 
@@ -381,8 +389,11 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.variant = config.variant
-        norm = (lambda: nn.Identity()) if config.variant == "rezero" else (
-            lambda: nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias))
+        norm = (
+            (lambda: nn.Identity())
+            if config.variant == "rezero"
+            else (lambda: nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias))
+        )
         self.norm1, self.attn, self.norm2, self.mlp = norm(), Attention(config), norm(), MLP(config)
         self.deepnorm_alpha = (2.0 * config.n_layers) ** 0.25
         if config.variant == "rezero":
@@ -414,8 +425,11 @@ class GPT(nn.Module):
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model) if config.position == "learned" else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.norm = (nn.Identity() if config.variant == "deepnorm"
-                     else nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias))
+        self.norm = (
+            nn.Identity()
+            if config.variant == "deepnorm"
+            else nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        )
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight

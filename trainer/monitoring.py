@@ -103,12 +103,15 @@ def open_monitor(
     online = bool(os.environ.get("QKWATCH_URL"))
     if not online and offline_spool is None:
         return NullMonitor()
-    from agent import attach
+    from qkwatch.agent import attach
 
     kwargs: dict[str, Any] = {"config": config, "run": run, "project": project, "every": every}
     if not online and not os.environ.get("QKWATCH_SPOOL"):
         kwargs["spool"] = str(offline_spool)
-        logger.info("no collector (QKWATCH_URL unset): the agent reports into %s (deliver later with "
-                    "`qkwatch sync %s`) and RAA's lambdas come from its local entropy-floor schedule",
-                    offline_spool, offline_spool)
+        logger.info(
+            "no collector (QKWATCH_URL unset): the agent reports into %s (deliver later with "
+            "`qkwatch sync %s`) and RAA's lambdas come from its local entropy-floor schedule",
+            offline_spool,
+            offline_spool,
+        )
     return attach(model, **{k: v for k, v in kwargs.items() if v is not None})

@@ -131,7 +131,7 @@ def close_distributed(env: Env) -> None:
 
 
 def parallelize(model: nn.Module, config: ParallelConfig, env: Env) -> nn.Module:
-    """Activation checkpointing, compile and FSDP2 on a :class:`trainer.model.GPT`; returns it."""
+    """Activation checkpointing, compile and FSDP2 on a :class:`qkwatch.trainer.model.GPT`; returns it."""
     if config.activation_checkpointing:
         from torch.distributed._composable import checkpoint
 
@@ -158,4 +158,3 @@ def apply_fsdp(model: nn.Module, env: Env, reshard_after_forward: bool = True) -
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
-

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from agent import ScheduleConfig
-from agent.metrics import effective_key_map, principal_overlap, split_heads
-from trainer.model import effective_weight
+from qkwatch.agent import ScheduleConfig
+from qkwatch.agent.metrics import effective_key_map, principal_overlap, split_heads
+from qkwatch.trainer.model import effective_weight
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,17 @@ class RAAConfig:
         return self.uses_par and self.scheduling
 
 
-def par_penalty(wq: Tensor, wk: Tensor, rotation: Tensor | None, *, n_heads: int, n_kv_heads: int,
-                rank: int | None, tau_factor: float, method: str = "auto") -> Tensor:
+def par_penalty(
+    wq: Tensor,
+    wk: Tensor,
+    rotation: Tensor | None,
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    rank: int | None,
+    tau_factor: float,
+    method: str = "auto",
+) -> Tensor:
     """``sum_h ReLU(sum_i c_i^2 - tau)^2`` of one layer, differentiable in ``wq``, ``wk`` and the rotation.
 
     Args:
@@ -138,8 +147,16 @@ def attention_par(attn, *, rank: int | None, tau_factor: float, method: str) -> 
     and its gradient are the same with or without it, and building ``R`` would only cost time.
     ``tests/trainer/test_trainer_raa.py`` holds the invariance.
     """
-    return par_penalty(effective_weight(attn.q_proj), effective_weight(attn.k_proj), None, n_heads=attn.n_heads,
-                       n_kv_heads=attn.n_kv_heads, rank=rank, tau_factor=tau_factor, method=method)
+    return par_penalty(
+        effective_weight(attn.q_proj),
+        effective_weight(attn.k_proj),
+        None,
+        n_heads=attn.n_heads,
+        n_kv_heads=attn.n_kv_heads,
+        rank=rank,
+        tau_factor=tau_factor,
+        method=method,
+    )
 
 
 class RAAController:
@@ -168,9 +185,12 @@ class RAAController:
         advice = monitor.lambdas()
         if advice is None or len(advice) != self.n_layers:
             if not self._warned:
-                logger.warning("raa: the monitor gives %s lambdas for %d layers; applying raa.fallback_lambdas "
-                               "(lambda_0 on every layer unless set): seed 000's no-scheduling ablation, not RAA",
-                               "no" if advice is None else len(advice), self.n_layers)
+                logger.warning(
+                    "raa: the monitor gives %s lambdas for %d layers; applying raa.fallback_lambdas "
+                    "(lambda_0 on every layer unless set): seed 000's no-scheduling ablation, not RAA",
+                    "no" if advice is None else len(advice),
+                    self.n_layers,
+                )
                 self._warned = True
             return fallback
         return [min(max(float(v), 0.0), c.schedule.lambda_max) if math.isfinite(v) else 0.0 for v in advice]
@@ -186,8 +206,9 @@ class RAAController:
         flags = [due and flag for flag in c.schedule.flagged(lambdas)]
         for attn, flag, was in zip(self.attentions, flags, self._flags, strict=True):
             if flag and not was:
-                attn.weight_penalties[PAR] = partial(attention_par, rank=c.rank, tau_factor=c.tau_factor,
-                                                     method=c.method)
+                attn.weight_penalties[PAR] = partial(
+                    attention_par, rank=c.rank, tau_factor=c.tau_factor, method=c.method
+                )
             elif was and not flag:
                 attn.weight_penalties.pop(PAR, None)
         self._flags = flags

@@ -1,4 +1,4 @@
-"""Named run configs, as functions returning a :class:`trainer.config.RunConfig`.
+"""Named run configs, as functions returning a :class:`qkwatch.trainer.config.RunConfig`.
 
 =====================  ==================================================================================
 recipe                 what it is for
@@ -28,15 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from trainer.checkpoint import CheckpointConfig
-from trainer.config import RunConfig, TrainConfig
-from trainer.data import DataConfig
-from trainer.init import InitConfig
-from trainer.interventions import InterventionConfig
-from trainer.model import ModelConfig
-from trainer.optim import OptimConfig
-from trainer.parallelize import ParallelConfig
-from trainer.raa import RAAConfig, ScheduleConfig
+from qkwatch.trainer.checkpoint import CheckpointConfig
+from qkwatch.trainer.config import RunConfig, TrainConfig
+from qkwatch.trainer.data import DataConfig
+from qkwatch.trainer.init import InitConfig
+from qkwatch.trainer.interventions import InterventionConfig
+from qkwatch.trainer.model import ModelConfig
+from qkwatch.trainer.optim import OptimConfig
+from qkwatch.trainer.parallelize import ParallelConfig
+from qkwatch.trainer.raa import RAAConfig, ScheduleConfig
 
 
 def debug_cpu() -> RunConfig:
@@ -60,8 +60,7 @@ def small_cpu() -> RunConfig:
         init=InitConfig(qk_regime="qk_identical", qk_layers=[2, 3]),
         data=DataConfig(task_mix=0.2),
         optim=OptimConfig(lr=1e-3, warmup_steps=20),
-        train=TrainConfig(steps=1000, global_batch_size=8, log_every=10, report_every=10, val_every=200,
-                          qkai_every=50),
+        train=TrainConfig(steps=1000, global_batch_size=8, log_every=10, report_every=10, val_every=200, qkai_every=50),
         parallel=ParallelConfig(device="cpu", cpu_threads=1),
         checkpoint=CheckpointConfig(every=200),
     )
@@ -88,9 +87,17 @@ def collapse_cpu() -> RunConfig:
         recipe="collapse_cpu",
         model=ModelConfig(n_layers=8, n_heads=4, d_model=128, max_seq_len=128),
         raa=RAAConfig(enabled=False, schedule=ScheduleConfig(lambda_0=5e-3)),
-        intervention=InterventionConfig(kind="qk_collapse", layers=[3, 4, 5], collapse_start=150, collapse_ramp=500,
-                                        collapse_target=0.9, collapse_align=1e-3, collapse_every=5,
-                                        collapse_shrink=0.25, collapse_tail=0.5),
+        intervention=InterventionConfig(
+            kind="qk_collapse",
+            layers=[3, 4, 5],
+            collapse_start=150,
+            collapse_ramp=500,
+            collapse_target=0.9,
+            collapse_align=1e-3,
+            collapse_every=5,
+            collapse_shrink=0.25,
+            collapse_tail=0.5,
+        ),
         data=DataConfig(task_mix=0.2),
         optim=OptimConfig(lr=1e-3, warmup_steps=20),
         train=TrainConfig(steps=800, global_batch_size=8, log_every=25, report_every=25, val_every=200),
@@ -100,8 +107,17 @@ def collapse_cpu() -> RunConfig:
 
 
 def _seed001_model(n_layers: int) -> ModelConfig:
-    return ModelConfig(n_layers=n_layers, n_heads=4, d_model=256, d_head=64, d_mlp=1024, max_seq_len=128,
-                       bias=True, position="learned", tie_embeddings=True)
+    return ModelConfig(
+        n_layers=n_layers,
+        n_heads=4,
+        d_model=256,
+        d_head=64,
+        d_mlp=1024,
+        max_seq_len=128,
+        bias=True,
+        position="learned",
+        tie_embeddings=True,
+    )
 
 
 def _seed001_optim() -> OptimConfig:
@@ -115,8 +131,9 @@ def seed001_grid() -> RunConfig:
         model=_seed001_model(4),
         init=InitConfig(qk_regime="independent_xavier"),
         optim=_seed001_optim(),
-        train=TrainConfig(epochs=45, global_batch_size=64, log_every=50, report_every=50, val_every=500,
-                          qkai_every=500),
+        train=TrainConfig(
+            epochs=45, global_batch_size=64, log_every=50, report_every=50, val_every=500, qkai_every=500
+        ),
         checkpoint=CheckpointConfig(every=1000),
     )
 
@@ -128,21 +145,24 @@ def seed001_interventions() -> RunConfig:
         model=_seed001_model(8),
         init=InitConfig(qk_regime="independent_xavier"),
         optim=_seed001_optim(),
-        train=TrainConfig(epochs=15, global_batch_size=64, log_every=50, report_every=50, val_every=500,
-                          qkai_every=500),
+        train=TrainConfig(
+            epochs=15, global_batch_size=64, log_every=50, report_every=50, val_every=500, qkai_every=500
+        ),
         checkpoint=CheckpointConfig(every=1000),
     )
 
 
 def _seed000(n_layers: int, n_heads: int, d_model: int) -> RunConfig:
     return RunConfig(
-        model=ModelConfig(n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=128, max_seq_len=4096,
-                          tie_embeddings=False),
+        model=ModelConfig(
+            n_layers=n_layers, n_heads=n_heads, d_model=d_model, d_head=128, max_seq_len=4096, tie_embeddings=False
+        ),
         raa=RAAConfig(enabled=True),
         optim=OptimConfig(lr=3e-4, schedule="cosine", warmup_steps=2000, weight_decay=0.1, grad_clip=1.0),
         # 512 sequences of 4096 tokens: ~2.1M tokens per optimizer step (seed 000's global batch)
-        train=TrainConfig(steps=30_000, global_batch_size=512, micro_batch_size=4, log_every=10, report_every=50,
-                          val_every=1000),
+        train=TrainConfig(
+            steps=30_000, global_batch_size=512, micro_batch_size=4, log_every=10, report_every=50, val_every=1000
+        ),
         parallel=ParallelConfig(device="cuda", activation_checkpointing=True, compile=True),
         checkpoint=CheckpointConfig(every=1000, keep=3),
     )
@@ -161,8 +181,7 @@ def gpt_6_7b() -> RunConfig:
 
 
 RECIPES: dict[str, Callable[[], RunConfig]] = {
-    f.__name__: f for f in (debug_cpu, small_cpu, collapse_cpu, seed001_grid, seed001_interventions, gpt_1_3b,
-                            gpt_6_7b)
+    f.__name__: f for f in (debug_cpu, small_cpu, collapse_cpu, seed001_grid, seed001_interventions, gpt_1_3b, gpt_6_7b)
 }
 
 

@@ -29,18 +29,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from agent.agent import exception_reason
-from agent.metrics import qkai, split_heads
-from trainer.checkpoint import Checkpointer, export_model
-from trainer.config import RunConfig
-from trainer.data import TrainData
-from trainer.init import build_model, full_tensor
-from trainer.interventions import Interventions
-from trainer.metrics_log import MetricsLog
-from trainer.monitoring import Monitor, open_monitor
-from trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
-from trainer.parallelize import Env, close_distributed, init_distributed, parallelize
-from trainer.raa import RAAController
+from qkwatch.agent.agent import exception_reason
+from qkwatch.agent.metrics import qkai, split_heads
+from qkwatch.trainer.checkpoint import Checkpointer, export_model
+from qkwatch.trainer.config import RunConfig
+from qkwatch.trainer.data import TrainData
+from qkwatch.trainer.init import build_model, full_tensor
+from qkwatch.trainer.interventions import Interventions
+from qkwatch.trainer.metrics_log import MetricsLog
+from qkwatch.trainer.monitoring import Monitor, open_monitor
+from qkwatch.trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
+from qkwatch.trainer.parallelize import Env, close_distributed, init_distributed, parallelize
+from qkwatch.trainer.raa import RAAController
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +113,14 @@ class Run:
 # --- the loop ------------------------------------------------------------------------------------
 
 
-def run(cfg: RunConfig, out_dir: str | Path, *, resume: bool = False, monitor: Monitor | None = None,
-        stop_after: int | None = None) -> TrainResult:
+def run(
+    cfg: RunConfig,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    monitor: Monitor | None = None,
+    stop_after: int | None = None,
+) -> TrainResult:
     """Train ``cfg`` into ``out_dir``.
 
     Args:
@@ -181,8 +187,9 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
     if latest is not None and not resume:
         raise ValueError(f"{out_dir} holds checkpoints of an earlier run: pass --resume, or another --out")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model_config(), cfg.init, cfg.seed, env.device,
-                        parallelize=lambda m: parallelize(m, cfg.parallel, env))
+    model = build_model(
+        cfg.model_config(), cfg.init, cfg.seed, env.device, parallelize=lambda m: parallelize(m, cfg.parallel, env)
+    )
     optimizer = build_optimizer(model, cfg.optim)
     data = TrainData(cfg.data, cfg.seq_len, cfg.train.global_batch_size, cfg.seed)
     interventions = Interventions(cfg.intervention, model, data.steps_per_epoch, cfg.seed)
@@ -192,18 +199,49 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
     run_name = resolve_run_name(cfg, out_dir, env, resumed=latest is not None)
     metrics = MetricsLog(out_dir / "metrics.jsonl")
     write_run_files(cfg, out_dir, env, run_name, start, metrics)
-    monitor = monitor or open_monitor(model, config=cfg.to_dict(), run=run_name, project=cfg.project,
-                                      every=cfg.train.report_every,
-                                      offline_spool=out_dir / "spool" if cfg.raa.uses_schedule else None)
+    monitor = monitor or open_monitor(
+        model,
+        config=cfg.to_dict(),
+        run=run_name,
+        project=cfg.project,
+        every=cfg.train.report_every,
+        offline_spool=out_dir / "spool" if cfg.raa.uses_schedule else None,
+    )
     if latest is not None:
         monitor.load_state_dict(checkpointer.local_states(latest))
     raa = RAAController(cfg.raa, [block.attn for block in model.blocks])
-    logger.info("%s: %s params, %d layers, variant %s, RAA %s, %d steps of %d x %d tokens on %d rank(s), out %s",
-                cfg.recipe, f"{sum(p.numel() for p in model.parameters()):,}", cfg.model.n_layers, cfg.model.variant,
-                "on" if cfg.raa.enabled else "off", total, cfg.train.global_batch_size, cfg.seq_len, env.world_size,
-                out_dir)
-    return Run(cfg, env, out_dir, run_name, model, optimizer, data, raa, interventions, checkpointer, monitor,
-               metrics, total, micro, accum, start_step=start, tick_step=start)
+    logger.info(
+        "%s: %s params, %d layers, variant %s, RAA %s, %d steps of %d x %d tokens on %d rank(s), out %s",
+        cfg.recipe,
+        f"{sum(p.numel() for p in model.parameters()):,}",
+        cfg.model.n_layers,
+        cfg.model.variant,
+        "on" if cfg.raa.enabled else "off",
+        total,
+        cfg.train.global_batch_size,
+        cfg.seq_len,
+        env.world_size,
+        out_dir,
+    )
+    return Run(
+        cfg,
+        env,
+        out_dir,
+        run_name,
+        model,
+        optimizer,
+        data,
+        raa,
+        interventions,
+        checkpointer,
+        monitor,
+        metrics,
+        total,
+        micro,
+        accum,
+        start_step=start,
+        tick_step=start,
+    )
 
 
 def apply_lambdas(r: Run, step: int) -> list[float]:
@@ -283,8 +321,14 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
     if (step + 1) % r.cfg.train.log_every and not last and step != r.start_step:
         return
     signal_seen = torch.tensor(float(r.preemption.requested), device=stats.loss.device)
-    values = torch.stack([stats.loss.float(), stats.par.float(), stats.grad_norm.float().to(stats.loss.device),
-                          signal_seen * r.env.world_size])
+    values = torch.stack(
+        [
+            stats.loss.float(),
+            stats.par.float(),
+            stats.grad_norm.float().to(stats.loss.device),
+            signal_seen * r.env.world_size,
+        ]
+    )
     if r.env.distributed:  # every rank reaches this at the same steps
         dist.all_reduce(values)
         values /= r.env.world_size
@@ -297,11 +341,30 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
     r.tick, r.tick_step = now, step + 1
     if not r.env.is_main:
         return
-    logger.info("step %d/%d  loss %.4f  par %.3g  grad_norm %.3f  lr %.2e  flagged %d/%d  %.0f tok/s",
-                step, r.total_steps, loss, par, grad_norm, stats.lr, flagged, len(lambdas), tokens_per_s)
-    record = {"step": step, "loss": loss, "par": par, "grad_norm": grad_norm, "lr": stats.lr,
-              "lambda": list(lambdas), "flagged": flagged, "lambda_source": r.lambda_source,
-              "tokens_per_s": tokens_per_s, "time": time.time()}
+    logger.info(
+        "step %d/%d  loss %.4f  par %.3g  grad_norm %.3f  lr %.2e  flagged %d/%d  %.0f tok/s",
+        step,
+        r.total_steps,
+        loss,
+        par,
+        grad_norm,
+        stats.lr,
+        flagged,
+        len(lambdas),
+        tokens_per_s,
+    )
+    record = {
+        "step": step,
+        "loss": loss,
+        "par": par,
+        "grad_norm": grad_norm,
+        "lr": stats.lr,
+        "lambda": list(lambdas),
+        "flagged": flagged,
+        "lambda_source": r.lambda_source,
+        "tokens_per_s": tokens_per_s,
+        "time": time.time(),
+    }
     if r.env.device.type == "cuda":
         record["max_memory_gib"] = torch.cuda.max_memory_allocated(r.env.device) / 2**30
     r.metrics.append(record)
@@ -336,8 +399,9 @@ def maybe_validate(r: Run, steps_done: int) -> None:
         r.last_val = validation_loss(r)
         r.monitor.log(steps_done - 1, val_loss=r.last_val)
         if r.env.is_main:
-            logger.info("step %d  val_loss %.4f  (%.3f bits/byte)", steps_done - 1, r.last_val,
-                        r.last_val / math.log(2))
+            logger.info(
+                "step %d  val_loss %.4f  (%.3f bits/byte)", steps_done - 1, r.last_val, r.last_val / math.log(2)
+            )
             r.metrics.append({"step": steps_done - 1, "val_loss": r.last_val})
 
 
@@ -346,7 +410,7 @@ def validation_loss(r: Run) -> float:
     """Mean next-token loss on fixed validation windows, shared out over the ranks."""
     r.model.eval()
     windows = r.data.val_windows(r.cfg.train.val_batches * r.env.world_size, r.cfg.seq_len)
-    mine = windows[r.env.rank::r.env.world_size].to(r.env.device)
+    mine = windows[r.env.rank :: r.env.world_size].to(r.env.device)
     total = torch.zeros(2, device=r.env.device)
     for row in mine.split(r.micro_batch):
         with r.env.autocast():
@@ -412,8 +476,7 @@ def resolve_run_name(cfg: RunConfig, out_dir: Path, env: Env, resumed: bool) -> 
     return name
 
 
-def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, start: int,
-                    metrics: MetricsLog) -> None:
+def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, start: int, metrics: MetricsLog) -> None:
     """run.json (name, attempts), config.json, and metrics.jsonl cut back to the resumed step."""
     if not env.is_main:
         return
@@ -421,8 +484,9 @@ def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, star
     info = out_dir / "run.json"
     attempts = json.loads(info.read_text()).get("attempts", []) if info.is_file() and start > 0 else []
     attempts.append({"start_step": start, "time": time.time(), "world_size": env.world_size})
-    info.write_text(json.dumps({"run": run_name, "project": cfg.project, "recipe": cfg.recipe,
-                                "attempts": attempts}, indent=2))
+    info.write_text(
+        json.dumps({"run": run_name, "project": cfg.project, "recipe": cfg.recipe, "attempts": attempts}, indent=2)
+    )
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     metrics.truncate(start)
 
@@ -430,6 +494,6 @@ def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, star
 if __name__ == "__main__":  # the entry point of old command lines: `python -m trainer` is the one now
     import sys
 
-    from trainer.cli import main
+    from qkwatch.trainer.cli import main
 
     sys.exit(main())

@@ -5,10 +5,17 @@ in float32 by default (float64 on request), and runs on whatever device its inpu
 The definitions are docs/metrics.md's metric tables.
 """
 
-from agent.metrics.attention import SPECTRUM_NAMES, STAT_NAMES, attention_spectrum, attention_stats, qk_erank
-from agent.metrics.heads import effective_key_map, group_heads, householder, split_heads, split_qkv
-from agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
-from agent.metrics.subspace import ACCURACY, RANDOMIZED_TOLERANCE, geometry, principal_overlap, qkai, stable_rank
+from qkwatch.agent.metrics.attention import SPECTRUM_NAMES, STAT_NAMES, attention_spectrum, attention_stats, qk_erank
+from qkwatch.agent.metrics.heads import effective_key_map, group_heads, householder, split_heads, split_qkv
+from qkwatch.agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
+from qkwatch.agent.metrics.subspace import (
+    ACCURACY,
+    RANDOMIZED_TOLERANCE,
+    geometry,
+    principal_overlap,
+    qkai,
+    stable_rank,
+)
 
 __all__ = [
     "ACCURACY",

@@ -13,8 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-from agent.metrics.heads import group_heads
-from agent.metrics.spectra import effective_rank
+from qkwatch.agent.metrics.heads import group_heads
+from qkwatch.agent.metrics.spectra import effective_rank
 
 STAT_NAMES = (
     "attn_entropy",
@@ -96,8 +96,9 @@ def qk_erank(q: Tensor, k: Tensor, *, dtype: torch.dtype | None = None) -> Tenso
         ``(...)`` in ``[1, min(T_q, T_k, d_head)]``.
     """
     if q.ndim < 2 or k.ndim < 2 or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"qk_erank needs q (..., T_q, d_head) and k (..., T_k, d_head); got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}")
+        raise ValueError(
+            f"qk_erank needs q (..., T_q, d_head) and k (..., T_k, d_head); got q {tuple(q.shape)}, k {tuple(k.shape)}"
+        )
     dt = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     qg, kg, shape = group_heads(q.to(dt), k.to(dt))
     return effective_rank(_singular_values(qg @ kg.mT)).reshape(shape)

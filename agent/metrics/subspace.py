@@ -31,7 +31,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from agent.metrics.heads import group_heads
+from qkwatch.agent.metrics.heads import group_heads
 
 Method = Literal["auto", "exact", "randomized"]
 

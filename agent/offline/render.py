@@ -8,8 +8,8 @@ import json
 import math
 from dataclasses import asdict
 
-from agent.offline.analyze import Analysis, random_baseline
-from monitor.wire import encode_value
+from qkwatch.agent.offline.analyze import Analysis, random_baseline
+from qkwatch.monitor.wire import encode_value
 
 HEADERS = {
     "qkai": "qkai",

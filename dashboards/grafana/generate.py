@@ -47,7 +47,7 @@ from grafana_panels import (  # noqa: E402
     timeseries,
 )
 
-from monitor.dashboards import (  # noqa: E402
+from qkwatch.monitor.dashboards import (  # noqa: E402
     FOLDER_TITLE,
     FOLDER_UID,
     POSTGRES_UID,
@@ -64,15 +64,23 @@ GRAFANA_DASHBOARDS = "/var/lib/grafana/dashboards/qkwatch"
 
 # Discrete colour steps: blues below the threshold, yellow to red above it, so 0.68 and 0.72 never
 # look alike (the live page's scale breaks at the same place).
-QKAI_STEPS = [(None, "#1f3d7a"), (0.35, "#3274d9"), (0.55, "#8ab8ff"), (COLLAPSE, "#fade2a"), (0.80, "#ff9830"),
-              (0.90, "#e02f44")]
+QKAI_STEPS = [
+    (None, "#1f3d7a"),
+    (0.35, "#3274d9"),
+    (0.55, "#8ab8ff"),
+    (COLLAPSE, "#fade2a"),
+    (0.80, "#ff9830"),
+    (0.90, "#e02f44"),
+]
 ENTROPY_STEPS = [(None, "#1f3d7a"), (0.5, "#3274d9"), (0.7, "#8ab8ff"), (H_STAR, "#ff9830"), (0.95, "#e02f44")]
 
 
 # --- shared by both dashboards -----------------------------------------------------------------------
 
-RUNS_BY_ACTIVITY = ("SELECT project || ' / ' || run_name AS __text, run_id AS __value FROM qkwatch_runs_v\n"
-                    "ORDER BY coalesce(last_report_at, created_at) DESC")
+RUNS_BY_ACTIVITY = (
+    "SELECT project || ' / ' || run_name AS __text, run_id AS __value FROM qkwatch_runs_v\n"
+    "ORDER BY coalesce(last_report_at, created_at) DESC"
+)
 
 
 # --- qkwatch / run ------------------------------------------------------------------------------
@@ -83,135 +91,359 @@ RUN_LABELS = 'project="$project", run="$run_name"'
 def run_dashboard() -> dict[str, Any]:
     lay = Layout()
     panels: list[dict] = [lay.row("Run")]
-    panels.append(table(lay, "Run", """SELECT project, run_name, status, status_reason AS reason, attempt, last_step,
+    panels.append(
+        table(
+            lay,
+            "Run",
+            """SELECT project, run_name, status, status_reason AS reason, attempt, last_step,
        created_at * 1000 AS created, last_report_at * 1000 AS last_report, run_id
-FROM qkwatch_runs_v WHERE run_id = '$run'""", w=24, h=4, description="The run as the collector has it: status "
-                        "(running, finished, crashed) and why, the latest attempt (a resume starts a new one), the "
-                        "highest step reported.", overrides=[status_cells(), *time_cells("created", "last_report")]))
-    panels.append(table(lay, "Alerts of the run (collector)", """SELECT rule, severity, state, layers, onset_step,
+FROM qkwatch_runs_v WHERE run_id = '$run'""",
+            w=24,
+            h=4,
+            description="The run as the collector has it: status "
+            "(running, finished, crashed) and why, the latest attempt (a resume starts a new one), the "
+            "highest step reported.",
+            overrides=[status_cells(), *time_cells("created", "last_report")],
+        )
+    )
+    panels.append(
+        table(
+            lay,
+            "Alerts of the run (collector)",
+            """SELECT rule, severity, state, layers, onset_step,
        resolved_step, starts_at * 1000 AS starts, ends_at * 1000 AS ends, summary
-FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""", h=6,
-                        description="The collector's own alerts (persistence counted in reports): qkai_high per "
-                                    "layer, collapse_band for adjacent layers. Their onsets are annotations on "
-                                    "the time series below.",
-                        overrides=[*time_cells("starts", "ends"), {
-                            "matcher": {"id": "byName", "options": "state"},
-                            "properties": [{"id": "custom.cellOptions", "value": {"type": "color-text"}},
-                                           {"id": "mappings", "value": [{"type": "value", "options": {
-                                               "firing": {"color": "red", "index": 0},
-                                               "resolved": {"color": "green", "index": 1}}}]}]}]))
+FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
+            h=6,
+            description="The collector's own alerts (persistence counted in reports): qkai_high per "
+            "layer, collapse_band for adjacent layers. Their onsets are annotations on "
+            "the time series below.",
+            overrides=[
+                *time_cells("starts", "ends"),
+                {
+                    "matcher": {"id": "byName", "options": "state"},
+                    "properties": [
+                        {"id": "custom.cellOptions", "value": {"type": "color-text"}},
+                        {
+                            "id": "mappings",
+                            "value": [
+                                {
+                                    "type": "value",
+                                    "options": {
+                                        "firing": {"color": "red", "index": 0},
+                                        "resolved": {"color": "green", "index": 1},
+                                    },
+                                }
+                            ],
+                        },
+                    ],
+                },
+            ],
+        )
+    )
 
     panels.append(lay.row("Collapse band, by step (PostgreSQL)"))
-    panels.append(band_matrix(
-        lay, "QKAI per layer and step (yellow to red above 0.70)", "$run", "qkai",
-        {"color": {"mode": "thresholds"}, "thresholds": thresholds(QKAI_STEPS)},
-        description=f"Query-key alignment index of each layer (rows) at each step (columns; at most $columns, a "
-                    f"column is a bucket of steps named by its first step and shows the bucket's maximum, so a band "
-                    f"is never averaged away). The colours break at {COLLAPSE:.2f}, the collapse threshold: blues "
-                    f"below, yellow, orange and red above."))
-    panels.append(band_matrix(
-        lay, f"Attention entropy per layer and step (orange above h_star {H_STAR})", "$run", "attn_entropy",
-        {"color": {"mode": "thresholds"}, "thresholds": thresholds(ENTROPY_STEPS)},
-        description=f"Normalised attention entropy (1 = uniform attention). A collapsed band climbs toward 1. "
-                    f"The break at {H_STAR} is the entropy-floor schedule's default h_star: above it RAA flags the "
-                    f"layer."))
-    panels.append(band_matrix(
-        lay, "Stable rank of Wq Wk^T per layer and step (red = low)", "$run", "stable_rank",
-        {"color": {"mode": "continuous-RdYlGr"}, "thresholds": thresholds([(None, "green")])},
-        description="Stable rank of the query-key product (mean over heads); it falls in a collapsing band. "
-                    "Continuous scale from the panel's minimum (red) to its maximum (green).", decimals=1))
-    panels.append(band_matrix(
-        lay, "RAA lambda per layer and step", "$run", "lambda",
-        {"color": {"mode": "continuous-purples"}, "thresholds": thresholds([(None, "green")])},
-        description="The penalty weight the trainer applied to each layer: the collector's entropy-floor "
-                    "schedule, an operator's override, or, while the collector is away, the same schedule "
-                    "computed by the agent (the run's lambda_source series says which). Empty for a run "
-                    "without RAA.", unit="sci",
-        decimals=1))
+    panels.append(
+        band_matrix(
+            lay,
+            "QKAI per layer and step (yellow to red above 0.70)",
+            "$run",
+            "qkai",
+            {"color": {"mode": "thresholds"}, "thresholds": thresholds(QKAI_STEPS)},
+            description=f"Query-key alignment index of each layer (rows) at each step (columns; at most $columns, a "
+            f"column is a bucket of steps named by its first step and shows the bucket's maximum, so a band "
+            f"is never averaged away). The colours break at {COLLAPSE:.2f}, the collapse threshold: blues "
+            f"below, yellow, orange and red above.",
+        )
+    )
+    panels.append(
+        band_matrix(
+            lay,
+            f"Attention entropy per layer and step (orange above h_star {H_STAR})",
+            "$run",
+            "attn_entropy",
+            {"color": {"mode": "thresholds"}, "thresholds": thresholds(ENTROPY_STEPS)},
+            description=f"Normalised attention entropy (1 = uniform attention). A collapsed band climbs toward 1. "
+            f"The break at {H_STAR} is the entropy-floor schedule's default h_star: above it RAA flags the "
+            f"layer.",
+        )
+    )
+    panels.append(
+        band_matrix(
+            lay,
+            "Stable rank of Wq Wk^T per layer and step (red = low)",
+            "$run",
+            "stable_rank",
+            {"color": {"mode": "continuous-RdYlGr"}, "thresholds": thresholds([(None, "green")])},
+            description="Stable rank of the query-key product (mean over heads); it falls in a collapsing band. "
+            "Continuous scale from the panel's minimum (red) to its maximum (green).",
+            decimals=1,
+        )
+    )
+    panels.append(
+        band_matrix(
+            lay,
+            "RAA lambda per layer and step",
+            "$run",
+            "lambda",
+            {"color": {"mode": "continuous-purples"}, "thresholds": thresholds([(None, "green")])},
+            description="The penalty weight the trainer applied to each layer: the collector's entropy-floor "
+            "schedule, an operator's override, or, while the collector is away, the same schedule "
+            "computed by the agent (the run's lambda_source series says which). Empty for a run "
+            "without RAA.",
+            unit="sci",
+            decimals=1,
+        )
+    )
 
     panels.append(lay.row("Per layer, by step (PostgreSQL)"))
-    panels.append(layer_trend(lay, "QKAI", "$run", "qkai", steps=[(None, "transparent"), (COLLAPSE, "red")],
-                              description="Each layer's QKAI over steps (mean per bucket of at most 400); the "
-                                          "dashed line is the collapse threshold 0.70."))
-    panels.append(layer_trend(lay, "Attention entropy", "$run", "attn_entropy",
-                              steps=[(None, "transparent"), (H_STAR, "orange")],
-                              description="Each layer's normalised attention entropy; the dashed line is h_star."))
-    panels.append(layer_trend(lay, "Stable rank of Wq Wk^T", "$run", "stable_rank",
-                              description="Each layer's stable rank of the query-key product."))
-    panels.append(layer_trend(lay, "RAA lambda", "$run", "lambda", unit="sci",
-                              description="Each layer's RAA penalty weight (empty without RAA)."))
+    panels.append(
+        layer_trend(
+            lay,
+            "QKAI",
+            "$run",
+            "qkai",
+            steps=[(None, "transparent"), (COLLAPSE, "red")],
+            description="Each layer's QKAI over steps (mean per bucket of at most 400); the "
+            "dashed line is the collapse threshold 0.70.",
+        )
+    )
+    panels.append(
+        layer_trend(
+            lay,
+            "Attention entropy",
+            "$run",
+            "attn_entropy",
+            steps=[(None, "transparent"), (H_STAR, "orange")],
+            description="Each layer's normalised attention entropy; the dashed line is h_star.",
+        )
+    )
+    panels.append(
+        layer_trend(
+            lay,
+            "Stable rank of Wq Wk^T",
+            "$run",
+            "stable_rank",
+            description="Each layer's stable rank of the query-key product.",
+        )
+    )
+    panels.append(
+        layer_trend(
+            lay,
+            "RAA lambda",
+            "$run",
+            "lambda",
+            unit="sci",
+            description="Each layer's RAA penalty weight (empty without RAA).",
+        )
+    )
 
     panels.append(lay.row("Now (Prometheus, running runs)"))
-    panels.append(stat(lay, "Layers above 0.70", promql(f"qkwatch_collapsed_layers{{{RUN_LABELS}}}", "layers"),
-                       steps=[(None, "green"), (1, "orange"), (3, "red")],
-                       description="Layers whose latest QKAI exceeds the collapse threshold."))
-    panels.append(stat(lay, "Collapse band (adjacent layers)",
-                       promql(f"qkwatch_collapse_band_layers{{{RUN_LABELS}}}", "band"),
-                       steps=[(None, "green"), (2, "orange"), (3, "red")],
-                       description="The widest run of adjacent layers above 0.70; 3 or more is the collapse band "
-                                   "(Prometheus alert QkwatchCollapseBand)."))
-    panels.append(stat(lay, "Last step", promql(f"qkwatch_last_step{{{RUN_LABELS}}}", "step"),
-                       description="Highest step the run reported."))
-    panels.append(stat(lay, "Since the last report", promql(
-        f"time() - qkwatch_last_report_timestamp_seconds{{{RUN_LABELS}}}", "lag"), unit="s", decimals=0,
-        steps=[(None, "green"), (300, "orange"), (900, "red")],
-        description="Seconds since the collector stored a report of the run (at 900 s the collector marks it "
-                    "crashed, reason stale)."))
-    panels.append(stat(lay, "Train loss", promql(f"qkwatch_train_loss{{{RUN_LABELS}}}", "loss"), decimals=3,
-                       description="Training loss, latest report."))
-    panels.append(stat(lay, "Dead letters", promql(f"sum(qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}})", "dead"),
-                       steps=[(None, "green"), (1, "red")],
-                       description="Reports the collector refused for good: the agent keeps them in its "
-                                   "dead-letter.jsonl (summed over the run's ranks)."))
-    panels.append(panel(
-        lay, "bargauge", "QKAI per layer, latest", 24, 6,
-        [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "{{layer}}", instant=True)],
-        description="Each layer's latest QKAI; the colours are the heatmap's, breaking at 0.70.",
-        defaults={"min": 0, "max": 1, "decimals": 2, "color": {"mode": "thresholds"},
-                  "thresholds": thresholds(QKAI_STEPS)},
-        options={"displayMode": "basic", "orientation": "vertical", "showUnfilled": True, "valueMode": "color",
-                 "namePlacement": "auto", "sizing": "auto",
-                 "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}))
-    panels.append(timeseries(lay, "QKAI per layer", [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "layer {{layer}}")],
-                             steps=[(None, "transparent"), (COLLAPSE, "red")], min_value=0,
-                             description="Latest QKAI of each layer over time; above the dashed line (0.70) the "
-                                         "area is red. Alert onsets are annotations."))
-    panels.append(timeseries(lay, "Attention entropy per layer",
-                             [promql(f"qkwatch_attn_entropy{{{RUN_LABELS}}}", "layer {{layer}}")],
-                             steps=[(None, "transparent"), (H_STAR, "orange")],
-                             description="Normalised attention entropy of each layer over time."))
-    panels.append(timeseries(lay, "Stable rank per layer",
-                             [promql(f"qkwatch_stable_rank{{{RUN_LABELS}}}", "layer {{layer}}")],
-                             description="Stable rank of Wq Wk^T of each layer over time."))
-    panels.append(timeseries(lay, "RAA lambda per layer",
-                             [promql(f"qkwatch_lambda{{{RUN_LABELS}}}", "layer {{layer}}")], unit="sci",
-                             description="RAA penalty weight of each layer over time."))
+    panels.append(
+        stat(
+            lay,
+            "Layers above 0.70",
+            promql(f"qkwatch_collapsed_layers{{{RUN_LABELS}}}", "layers"),
+            steps=[(None, "green"), (1, "orange"), (3, "red")],
+            description="Layers whose latest QKAI exceeds the collapse threshold.",
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Collapse band (adjacent layers)",
+            promql(f"qkwatch_collapse_band_layers{{{RUN_LABELS}}}", "band"),
+            steps=[(None, "green"), (2, "orange"), (3, "red")],
+            description="The widest run of adjacent layers above 0.70; 3 or more is the collapse band "
+            "(Prometheus alert QkwatchCollapseBand).",
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Last step",
+            promql(f"qkwatch_last_step{{{RUN_LABELS}}}", "step"),
+            description="Highest step the run reported.",
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Since the last report",
+            promql(f"time() - qkwatch_last_report_timestamp_seconds{{{RUN_LABELS}}}", "lag"),
+            unit="s",
+            decimals=0,
+            steps=[(None, "green"), (300, "orange"), (900, "red")],
+            description="Seconds since the collector stored a report of the run (at 900 s the collector marks it "
+            "crashed, reason stale).",
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Train loss",
+            promql(f"qkwatch_train_loss{{{RUN_LABELS}}}", "loss"),
+            decimals=3,
+            description="Training loss, latest report.",
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Dead letters",
+            promql(f"sum(qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}})", "dead"),
+            steps=[(None, "green"), (1, "red")],
+            description="Reports the collector refused for good: the agent keeps them in its "
+            "dead-letter.jsonl (summed over the run's ranks).",
+        )
+    )
+    panels.append(
+        panel(
+            lay,
+            "bargauge",
+            "QKAI per layer, latest",
+            24,
+            6,
+            [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "{{layer}}", instant=True)],
+            description="Each layer's latest QKAI; the colours are the heatmap's, breaking at 0.70.",
+            defaults={
+                "min": 0,
+                "max": 1,
+                "decimals": 2,
+                "color": {"mode": "thresholds"},
+                "thresholds": thresholds(QKAI_STEPS),
+            },
+            options={
+                "displayMode": "basic",
+                "orientation": "vertical",
+                "showUnfilled": True,
+                "valueMode": "color",
+                "namePlacement": "auto",
+                "sizing": "auto",
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            },
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "QKAI per layer",
+            [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "layer {{layer}}")],
+            steps=[(None, "transparent"), (COLLAPSE, "red")],
+            min_value=0,
+            description="Latest QKAI of each layer over time; above the dashed line (0.70) the "
+            "area is red. Alert onsets are annotations.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Attention entropy per layer",
+            [promql(f"qkwatch_attn_entropy{{{RUN_LABELS}}}", "layer {{layer}}")],
+            steps=[(None, "transparent"), (H_STAR, "orange")],
+            description="Normalised attention entropy of each layer over time.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Stable rank per layer",
+            [promql(f"qkwatch_stable_rank{{{RUN_LABELS}}}", "layer {{layer}}")],
+            description="Stable rank of Wq Wk^T of each layer over time.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "RAA lambda per layer",
+            [promql(f"qkwatch_lambda{{{RUN_LABELS}}}", "layer {{layer}}")],
+            unit="sci",
+            description="RAA penalty weight of each layer over time.",
+        )
+    )
 
     panels.append(lay.row("Agent health (Prometheus)"))
     per_rank = "rank {{rank}}"  # each training process's agent reports its own health
-    panels.append(timeseries(lay, "Queue depth", [promql(f"qkwatch_agent_queue_depth{{{RUN_LABELS}}}", per_rank)],
-                             w=8, min_value=0,
-                             description="Reports the agent spooled that the collector has not acknowledged yet."))
-    panels.append(timeseries(lay, "Report lag", [promql(
-        f"time() - qkwatch_last_report_timestamp_seconds{{{RUN_LABELS}}}", "seconds since the last report")],
-        w=8, unit="s", min_value=0, steps=[(None, "transparent"), (300, "orange"), (900, "red")],
-        description="Seconds since the collector last stored a report of the run."))
-    panels.append(timeseries(lay, "Spool on disk", [promql(f"qkwatch_agent_spool_bytes{{{RUN_LABELS}}}", per_rank)],
-                             w=8, unit="bytes", min_value=0,
-                             description="Bytes of reports the agent spooled to disk and has not delivered yet."))
-    panels.append(timeseries(lay, "Step overhead", [promql(
-        f"qkwatch_agent_step_overhead_seconds{{{RUN_LABELS}}}", "rank {{rank}}")], w=8, unit="s", min_value=0,
-        description="Seconds the agent added to a training step (mean since its previous report)."))
-    panels.append(timeseries(lay, "Deliveries", [
-        promql(f"rate(qkwatch_agent_sent_total{{{RUN_LABELS}}}[$__rate_interval])", "sent, rank {{rank}}", "A"),
-        promql(f"rate(qkwatch_agent_retried_total{{{RUN_LABELS}}}[$__rate_interval])", "retried, rank {{rank}}", "B")],
-        w=8, unit="reqps", min_value=0, description="Reports per second the agent delivered, and retries."))
-    panels.append(timeseries(lay, "Dropped and dead-lettered", [
-        promql(f"qkwatch_agent_dropped_total{{{RUN_LABELS}}}", "dropped (spool caps), rank {{rank}}", "A"),
-        promql(f"qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}}", "dead letters, rank {{rank}}", "B")],
-        w=8, min_value=0, steps=[(None, "transparent"), (1, "red")],
-        description="Reports the agent could not keep (spool caps), and reports the collector refused for good; "
-                    "both should stay 0."))
+    panels.append(
+        timeseries(
+            lay,
+            "Queue depth",
+            [promql(f"qkwatch_agent_queue_depth{{{RUN_LABELS}}}", per_rank)],
+            w=8,
+            min_value=0,
+            description="Reports the agent spooled that the collector has not acknowledged yet.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Report lag",
+            [
+                promql(
+                    f"time() - qkwatch_last_report_timestamp_seconds{{{RUN_LABELS}}}", "seconds since the last report"
+                )
+            ],
+            w=8,
+            unit="s",
+            min_value=0,
+            steps=[(None, "transparent"), (300, "orange"), (900, "red")],
+            description="Seconds since the collector last stored a report of the run.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Spool on disk",
+            [promql(f"qkwatch_agent_spool_bytes{{{RUN_LABELS}}}", per_rank)],
+            w=8,
+            unit="bytes",
+            min_value=0,
+            description="Bytes of reports the agent spooled to disk and has not delivered yet.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Step overhead",
+            [promql(f"qkwatch_agent_step_overhead_seconds{{{RUN_LABELS}}}", "rank {{rank}}")],
+            w=8,
+            unit="s",
+            min_value=0,
+            description="Seconds the agent added to a training step (mean since its previous report).",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Deliveries",
+            [
+                promql(f"rate(qkwatch_agent_sent_total{{{RUN_LABELS}}}[$__rate_interval])", "sent, rank {{rank}}", "A"),
+                promql(
+                    f"rate(qkwatch_agent_retried_total{{{RUN_LABELS}}}[$__rate_interval])",
+                    "retried, rank {{rank}}",
+                    "B",
+                ),
+            ],
+            w=8,
+            unit="reqps",
+            min_value=0,
+            description="Reports per second the agent delivered, and retries.",
+        )
+    )
+    panels.append(
+        timeseries(
+            lay,
+            "Dropped and dead-lettered",
+            [
+                promql(f"qkwatch_agent_dropped_total{{{RUN_LABELS}}}", "dropped (spool caps), rank {{rank}}", "A"),
+                promql(f"qkwatch_agent_dead_lettered_total{{{RUN_LABELS}}}", "dead letters, rank {{rank}}", "B"),
+            ],
+            w=8,
+            min_value=0,
+            steps=[(None, "transparent"), (1, "red")],
+            description="Reports the agent could not keep (spool caps), and reports the collector refused for good; "
+            "both should stay 0.",
+        )
+    )
 
     variables = [
         query_variable("run", "run", RUNS_BY_ACTIVITY),
@@ -220,20 +452,34 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""", h=6,
         custom_variable("columns", "step columns", ["20", "40", "80", "160"], "40"),
     ]
     annotations = [
-        sql_annotation("Alerts (collector)", "red", """SELECT to_timestamp(starts_at) AS time,
+        sql_annotation(
+            "Alerts (collector)",
+            "red",
+            """SELECT to_timestamp(starts_at) AS time,
        to_timestamp(coalesce(ends_at, extract(epoch FROM now()))) AS timeend,
        rule || ' (' || severity || ', ' || state || '), layers ' || layers || ', onset step ' || onset_step
          || ': ' || summary AS text,
        rule || ',' || severity AS tags
-FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at"""),
-        sql_annotation("Run events", "purple", """SELECT to_timestamp(time) AS time,
+FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at""",
+        ),
+        sql_annotation(
+            "Run events",
+            "purple",
+            """SELECT to_timestamp(time) AS time,
        kind || ' at step ' || step || ': ' || message AS text, kind AS tags
-FROM qkwatch_events_v WHERE run_id = '$run' ORDER BY time"""),
+FROM qkwatch_events_v WHERE run_id = '$run' ORDER BY time""",
+        ),
     ]
-    return dashboard("qkwatch-run", "qkwatch / run",
-                     "One run: its collapse band (layer x step heatmaps of QKAI, entropy, stable rank and lambda "
-                     "from the collector's database), the latest values from Prometheus, alerts, and the agent's "
-                     "health.", panels, variables, annotations)
+    return dashboard(
+        "qkwatch-run",
+        "qkwatch / run",
+        "One run: its collapse band (layer x step heatmaps of QKAI, entropy, stable rank and lambda "
+        "from the collector's database), the latest values from Prometheus, alerts, and the agent's "
+        "health.",
+        panels,
+        variables,
+        annotations,
+    )
 
 
 # --- qkwatch / runs ---------------------------------------------------------------------------
@@ -266,92 +512,210 @@ def compare_trend(layout: Layout, title: str, where: str, *, description: str, w
 FROM qkwatch_points_v
 WHERE run_id IN ('$run_a', '$run_b') AND metric = '$metric' AND head = -1 AND {where}
 GROUP BY step ORDER BY step"""
-    defaults = {"custom": {"drawStyle": "line", "lineWidth": 2, "showPoints": "never", "spanNulls": True,
-                           "fillOpacity": 0, "thresholdsStyle": {"mode": "off"}},
-                "color": {"mode": "palette-classic"}, "thresholds": thresholds([(None, "transparent")])}
-    return panel(layout, "trend", title, w, 8, [sql(query)], description=description, defaults=defaults,
-                 overrides=[{"matcher": {"id": "byName", "options": "run_a"},
-                             "properties": [{"id": "displayName", "value": "A: ${run_a:text}"}]},
-                            {"matcher": {"id": "byName", "options": "run_b"},
-                             "properties": [{"id": "displayName", "value": "B: ${run_b:text}"}]}],
-                 options={"xField": "step", "legend": {"showLegend": True, "displayMode": "list",
-                                                       "placement": "bottom"},
-                          "tooltip": {"mode": "multi", "sort": "none"}})
+    defaults = {
+        "custom": {
+            "drawStyle": "line",
+            "lineWidth": 2,
+            "showPoints": "never",
+            "spanNulls": True,
+            "fillOpacity": 0,
+            "thresholdsStyle": {"mode": "off"},
+        },
+        "color": {"mode": "palette-classic"},
+        "thresholds": thresholds([(None, "transparent")]),
+    }
+    return panel(
+        layout,
+        "trend",
+        title,
+        w,
+        8,
+        [sql(query)],
+        description=description,
+        defaults=defaults,
+        overrides=[
+            {
+                "matcher": {"id": "byName", "options": "run_a"},
+                "properties": [{"id": "displayName", "value": "A: ${run_a:text}"}],
+            },
+            {
+                "matcher": {"id": "byName", "options": "run_b"},
+                "properties": [{"id": "displayName", "value": "B: ${run_b:text}"}],
+            },
+        ],
+        options={
+            "xField": "step",
+            "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
+            "tooltip": {"mode": "multi", "sort": "none"},
+        },
+    )
 
 
 def runs_dashboard() -> dict[str, Any]:
     lay = Layout()
     panels: list[dict] = [lay.row("All runs")]
-    panels.append(stat(lay, "Running", sql("SELECT count(*) AS running FROM qkwatch_runs_v WHERE status = 'running'"),
-                       description="Runs reporting now (or not yet marked stale).", w=8, h=3))
-    panels.append(stat(lay, "Runs with a collapse band", sql(f"""SELECT count(DISTINCT run_id) AS runs FROM (
+    panels.append(
+        stat(
+            lay,
+            "Running",
+            sql("SELECT count(*) AS running FROM qkwatch_runs_v WHERE status = 'running'"),
+            description="Runs reporting now (or not yet marked stale).",
+            w=8,
+            h=3,
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Runs with a collapse band",
+            sql(f"""SELECT count(DISTINCT run_id) AS runs FROM (
   SELECT run_id FROM (
     SELECT run_id, layer - row_number() OVER (PARTITION BY run_id ORDER BY layer) AS island
     FROM qkwatch_latest_v WHERE metric = 'qkai' AND layer >= 0 AND value > {COLLAPSE:.2f}
   ) i GROUP BY run_id, island HAVING count(*) >= 3
-) b"""), w=8, h=3, steps=[(None, "green"), (1, "red")],
-        description="Runs whose latest QKAI exceeds 0.70 on 3 or more adjacent layers."))
-    panels.append(stat(lay, "Firing alerts",
-                       sql("SELECT count(*) AS firing FROM qkwatch_alerts_v WHERE state = 'firing'"), w=8, h=3,
-                       steps=[(None, "green"), (1, "red")],
-                       description="The collector's alerts that are firing, over all runs."))
-    panels.append(table(lay, "Runs", RUNS_TABLE, h=10,
-                        description="Every run, latest activity first. worst_layer and worst_qkai: the layer with "
-                                    "the highest latest QKAI; band_width: the most adjacent layers whose latest "
-                                    "QKAI is above 0.70 (3 or more is a collapse band), band_layers which ones. "
-                                    "The run name links to qkwatch / run.",
-                        overrides=[status_cells(), *time_cells("last_report"),
-                                   colour_cells("worst_qkai", QKAI_STEPS),
-                                   colour_cells("band_width", [(None, "green"), (1, "orange"), (3, "red")]),
-                                   {"matcher": {"id": "byName", "options": "run_name"},
-                                    "properties": [{"id": "links", "value": [{
-                                        "title": "qkwatch / run",
-                                        "url": "/d/qkwatch-run/qkwatch-run?var-run=${__data.fields.run_id}"}]}]}]))
-    panels.append(table(lay, "Firing alerts", """SELECT project, run_name, rule, severity, layers, onset_step,
+) b"""),
+            w=8,
+            h=3,
+            steps=[(None, "green"), (1, "red")],
+            description="Runs whose latest QKAI exceeds 0.70 on 3 or more adjacent layers.",
+        )
+    )
+    panels.append(
+        stat(
+            lay,
+            "Firing alerts",
+            sql("SELECT count(*) AS firing FROM qkwatch_alerts_v WHERE state = 'firing'"),
+            w=8,
+            h=3,
+            steps=[(None, "green"), (1, "red")],
+            description="The collector's alerts that are firing, over all runs.",
+        )
+    )
+    panels.append(
+        table(
+            lay,
+            "Runs",
+            RUNS_TABLE,
+            h=10,
+            description="Every run, latest activity first. worst_layer and worst_qkai: the layer with "
+            "the highest latest QKAI; band_width: the most adjacent layers whose latest "
+            "QKAI is above 0.70 (3 or more is a collapse band), band_layers which ones. "
+            "The run name links to qkwatch / run.",
+            overrides=[
+                status_cells(),
+                *time_cells("last_report"),
+                colour_cells("worst_qkai", QKAI_STEPS),
+                colour_cells("band_width", [(None, "green"), (1, "orange"), (3, "red")]),
+                {
+                    "matcher": {"id": "byName", "options": "run_name"},
+                    "properties": [
+                        {
+                            "id": "links",
+                            "value": [
+                                {
+                                    "title": "qkwatch / run",
+                                    "url": "/d/qkwatch-run/qkwatch-run?var-run=${__data.fields.run_id}",
+                                }
+                            ],
+                        }
+                    ],
+                },
+            ],
+        )
+    )
+    panels.append(
+        table(
+            lay,
+            "Firing alerts",
+            """SELECT project, run_name, rule, severity, layers, onset_step,
        starts_at * 1000 AS starts, summary
-FROM qkwatch_alerts_v WHERE state = 'firing' ORDER BY starts_at DESC""", h=6,
-                        description="The collector's firing alerts over all runs.", overrides=time_cells("starts")))
+FROM qkwatch_alerts_v WHERE state = 'firing' ORDER BY starts_at DESC""",
+            h=6,
+            description="The collector's firing alerts over all runs.",
+            overrides=time_cells("starts"),
+        )
+    )
 
     panels.append(lay.row("Compare run A with run B"))
-    panels.append(compare_trend(lay, "$metric, highest layer per step: A vs B", "layer >= 0",
-                                description="Per step, the highest value over the layers (for QKAI: the worst "
-                                            "layer), for the two runs."))
-    panels.append(compare_trend(lay, "$metric at layer $layer: A vs B", "layer = $layer",
-                                description="One layer's value over steps, for the two runs."))
-    panels.append(panel(
-        lay, "barchart", "Latest $metric per layer: A vs B", 24, 7, [sql("""SELECT 'layer ' || l.layer AS layer,
+    panels.append(
+        compare_trend(
+            lay,
+            "$metric, highest layer per step: A vs B",
+            "layer >= 0",
+            description="Per step, the highest value over the layers (for QKAI: the worst layer), for the two runs.",
+        )
+    )
+    panels.append(
+        compare_trend(
+            lay,
+            "$metric at layer $layer: A vs B",
+            "layer = $layer",
+            description="One layer's value over steps, for the two runs.",
+        )
+    )
+    panels.append(
+        panel(
+            lay,
+            "barchart",
+            "Latest $metric per layer: A vs B",
+            24,
+            7,
+            [
+                sql("""SELECT 'layer ' || l.layer AS layer,
        max(l.value) FILTER (WHERE l.run_id = '$run_a') AS run_a,
        max(l.value) FILTER (WHERE l.run_id = '$run_b') AS run_b
 FROM qkwatch_latest_v l
 WHERE l.run_id IN ('$run_a', '$run_b') AND l.metric = '$metric' AND l.layer >= 0
-GROUP BY l.layer ORDER BY l.layer""")],
-        description="Each layer's latest value in the two runs.",
-        defaults={"color": {"mode": "palette-classic"}, "decimals": 2},
-        overrides=[{"matcher": {"id": "byName", "options": "run_a"},
-                    "properties": [{"id": "displayName", "value": "A: ${run_a:text}"}]},
-                   {"matcher": {"id": "byName", "options": "run_b"},
-                    "properties": [{"id": "displayName", "value": "B: ${run_b:text}"}]}],
-        options={"xField": "layer", "orientation": "auto", "groupWidth": 0.7, "barWidth": 0.9, "showValue": "never",
-                 "stacking": "none", "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
-                 "tooltip": {"mode": "multi", "sort": "none"}}))
+GROUP BY l.layer ORDER BY l.layer""")
+            ],
+            description="Each layer's latest value in the two runs.",
+            defaults={"color": {"mode": "palette-classic"}, "decimals": 2},
+            overrides=[
+                {
+                    "matcher": {"id": "byName", "options": "run_a"},
+                    "properties": [{"id": "displayName", "value": "A: ${run_a:text}"}],
+                },
+                {
+                    "matcher": {"id": "byName", "options": "run_b"},
+                    "properties": [{"id": "displayName", "value": "B: ${run_b:text}"}],
+                },
+            ],
+            options={
+                "xField": "layer",
+                "orientation": "auto",
+                "groupWidth": 0.7,
+                "barWidth": 0.9,
+                "showValue": "never",
+                "stacking": "none",
+                "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
+                "tooltip": {"mode": "multi", "sort": "none"},
+            },
+        )
+    )
     qkai = {"color": {"mode": "thresholds"}, "thresholds": thresholds(QKAI_STEPS)}
     description = "QKAI per layer (rows) and step (columns, at most $columns); the colours break at 0.70."
-    panels.append(band_matrix(lay, "A: QKAI per layer and step", "$run_a", "qkai", qkai, description=description,
-                              w=12))
-    panels.append(band_matrix(lay, "B: QKAI per layer and step", "$run_b", "qkai", qkai, description=description,
-                              w=12))
+    panels.append(band_matrix(lay, "A: QKAI per layer and step", "$run_a", "qkai", qkai, description=description, w=12))
+    panels.append(band_matrix(lay, "B: QKAI per layer and step", "$run_b", "qkai", qkai, description=description, w=12))
 
     variables = [
         query_variable("run_a", "run A", RUNS_BY_ACTIVITY),
         query_variable("run_b", "run B", RUNS_BY_ACTIVITY),
         custom_variable("metric", "metric", ["qkai", "attn_entropy", "stable_rank", "lambda"], "qkai"),
-        query_variable("layer", "layer", """SELECT DISTINCT layer FROM qkwatch_latest_v
-WHERE run_id IN ('$run_a', '$run_b') AND metric = '$metric' AND layer >= 0 ORDER BY layer"""),
+        query_variable(
+            "layer",
+            "layer",
+            """SELECT DISTINCT layer FROM qkwatch_latest_v
+WHERE run_id IN ('$run_a', '$run_b') AND metric = '$metric' AND layer >= 0 ORDER BY layer""",
+        ),
         custom_variable("columns", "step columns", ["20", "40", "80"], "20"),
     ]
-    return dashboard("qkwatch-runs", "qkwatch / runs",
-                     "Every run with its status, worst layer and collapse band width; two runs side by side.",
-                     panels, variables)
+    return dashboard(
+        "qkwatch-runs",
+        "qkwatch / runs",
+        "Every run with its status, worst layer and collapse band width; two runs side by side.",
+        panels,
+        variables,
+    )
 
 
 # --- provisioning and output --------------------------------------------------------------------
@@ -365,12 +729,26 @@ def provisioning() -> dict[str, dict[str, Any]]:
     for ds in sources:
         ds["editable"] = False
     sources[1]["isDefault"] = True
-    providers = {"apiVersion": 1, "providers": [{
-        "name": "qkwatch", "orgId": 1, "folder": FOLDER_TITLE, "folderUid": FOLDER_UID, "type": "file",
-        "disableDeletion": False, "allowUiUpdates": False, "updateIntervalSeconds": 30,
-        "options": {"path": GRAFANA_DASHBOARDS, "foldersFromFilesStructure": False}}]}
-    return {"provisioning/datasources/qkwatch.yml": {"apiVersion": 1, "datasources": sources},
-            "provisioning/dashboards/qkwatch.yml": providers}
+    providers = {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "qkwatch",
+                "orgId": 1,
+                "folder": FOLDER_TITLE,
+                "folderUid": FOLDER_UID,
+                "type": "file",
+                "disableDeletion": False,
+                "allowUiUpdates": False,
+                "updateIntervalSeconds": 30,
+                "options": {"path": GRAFANA_DASHBOARDS, "foldersFromFilesStructure": False},
+            }
+        ],
+    }
+    return {
+        "provisioning/datasources/qkwatch.yml": {"apiVersion": 1, "datasources": sources},
+        "provisioning/dashboards/qkwatch.yml": providers,
+    }
 
 
 YAML_HEADER = "# Generated by dashboards/grafana/generate.py; edit that, then run it.\n"

@@ -1,6 +1,6 @@
 """The alert evaluator: a batch's reports through the rules, inside the ingest transaction.
 
-:func:`monitor.alerting.rules.evaluate` decides (pure); this module turns what it decided into
+:func:`qkwatch.monitor.alerting.rules.evaluate` decides (pure); this module turns what it decided into
 alerts and notifications and keeps the rules' state, all through an :class:`AlertLedger`. The
 store implements the ledger over the ingest transaction's connection, so an alert, its
 notification (an outbox row) and the streak that raised it commit with the batch, or not at all.
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from monitor.alerting.rules import LayerState, ReportValues, RuleSet, Transition, evaluate
+from qkwatch.monitor.alerting.rules import LayerState, ReportValues, RuleSet, Transition, evaluate
 
 StateKey = tuple[str, int]
 """(rule name, layer); layer -1 for a band rule."""
@@ -66,15 +66,20 @@ class AlertLedger(Protocol):
         ...
 
 
-def reports_for(rules: RuleSet, attempt: int,
-                layer_values: Iterable[tuple[int, Mapping[str, list[float | None]]]]) -> list[ReportValues]:
+def reports_for(
+    rules: RuleSet, attempt: int, layer_values: Iterable[tuple[int, Mapping[str, list[float | None]]]]
+) -> list[ReportValues]:
     """The reports of a batch that carry a metric some threshold rule looks at (pure)."""
     metrics = {r.metric for r in rules.thresholds}
     return [ReportValues(attempt, step, values) for step, values in layer_values if metrics & values.keys()]
 
 
-def evaluate_batch(rules: RuleSet, ledger: AlertLedger, attempt: int,
-                   layer_values: Iterable[tuple[int, Mapping[str, list[float | None]]]]) -> int:
+def evaluate_batch(
+    rules: RuleSet,
+    ledger: AlertLedger,
+    attempt: int,
+    layer_values: Iterable[tuple[int, Mapping[str, list[float | None]]]],
+) -> int:
     """Run a batch's reports ((step, metric -> value per layer) of ``attempt``) through the rules.
 
     Opens, updates and resolves alerts, queues their notifications and saves the states that
@@ -132,10 +137,22 @@ def _record(ledger: AlertLedger, t: Transition, alert_ids: dict[StateKey, int | 
 
 
 def _layer_state(s: StoredState) -> LayerState:
-    return LayerState(streak=s.streak, since_step=s.since_step, firing=s.alert_id is not None, attempt=s.attempt,
-                      step=s.step, band_layers=s.band_layers)
+    return LayerState(
+        streak=s.streak,
+        since_step=s.since_step,
+        firing=s.alert_id is not None,
+        attempt=s.attempt,
+        step=s.step,
+        band_layers=s.band_layers,
+    )
 
 
 def _stored_state(s: LayerState, alert_id: int | None) -> StoredState:
-    return StoredState(streak=s.streak, since_step=s.since_step, attempt=s.attempt, step=s.step,
-                       band_layers=s.band_layers, alert_id=alert_id)
+    return StoredState(
+        streak=s.streak,
+        since_step=s.since_step,
+        attempt=s.attempt,
+        step=s.step,
+        band_layers=s.band_layers,
+        alert_id=alert_id,
+    )

@@ -6,7 +6,7 @@ so several replicas do not send it twice. A failed delivery is retried with expo
 up to ``webhook_max_attempts`` times, then given up and logged.
 
 The notifier needs two things of the store, the :class:`Outbox` protocol; it does not import the
-store (which imports :mod:`monitor.alerting` to evaluate the rules on ingest).
+store (which imports :mod:`qkwatch.monitor.alerting` to evaluate the rules on ingest).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Protocol
 
 import httpx
 
-from monitor.store.models import AlertRow, PendingNotification
+from qkwatch.monitor.store.models import AlertRow, PendingNotification
 
 logger = logging.getLogger(__name__)
 
@@ -28,14 +28,15 @@ ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
 class Outbox(Protocol):
-    """The notification outbox, as the notifier uses it (:class:`monitor.store.store.Store` is one)."""
+    """The notification outbox, as the notifier uses it (:class:`qkwatch.monitor.store.store.Store` is one)."""
 
     def claim_notifications(self, now: float) -> Sequence[PendingNotification]:
         """Claim the notifications due at ``now`` for delivery (a lease: no other replica sends them meanwhile)."""
         ...
 
-    def finish_notification(self, nid: int, *, delivered: bool, error: str | None, next_try_at: float | None,
-                            give_up: bool, now: float) -> None:
+    def finish_notification(
+        self, nid: int, *, delivered: bool, error: str | None, next_try_at: float | None, give_up: bool, now: float
+    ) -> None:
         """Record one delivery attempt of notification ``nid`` and release its claim."""
         ...
 
@@ -47,8 +48,14 @@ def _rfc3339(ts: float | None) -> str:
 
 
 def alert_labels(alert: AlertRow) -> dict[str, str]:
-    return {"alertname": alert.rule, "severity": alert.severity, "project": alert.project, "run": alert.run_name,
-            "run_id": alert.run_id, "metric": alert.metric}
+    return {
+        "alertname": alert.rule,
+        "severity": alert.severity,
+        "project": alert.project,
+        "run": alert.run_name,
+        "run_id": alert.run_id,
+        "metric": alert.metric,
+    }
 
 
 def alertmanager_payload(n: PendingNotification, external_url: str, receiver: str = "qkwatch") -> dict:
@@ -59,9 +66,12 @@ def alertmanager_payload(n: PendingNotification, external_url: str, receiver: st
     item = {
         "status": status,
         "labels": labels,
-        "annotations": {"summary": a.summary, "layers": ",".join(map(str, a.layers)),
-                        "onset_step": str(a.onset_step),
-                        "resolved_step": "" if a.resolved_step is None else str(a.resolved_step)},
+        "annotations": {
+            "summary": a.summary,
+            "layers": ",".join(map(str, a.layers)),
+            "onset_step": str(a.onset_step),
+            "resolved_step": "" if a.resolved_step is None else str(a.resolved_step),
+        },
         "startsAt": _rfc3339(a.starts_at),
         "endsAt": _rfc3339(a.ends_at if status == "resolved" else None),
         "generatorURL": f"{external_url.rstrip('/')}/?run={a.run_id}",
@@ -69,7 +79,7 @@ def alertmanager_payload(n: PendingNotification, external_url: str, receiver: st
     }
     return {
         "version": "4",
-        "groupKey": f"{{}}:{{alertname=\"{a.rule}\", run=\"{a.run_name}\"}}",
+        "groupKey": f'{{}}:{{alertname="{a.rule}", run="{a.run_name}"}}',
         "truncatedAlerts": 0,
         "status": status,
         "receiver": receiver,
@@ -84,8 +94,17 @@ def alertmanager_payload(n: PendingNotification, external_url: str, receiver: st
 class Notifier:
     """Sends due notifications; ``deliver_pending`` is called by the maintenance thread (or a test)."""
 
-    def __init__(self, store: Outbox, urls: Sequence[str], *, max_attempts: int = 8, timeout_s: float = 5.0,
-                 external_url: str = "", backoff_s: float = 2.0, max_backoff_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        store: Outbox,
+        urls: Sequence[str],
+        *,
+        max_attempts: int = 8,
+        timeout_s: float = 5.0,
+        external_url: str = "",
+        backoff_s: float = 2.0,
+        max_backoff_s: float = 300.0,
+    ) -> None:
         self.store = store
         self.urls = list(urls)
         self.max_attempts = max_attempts
@@ -110,12 +129,14 @@ class Notifier:
             attempts = n.attempts + 1
             give_up = error is not None and attempts >= self.max_attempts
             retry_at = now + min(self.max_backoff_s, self.backoff_s * 2 ** (attempts - 1))
-            self.store.finish_notification(n.id, delivered=error is None, error=error, next_try_at=retry_at,
-                                           give_up=give_up, now=time.time())
+            self.store.finish_notification(
+                n.id, delivered=error is None, error=error, next_try_at=retry_at, give_up=give_up, now=time.time()
+            )
             delivered += error is None
             if give_up:
-                logger.error("gave up notifying %s alert %d after %d attempts: %s", n.status, n.alert.id, attempts,
-                             error)
+                logger.error(
+                    "gave up notifying %s alert %d after %d attempts: %s", n.status, n.alert.id, attempts, error
+                )
         return delivered
 
     def _send(self, n: PendingNotification) -> str | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from monitor.wire import METRIC_NAME_PATTERN
+from qkwatch.monitor.wire import METRIC_NAME_PATTERN
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 SEVERITY_MAX = 32
@@ -44,8 +44,10 @@ SEVERITY_MAX = 32
 def _check_name(rule: str, key: str, value: object) -> None:
     """Rule and metric names: what a report's metric name may be (letters, digits, ``_.:/-``)."""
     if not isinstance(value, str) or not re.fullmatch(METRIC_NAME_PATTERN, value):
-        raise ValueError(f"rule {rule!r}: {key} must be a name of letters, digits and _.:/- "
-                         f"(starting with a letter or _), got {value!r}")
+        raise ValueError(
+            f"rule {rule!r}: {key} must be a name of letters, digits and _.:/- "
+            f"(starting with a letter or _), got {value!r}"
+        )
 
 
 def _check_int(rule: str, key: str, value: object) -> None:
@@ -74,8 +76,11 @@ class ThresholdRule:
         _check_name(self.name, "metric", self.metric)
         if not isinstance(self.op, str) or self.op not in _OPS:
             raise ValueError(f"rule {self.name!r}: op must be one of {', '.join(_OPS)}, got {self.op!r}")
-        if (isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float))
-                or not math.isfinite(self.threshold)):
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, (int, float))
+            or not math.isfinite(self.threshold)
+        ):
             raise ValueError(f"rule {self.name!r}: threshold must be a finite number, got {self.threshold!r}")
         _check_int(self.name, "for_reports", self.for_reports)
         _check_severity(self.name, self.severity)
@@ -148,12 +153,14 @@ class RuleSet:
                 raise ValueError(f"rules[{i}] must be a mapping with a 'name'")
             try:
                 (bands if "band_of" in item else thresholds).append(
-                    (BandRule if "band_of" in item else ThresholdRule)(**item))
+                    (BandRule if "band_of" in item else ThresholdRule)(**item)
+                )
             except TypeError as exc:
                 raise ValueError(f"rules[{i}] ({item.get('name')!r}): {exc}") from None
         webhooks = data.get("webhooks") or []
-        if not isinstance(webhooks, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
-                                                     for u in webhooks):
+        if not isinstance(webhooks, list) or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in webhooks
+        ):
             raise ValueError("webhooks must be a list of http(s) URLs")
         return cls(tuple(thresholds), tuple(bands), tuple(webhooks))
 
@@ -215,8 +222,9 @@ class Transition:
     state_key: tuple[str, int] = field(default=("", 0))
 
 
-def evaluate(rules: RuleSet, state: dict[tuple[str, int], LayerState],
-             reports: Iterable[ReportValues]) -> list[Transition]:
+def evaluate(
+    rules: RuleSet, state: dict[tuple[str, int], LayerState], reports: Iterable[ReportValues]
+) -> list[Transition]:
     """Advance ``state`` (mutated in place) over ``reports`` and return the transitions.
 
     Reports are taken in (attempt, step) order; one already evaluated for a layer is skipped,
@@ -244,20 +252,41 @@ def _threshold(rule: ThresholdRule, state: dict[tuple[str, int], LayerState], re
             st.streak, st.since_step = st.streak + 1, st.since_step if st.streak else report.step
             if st.streak >= rule.for_reports and not st.firing:
                 st.firing = True
-                out.append(Transition("firing", rule.name, rule.severity, rule.metric, (layer,), st.since_step,
-                                      report.step, f"layer {layer}: {rule.describe()} ({value:.4g} at onset)",
-                                      (rule.name, layer)))
+                out.append(
+                    Transition(
+                        "firing",
+                        rule.name,
+                        rule.severity,
+                        rule.metric,
+                        (layer,),
+                        st.since_step,
+                        report.step,
+                        f"layer {layer}: {rule.describe()} ({value:.4g} at onset)",
+                        (rule.name, layer),
+                    )
+                )
         else:
             if st.firing:
-                out.append(Transition("resolved", rule.name, rule.severity, rule.metric, (layer,),
-                                      st.since_step or report.step, report.step,
-                                      f"layer {layer}: {rule.metric} back to {value:.4g}", (rule.name, layer)))
+                out.append(
+                    Transition(
+                        "resolved",
+                        rule.name,
+                        rule.severity,
+                        rule.metric,
+                        (layer,),
+                        st.since_step or report.step,
+                        report.step,
+                        f"layer {layer}: {rule.metric} back to {value:.4g}",
+                        (rule.name, layer),
+                    )
+                )
             st.streak, st.since_step, st.firing = 0, None, False
     return out
 
 
-def _band(band: BandRule, rules: RuleSet, state: dict[tuple[str, int], LayerState],
-          report: ReportValues) -> list[Transition]:
+def _band(
+    band: BandRule, rules: RuleSet, state: dict[tuple[str, int], LayerState], report: ReportValues
+) -> list[Transition]:
     base = next(r for r in rules.thresholds if r.name == band.band_of)
     if base.metric not in report.layers:
         return []
@@ -270,17 +299,50 @@ def _band(band: BandRule, rules: RuleSet, state: dict[tuple[str, int], LayerStat
     summary = f"collapse band: {len(layers)} adjacent layers {_span(layers)} fire {base.name}"
     if layers and not st.firing:
         st.firing, st.since_step, st.band_layers = True, report.step, layers
-        return [Transition("firing", band.name, band.severity, base.metric, layers, report.step, report.step,
-                           summary, (band.name, -1))]
+        return [
+            Transition(
+                "firing",
+                band.name,
+                band.severity,
+                base.metric,
+                layers,
+                report.step,
+                report.step,
+                summary,
+                (band.name, -1),
+            )
+        ]
     if st.firing and not layers:
         old = st.band_layers
         st.firing, st.band_layers = False, ()
-        return [Transition("resolved", band.name, band.severity, base.metric, old, st.since_step or report.step,
-                           report.step, f"collapse band over layers {_span(old)} resolved", (band.name, -1))]
+        return [
+            Transition(
+                "resolved",
+                band.name,
+                band.severity,
+                base.metric,
+                old,
+                st.since_step or report.step,
+                report.step,
+                f"collapse band over layers {_span(old)} resolved",
+                (band.name, -1),
+            )
+        ]
     if st.firing and layers != st.band_layers:
         st.band_layers = layers
-        return [Transition("update", band.name, band.severity, base.metric, layers, st.since_step or report.step,
-                           report.step, summary, (band.name, -1))]
+        return [
+            Transition(
+                "update",
+                band.name,
+                band.severity,
+                base.metric,
+                layers,
+                st.since_step or report.step,
+                report.step,
+                summary,
+                (band.name, -1),
+            )
+        ]
     return []
 
 

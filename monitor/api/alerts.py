@@ -6,17 +6,20 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from monitor.api.deps import Reader, StoreDep, load_run
-from monitor.api.schemas import AlertPublic, AlertsPublic
+from qkwatch.monitor.api.deps import Reader, StoreDep, load_run
+from qkwatch.monitor.api.schemas import AlertPublic, AlertsPublic
 
 router = APIRouter(prefix="/v1", tags=["alerts"])
 
 
 @router.get("/alerts", response_model=AlertsPublic)
-def list_alerts(store: StoreDep, principal: Reader,
-                run: Annotated[str | None, Query(description="Only this run: its id or project/name")] = None,
-                state: Literal["firing", "resolved"] | None = None,
-                limit: Annotated[int, Query(ge=1, le=10_000)] = 500) -> AlertsPublic:
+def list_alerts(
+    store: StoreDep,
+    principal: Reader,
+    run: Annotated[str | None, Query(description="Only this run: its id or project/name")] = None,
+    state: Literal["firing", "resolved"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 500,
+) -> AlertsPublic:
     """Alerts visible to the caller, newest first; each has its rule, layers, onset and resolution step."""
     run_id = load_run(store, run, principal).id if run is not None else None
     rows = store.list_alerts(projects=principal.projects(), run_id=run_id, state=state, limit=limit)

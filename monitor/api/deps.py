@@ -18,9 +18,9 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from monitor.settings import Settings
-from monitor.store.models import RunRow, TokenRow
-from monitor.store.store import NotFound, Store, hash_token
+from qkwatch.monitor.settings import Settings
+from qkwatch.monitor.store.models import RunRow, TokenRow
+from qkwatch.monitor.store.store import NotFound, Store, hash_token
 
 SCOPES = ("ingest", "read", "control")
 ALL_PROJECTS = "*"
@@ -107,16 +107,21 @@ async def authenticate(request: Request) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401, "missing bearer token: send 'Authorization: Bearer <token>'", headers={"WWW-Authenticate": "Bearer"}
+        )
     digest = hash_token(token.strip())
-    row, wait = await run_in_threadpool(_token_and_rate, request.app.state.store, request.app.state.rate_limiter,
-                                        digest)
+    row, wait = await run_in_threadpool(
+        _token_and_rate, request.app.state.store, request.app.state.rate_limiter, digest
+    )
     if row is None:
         raise HTTPException(401, "invalid or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if wait > 0:
-        raise HTTPException(429, f"rate limit of {settings.rate_limit_per_s:g} requests/s exceeded for this token",
-                            headers={"Retry-After": str(max(1, math.ceil(wait)))})
+        raise HTTPException(
+            429,
+            f"rate limit of {settings.rate_limit_per_s:g} requests/s exceeded for this token",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
     return Principal(id=row.id, name=row.name, project=row.project, scopes=row.scopes)
 
 

@@ -6,13 +6,13 @@ import dataclasses
 
 from fastapi import APIRouter, HTTPException
 
-from monitor import scheduling
-from monitor.api.deps import Controller, Reader, StoreDep, load_run
-from monitor.api.run_ref import RunRef, StrictRunRefRoute
-from monitor.api.schemas import AuditListPublic, AuditPublic, LambdasPublic
-from monitor.store.models import LambdaState, RunRow
-from monitor.store.store import Invalid, NotFound
-from monitor.wire import OverridesPut, layer_key
+from qkwatch.monitor import scheduling
+from qkwatch.monitor.api.deps import Controller, Reader, StoreDep, load_run
+from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
+from qkwatch.monitor.api.schemas import AuditListPublic, AuditPublic, LambdasPublic
+from qkwatch.monitor.store.models import LambdaState, RunRow
+from qkwatch.monitor.store.store import Invalid, NotFound
+from qkwatch.monitor.wire import OverridesPut, layer_key
 
 router = APIRouter(prefix="/v1/runs", tags=["lambdas"], route_class=StrictRunRefRoute)
 
@@ -28,8 +28,14 @@ def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
     h = [state.h.get(layer) for layer in range(n)]
     overrides = {layer: min(value, cfg.lambda_max) for layer, value in sorted(state.overrides.items())}
     lambdas = scheduling.apply_overrides(scheduling.entropy_floor(h, cfg), overrides)
-    return LambdasPublic(version=state.version, step=state.step, lambdas=lambdas,
-                         overrides={str(k): v for k, v in overrides.items()}, h=h, schedule=dataclasses.asdict(cfg))
+    return LambdasPublic(
+        version=state.version,
+        step=state.step,
+        lambdas=lambdas,
+        overrides={str(k): v for k, v in overrides.items()},
+        h=h,
+        schedule=dataclasses.asdict(cfg),
+    )
 
 
 @router.get("/{run_id}/lambdas", response_model=LambdasPublic)

@@ -22,14 +22,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from monitor.api.deps import Reader, StoreDep, load_run
-from monitor.api.disposition import attachment
-from monitor.api.run_ref import RunRef, RunRefRoute
-from monitor.api.runs import check_attempt
-from monitor.api.schemas import ComparePublic, HeatmapPublic, HistoryPublic, SeriesPublic
-from monitor.store.models import LAYER_VALUE, RUN_SCALAR, RunRow, Series
-from monitor.store.store import Invalid, Store
-from monitor.wire import encode_value
+from qkwatch.monitor.api.deps import Reader, StoreDep, load_run
+from qkwatch.monitor.api.disposition import attachment
+from qkwatch.monitor.api.run_ref import RunRef, RunRefRoute
+from qkwatch.monitor.api.runs import check_attempt
+from qkwatch.monitor.api.schemas import ComparePublic, HeatmapPublic, HistoryPublic, SeriesPublic
+from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR, RunRow, Series
+from qkwatch.monitor.store.store import Invalid, Store
+from qkwatch.monitor.wire import encode_value
 
 router = APIRouter(prefix="/v1", tags=["queries"], route_class=RunRefRoute)
 
@@ -63,8 +63,10 @@ def _f64(values: bytes, measured: bytes | None) -> dict:
         swapped.frombytes(values)
         swapped.byteswap()
         values = swapped.tobytes()
-    return {"values_f64": base64.b64encode(values).decode("ascii"),
-            "measured": base64.b64encode(measured).decode("ascii") if measured is not None else None}
+    return {
+        "values_f64": base64.b64encode(values).decode("ascii"),
+        "measured": base64.b64encode(measured).decode("ascii") if measured is not None else None,
+    }
 
 
 def _series_body(s: Series) -> dict:
@@ -100,8 +102,11 @@ def _metric_layers(store: Store, run: RunRow, metric: str, head: int) -> list[in
         return None
     known = sorted(have)
     listed = ", ".join(known[:30]) + (", ..." if len(known) > 30 else "")
-    raise HTTPException(404, f"run {_label(run)} has no metric {metric!r}"
-                             + (f"; it has {listed}" if known else "; it has reported none yet"))
+    raise HTTPException(
+        404,
+        f"run {_label(run)} has no metric {metric!r}"
+        + (f"; it has {listed}" if known else "; it has reported none yet"),
+    )
 
 
 def _check_head(store: Store, run: RunRow, metric: str, head: int) -> None:
@@ -117,60 +122,118 @@ def check_series(store: Store, run: RunRow, metric: str, layer: int, head: int =
             raise HTTPException(422, f"metric {metric!r} has a value per layer ({_span(layers)}): pass layer=N")
         if layers == [RUN_SCALAR]:
             raise HTTPException(422, f"metric {metric!r} is a run-level scalar: leave out layer (or pass layer=-1)")
-        raise HTTPException(404, f"run {_label(run)} has no layer {layer} of metric {metric!r} "
-                                 f"(it has {_span(layers)})")
+        raise HTTPException(
+            404, f"run {_label(run)} has no layer {layer} of metric {metric!r} (it has {_span(layers)})"
+        )
     _check_head(store, run, metric, head)
 
 
-@router.get("/runs/{run_id}/series", response_model=SeriesPublic,
-            responses={404: {"description": "the run has no such metric, layer, head or attempt"},
-                       422: {"description": "a per-layer metric asked without a layer, or a scalar with one"}})
-def series(run_id: RunRef, metric: Metric, store: StoreDep, principal: Reader,
-           layer: Annotated[int, Query(ge=-1, le=MAX_INDEX,
-                                       description="The layer; -1 (default): a run-level scalar")] = RUN_SCALAR,
-           head: Annotated[int, Query(ge=-1, le=MAX_INDEX, description="-1: the layer value")] = LAYER_VALUE,
-           start: Step = None, end: Step = None, max_points: Annotated[int, Query(ge=1, le=100_000)] = 1000,
-           attempt: Attempt = None) -> JSONResponse:
+@router.get(
+    "/runs/{run_id}/series",
+    response_model=SeriesPublic,
+    responses={
+        404: {"description": "the run has no such metric, layer, head or attempt"},
+        422: {"description": "a per-layer metric asked without a layer, or a scalar with one"},
+    },
+)
+def series(
+    run_id: RunRef,
+    metric: Metric,
+    store: StoreDep,
+    principal: Reader,
+    layer: Annotated[
+        int, Query(ge=-1, le=MAX_INDEX, description="The layer; -1 (default): a run-level scalar")
+    ] = RUN_SCALAR,
+    head: Annotated[int, Query(ge=-1, le=MAX_INDEX, description="-1: the layer value")] = LAYER_VALUE,
+    start: Step = None,
+    end: Step = None,
+    max_points: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    attempt: Attempt = None,
+) -> JSONResponse:
     """One layer's values over steps; buckets (when over ``max_points``) keep min and max."""
     run = load_run(store, run_id, principal)
     check_attempt(run, attempt)
     check_series(store, run, metric, layer, head)
     s = store.series(run, metric, layer, head=head, start=start, end=end, max_points=max_points, attempt=attempt)
-    return JSONResponse({"metric": metric, "layer": layer, "head": head, "attempt": attempt,
-                         "downsampled": s.downsampled, **_series_body(s)})
+    return JSONResponse(
+        {
+            "metric": metric,
+            "layer": layer,
+            "head": head,
+            "attempt": attempt,
+            "downsampled": s.downsampled,
+            **_series_body(s),
+        }
+    )
 
 
-@router.get("/runs/{run_id}/heatmap", response_model=HeatmapPublic,
-            responses={404: {"description": "the run has no such metric, head or attempt"},
-                       422: {"description": "a run-level scalar has no heatmap"}})
-def heatmap(run_id: RunRef, metric: Metric, store: StoreDep, principal: Reader, start: Step = None, end: Step = None,
-            max_steps: Annotated[int, Query(ge=1, le=20_000)] = 500,
-            agg: Literal["max", "min", "mean"] = "max",
-            head: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = LAYER_VALUE, attempt: Attempt = None) -> JSONResponse:
+@router.get(
+    "/runs/{run_id}/heatmap",
+    response_model=HeatmapPublic,
+    responses={
+        404: {"description": "the run has no such metric, head or attempt"},
+        422: {"description": "a run-level scalar has no heatmap"},
+    },
+)
+def heatmap(
+    run_id: RunRef,
+    metric: Metric,
+    store: StoreDep,
+    principal: Reader,
+    start: Step = None,
+    end: Step = None,
+    max_steps: Annotated[int, Query(ge=1, le=20_000)] = 500,
+    agg: Literal["max", "min", "mean"] = "max",
+    head: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = LAYER_VALUE,
+    attempt: Attempt = None,
+) -> JSONResponse:
     """All layers over steps; a bucket of steps takes the max by default, so a band is never averaged away."""
     run = load_run(store, run_id, principal)
     check_attempt(run, attempt)
     layers = _metric_layers(store, run, metric, head)
     if layers == [RUN_SCALAR]:
-        raise HTTPException(422, f"metric {metric!r} is a run-level scalar, not a value per layer: "
-                                 "read it with /series")
+        raise HTTPException(
+            422, f"metric {metric!r} is a run-level scalar, not a value per layer: read it with /series"
+        )
     _check_head(store, run, metric, head)
     h = store.heatmap(run, metric, start=start, end=end, max_steps=max_steps, agg=agg, head=head, attempt=attempt)
-    return JSONResponse({"metric": metric, "agg": agg, "attempt": attempt, "downsampled": h.downsampled,
-                         "steps": h.steps, "layers": h.layers, "values": [_enc(row) for row in h.values]})
+    return JSONResponse(
+        {
+            "metric": metric,
+            "agg": agg,
+            "attempt": attempt,
+            "downsampled": h.downsampled,
+            "steps": h.steps,
+            "layers": h.layers,
+            "values": [_enc(row) for row in h.values],
+        }
+    )
 
 
-@router.get("/runs/{run_id}/history", response_model=HistoryPublic,
-            responses={404: {"description": "the run has no such metric or attempt"},
-                       422: {"description": "more than MAX_HISTORY_VALUES values: ask for a step range"}})
-def history(run_id: RunRef, store: StoreDep, principal: Reader,
-            metrics: Annotated[list[str] | None, Query(
-                max_length=200, description="Metric names (repeat, or comma-separated); default: all of the run's")
-            ] = None,
-            start: Step = None, end: Step = None, attempt: Attempt = None,
-            encoding: Annotated[Literal["json", "f64"], Query(
-                description="json: `values` as JSON rows; f64: `values_f64` and `measured`, base64 (see below)")
-            ] = "json") -> JSONResponse:
+@router.get(
+    "/runs/{run_id}/history",
+    response_model=HistoryPublic,
+    responses={
+        404: {"description": "the run has no such metric or attempt"},
+        422: {"description": "more than MAX_HISTORY_VALUES values: ask for a step range"},
+    },
+)
+def history(
+    run_id: RunRef,
+    store: StoreDep,
+    principal: Reader,
+    metrics: Annotated[
+        list[str] | None,
+        Query(max_length=200, description="Metric names (repeat, or comma-separated); default: all of the run's"),
+    ] = None,
+    start: Step = None,
+    end: Step = None,
+    attempt: Attempt = None,
+    encoding: Annotated[
+        Literal["json", "f64"],
+        Query(description="json: `values` as JSON rows; f64: `values_f64` and `measured`, base64 (see below)"),
+    ] = "json",
+) -> JSONResponse:
     """Every value of the run's metrics in one call, unbucketed, per metric a grid: ``steps``, ``layers``
     (-1: a run-level scalar) and ``values`` (one row per step, one value per layer; null: not measured).
 
@@ -186,28 +249,41 @@ def history(run_id: RunRef, store: StoreDep, principal: Reader,
     names = list(dict.fromkeys(n for item in metrics for n in item.split(",") if n)) if metrics else sorted(have)
     missing = [n for n in names if n not in have]
     if missing:
-        raise HTTPException(404, f"run {_label(run)} has no metric {', '.join(map(repr, missing))}"
-                                 + (f"; it has {', '.join(sorted(have))}" if have else "; it has reported none yet"))
+        raise HTTPException(
+            404,
+            f"run {_label(run)} has no metric {', '.join(map(repr, missing))}"
+            + (f"; it has {', '.join(sorted(have))}" if have else "; it has reported none yet"),
+        )
     window = {"start": start, "end": end, "attempt": attempt, "max_points": MAX_HISTORY_VALUES}
     try:
         if encoding == "f64":
-            body = {name: {"steps": steps, "layers": layers, **_f64(values, measured)}
-                    for name, (steps, layers, values, measured) in store.history_doubles(run, names, **window).items()}
+            body = {
+                name: {"steps": steps, "layers": layers, **_f64(values, measured)}
+                for name, (steps, layers, values, measured) in store.history_doubles(run, names, **window).items()
+            }
         else:
-            body = {name: {"steps": g.steps, "layers": g.layers, "values": [_enc_row(row) for row in g.values]}
-                    for name, g in store.history(run, names, **window).items()}
+            body = {
+                name: {"steps": g.steps, "layers": g.layers, "values": [_enc_row(row) for row in g.values]}
+                for name, g in store.history(run, names, **window).items()
+            }
     except Invalid as exc:
         raise HTTPException(422, str(exc)) from None
-    return JSONResponse({"run": run.id, "project": run.project, "name": run.name, "attempt": attempt,
-                         "metrics": body})
+    return JSONResponse({"run": run.id, "project": run.project, "name": run.name, "attempt": attempt, "metrics": body})
 
 
 @router.get("/compare", response_model=ComparePublic)
-def compare(run: Annotated[list[str], Query(min_length=1, max_length=50,
-                                            description="run ids or project/name (repeat, or comma)")],
-            metric: Metric, store: StoreDep, principal: Reader,
-            layer: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = RUN_SCALAR, start: Step = None, end: Step = None,
-            max_points: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> JSONResponse:
+def compare(
+    run: Annotated[
+        list[str], Query(min_length=1, max_length=50, description="run ids or project/name (repeat, or comma)")
+    ],
+    metric: Metric,
+    store: StoreDep,
+    principal: Reader,
+    layer: Annotated[int, Query(ge=-1, le=MAX_INDEX)] = RUN_SCALAR,
+    start: Step = None,
+    end: Step = None,
+    max_points: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> JSONResponse:
     """The same series of several runs in one call (merged views); each run must have it."""
     refs = [i for item in run for i in item.split(",") if i]
     rows = [load_run(store, ref, principal) for ref in refs]
@@ -223,10 +299,14 @@ def compare(run: Annotated[list[str], Query(min_length=1, max_length=50,
 COLUMNS = ("attempt", "step", "metric", "layer", "head", "value")
 
 
-@router.get("/runs/{run_id}/export", response_class=StreamingResponse,
-            responses={200: {"content": {"text/csv": {}, "application/x-ndjson": {}}}})
-def export(run_id: RunRef, store: StoreDep, principal: Reader, format: Literal["csv", "jsonl"] = "csv",
-           attempt: Attempt = None) -> StreamingResponse:
+@router.get(
+    "/runs/{run_id}/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/csv": {}, "application/x-ndjson": {}}}},
+)
+def export(
+    run_id: RunRef, store: StoreDep, principal: Reader, format: Literal["csv", "jsonl"] = "csv", attempt: Attempt = None
+) -> StreamingResponse:
     """Every point of the run, streamed: CSV with a header, or one JSON object per line.
 
     Columns: attempt, step, metric, layer (-1: run scalar), head (-1: layer value), value

@@ -4,24 +4,29 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
 
-from monitor.api.deps import Ingester, SettingsDep, StoreDep, load_run
-from monitor.api.run_ref import RunRef, StrictRunRefRoute
-from monitor.api.schemas import IngestPublic
-from monitor.wire import ReportBatch
+from qkwatch.monitor.api.deps import Ingester, SettingsDep, StoreDep, load_run
+from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
+from qkwatch.monitor.api.schemas import IngestPublic
+from qkwatch.monitor.wire import ReportBatch
 
 router = APIRouter(prefix="/v1/runs", tags=["ingest"], route_class=StrictRunRefRoute)
 
 
-@router.post("/{run_id}/reports", response_model=IngestPublic,
-             responses={404: {"description": "unknown run"}, 413: {"description": "body or batch too large"}})
-def add_reports(run_id: RunRef, body: ReportBatch, request: Request, store: StoreDep, settings: SettingsDep,
-                principal: Ingester) -> IngestPublic:
+@router.post(
+    "/{run_id}/reports",
+    response_model=IngestPublic,
+    responses={404: {"description": "unknown run"}, 413: {"description": "body or batch too large"}},
+)
+def add_reports(
+    run_id: RunRef, body: ReportBatch, request: Request, store: StoreDep, settings: SettingsDep, principal: Ingester
+) -> IngestPublic:
     """Store a batch of reports whole or not at all, once: a replayed ``batch_id`` or an already
     stored (run, attempt, step, metric, layer, head) is counted in ``duplicates``, not stored again."""
     run_id = load_run(store, run_id, principal).id  # an id, or project/name
     if len(body.reports) > settings.max_reports_per_batch:
-        raise HTTPException(413, f"reports: {len(body.reports)} reports in one batch; the limit is "
-                                 f"{settings.max_reports_per_batch}")
+        raise HTTPException(
+            413, f"reports: {len(body.reports)} reports in one batch; the limit is {settings.max_reports_per_batch}"
+        )
     n = body.point_count()
     if n > settings.max_points_per_batch:
         raise HTTPException(413, f"reports: {n} points in one batch; the limit is {settings.max_points_per_batch}")

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import Match
 from starlette.types import Scope
 
-from monitor.api.strict_json import StrictJSONRoute
+from qkwatch.monitor.api.strict_json import StrictJSONRoute
 
 RunRef = Annotated[str, Path(description="The run: its id, or `project/name` with the slash encoded as `%2F`")]
 

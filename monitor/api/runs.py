@@ -1,7 +1,7 @@
 """Runs: create or resume, list and search, detail, status, delete, events, metrics present.
 
 Wherever a path takes a run it is its id or ``project/name`` with the slash encoded
-(``/v1/runs/demo%2Fvanilla``; see :mod:`monitor.api.run_ref`).
+(``/v1/runs/demo%2Fvanilla``; see :mod:`qkwatch.monitor.api.run_ref`).
 """
 
 from __future__ import annotations
@@ -12,24 +12,27 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 from pydantic import Field
 
-from monitor.api.deps import Controller, Ingester, Reader, StoreDep, load_run
-from monitor.api.run_ref import RunRef, StrictRunRefRoute
-from monitor.api.schemas import EventPublic, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
-from monitor.store.models import RunRow
-from monitor.wire import RunCreate, RunStatus, StatusPatch
+from qkwatch.monitor.api.deps import Controller, Ingester, Reader, StoreDep, load_run
+from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
+from qkwatch.monitor.api.schemas import EventPublic, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
+from qkwatch.monitor.store.models import RunRow
+from qkwatch.monitor.wire import RunCreate, RunStatus, StatusPatch
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=StrictRunRefRoute)
 
 QKAI = "qkai"
-Time = Annotated[Annotated[float, Field(allow_inf_nan=False)] | datetime | None,
-                 Query(description="Epoch seconds, or ISO 8601 (UTC when it has no offset); inclusive")]
+Time = Annotated[
+    Annotated[float, Field(allow_inf_nan=False)] | datetime | None,
+    Query(description="Epoch seconds, or ISO 8601 (UTC when it has no offset); inclusive"),
+]
 
 
 def check_attempt(run: RunRow, attempt: int | None) -> None:
     """404 for an attempt the run does not have: an empty answer would read as "nothing logged"."""
     if attempt is not None and attempt > run.latest_attempt:
-        raise HTTPException(404, f"run {run.project}/{run.name} has no attempt {attempt} "
-                                 f"(its latest is {run.latest_attempt})")
+        raise HTTPException(
+            404, f"run {run.project}/{run.name} has no attempt {attempt} (its latest is {run.latest_attempt})"
+        )
 
 
 def _bounds(after: float | datetime | None, before: float | datetime | None) -> tuple[float | None, float | None]:
@@ -54,23 +57,37 @@ def create_run(body: RunCreate, store: StoreDep, principal: Ingester) -> RunPubl
 
 
 @router.get("", response_model=RunsPublic)
-def list_runs(store: StoreDep, principal: Reader, request: Request, project: str | None = None,
-              status: RunStatus | None = None, name: str | None = None,
-              qkai_above: Annotated[float | None, Query(
-                  allow_inf_nan=False,
-                  description="Runs in which some layer's QKAI was above this at some report (any step, any attempt)")
-              ] = None,
-              qkai_latest_above: Annotated[float | None, Query(
-                  allow_inf_nan=False, description="Runs whose latest QKAI of some layer is above this")] = None,
-              collapse_band: Annotated[bool | None, Query(
-                  description="true: runs that have had a collapse band alert (firing or resolved); false: never")
-              ] = None,
-              alert: Annotated[str | None, Query(min_length=1, max_length=128,
-                                                 description="Runs that have had an alert of this rule")] = None,
-              created_after: Time = None, created_before: Time = None,
-              updated_after: Time = None, updated_before: Time = None,
-              limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              offset: Annotated[int, Query(ge=0, le=2**31)] = 0) -> RunsPublic:
+def list_runs(
+    store: StoreDep,
+    principal: Reader,
+    request: Request,
+    project: str | None = None,
+    status: RunStatus | None = None,
+    name: str | None = None,
+    qkai_above: Annotated[
+        float | None,
+        Query(
+            allow_inf_nan=False,
+            description="Runs in which some layer's QKAI was above this at some report (any step, any attempt)",
+        ),
+    ] = None,
+    qkai_latest_above: Annotated[
+        float | None, Query(allow_inf_nan=False, description="Runs whose latest QKAI of some layer is above this")
+    ] = None,
+    collapse_band: Annotated[
+        bool | None,
+        Query(description="true: runs that have had a collapse band alert (firing or resolved); false: never"),
+    ] = None,
+    alert: Annotated[
+        str | None, Query(min_length=1, max_length=128, description="Runs that have had an alert of this rule")
+    ] = None,
+    created_after: Time = None,
+    created_before: Time = None,
+    updated_after: Time = None,
+    updated_before: Time = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2**31)] = 0,
+) -> RunsPublic:
     """Runs visible to the caller that match every filter given, latest activity first; ``count`` is of all matches."""
     if project is not None:
         principal.check_project(project)
@@ -82,11 +99,17 @@ def list_runs(store: StoreDep, principal: Reader, request: Request, project: str
     if alert is not None:
         alerts.append(([alert], True))
     rows, count = store.search_runs(
-        projects=projects, status=status, name=name,
-        created=_bounds(created_after, created_before), updated=_bounds(updated_after, updated_before),
+        projects=projects,
+        status=status,
+        name=name,
+        created=_bounds(created_after, created_before),
+        updated=_bounds(updated_after, updated_before),
         ever_above=(QKAI, qkai_above) if qkai_above is not None else None,
         latest_above=(QKAI, qkai_latest_above) if qkai_latest_above is not None else None,
-        alerts=alerts, limit=limit, offset=offset)
+        alerts=alerts,
+        limit=limit,
+        offset=offset,
+    )
     return RunsPublic(data=[RunPublic.of(r) for r in rows], count=count)
 
 
@@ -112,9 +135,14 @@ def delete_run(run_id: RunRef, store: StoreDep, principal: Controller) -> Respon
 
 
 @router.get("/{run_id}/events", response_model=EventsPublic)
-def list_events(run_id: RunRef, store: StoreDep, principal: Reader, kind: str | None = None,
-                attempt: Annotated[int | None, Query(ge=1, le=2**31)] = None,
-                limit: Annotated[int, Query(ge=1, le=100_000)] = 1000) -> EventsPublic:
+def list_events(
+    run_id: RunRef,
+    store: StoreDep,
+    principal: Reader,
+    kind: str | None = None,
+    attempt: Annotated[int | None, Query(ge=1, le=2**31)] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+) -> EventsPublic:
     run = load_run(store, run_id, principal)
     check_attempt(run, attempt)
     rows = store.list_events(run, kind=kind, attempt=attempt, limit=limit)

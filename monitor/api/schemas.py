@@ -1,7 +1,7 @@
 """Response classes (``*Public``): what the API returns, apart from the wire requests and the rows.
 
 Values are wire values: a number, or "nan"/"inf"/"-inf"; null = no point. Routes encode them
-with :func:`monitor.wire.encode_value` before they get here, so every response is strict JSON.
+with :func:`qkwatch.monitor.wire.encode_value` before they get here, so every response is strict JSON.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, computed_field
 
-from monitor.store.models import AlertRow, AuditRow, EventRow, RunRow
-from monitor.wire import RunStatus
+from qkwatch.monitor.store.models import AlertRow, AuditRow, EventRow, RunRow
+from qkwatch.monitor.wire import RunStatus
 
 Value = float | str | None
 
@@ -60,10 +60,20 @@ class RunPublic(BaseModel):
 
     @classmethod
     def of(cls, row: RunRow, attempt: int | None = None) -> RunPublic:
-        return cls(id=row.id, project=row.project, name=row.name, status=row.status, status_reason=row.status_reason,
-                   attempt=attempt or row.latest_attempt, latest_attempt=row.latest_attempt, config=row.config,
-                   created_at=row.created_at, updated_at=row.updated_at, last_report_at=row.last_report_at,
-                   last_step=row.last_step)
+        return cls(
+            id=row.id,
+            project=row.project,
+            name=row.name,
+            status=row.status,
+            status_reason=row.status_reason,
+            attempt=attempt or row.latest_attempt,
+            latest_attempt=row.latest_attempt,
+            config=row.config,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+            last_report_at=row.last_report_at,
+            last_step=row.last_step,
+        )
 
 
 class RunsPublic(BaseModel):

@@ -48,8 +48,9 @@ def parse_strict(body: bytes) -> Any:
     try:
         return _parse(body)
     except RecursionError:
-        raise HTTPException(422, detail=[{"type": "json_too_deep", "loc": ["body"],
-                                          "msg": "the JSON body is nested too deeply"}]) from None
+        raise HTTPException(
+            422, detail=[{"type": "json_too_deep", "loc": ["body"], "msg": "the JSON body is nested too deeply"}]
+        ) from None
 
 
 def _parse(body: bytes) -> Any:
@@ -61,17 +62,33 @@ def _parse(body: bytes) -> Any:
 
     data = json.loads(body, parse_constant=constant)
     if b"\\u0000" in body:  # legal JSON, but no database stores NUL in text; refuse it up front
-        found = _find(data, ("body",), lambda v: isinstance(v, str) and "\x00" in v) or \
-            _find(data, ("body",), lambda v: isinstance(v, dict) and any("\x00" in k for k in v))
+        found = _find(data, ("body",), lambda v: isinstance(v, str) and "\x00" in v) or _find(
+            data, ("body",), lambda v: isinstance(v, dict) and any("\x00" in k for k in v)
+        )
         if found:
-            raise HTTPException(422, detail=[{"type": "nul_character", "loc": list(found[:-1]),
-                                              "msg": "strings may not contain the NUL character (\\u0000)"}])
+            raise HTTPException(
+                422,
+                detail=[
+                    {
+                        "type": "nul_character",
+                        "loc": list(found[:-1]),
+                        "msg": "strings may not contain the NUL character (\\u0000)",
+                    }
+                ],
+            )
     if seen:
         *path, bare = _find(data, ("body",), lambda v: isinstance(v, _Bare))
         spelled = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}[bare.token]
-        raise HTTPException(422, detail=[{
-            "type": "bare_non_finite", "loc": path,
-            "msg": f"bare {bare.token} is not JSON; send the string {spelled!r} instead"}])
+        raise HTTPException(
+            422,
+            detail=[
+                {
+                    "type": "bare_non_finite",
+                    "loc": path,
+                    "msg": f"bare {bare.token} is not JSON; send the string {spelled!r} instead",
+                }
+            ],
+        )
     return data
 
 

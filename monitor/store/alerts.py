@@ -1,6 +1,6 @@
 """Alerts and their notifications as rows: the evaluator's ledger, the alert list, the outbox.
 
-What fires and resolves is decided in :mod:`monitor.alerting`; this module only writes it down.
+What fires and resolves is decided in :mod:`qkwatch.monitor.alerting`; this module only writes it down.
 Notifications are an outbox: queued in the transaction that raised the alert, claimed with a
 lease by whichever replica's notifier delivers them.
 """
@@ -12,68 +12,124 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from monitor.alerting.evaluator import StateKey, StoredState
-from monitor.alerting.rules import Transition
-from monitor.store import models as m
-from monitor.store import sql
+from qkwatch.monitor.alerting.evaluator import StateKey, StoredState
+from qkwatch.monitor.alerting.rules import Transition
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store import sql
 
 
 class AlertRows:
-    """The :class:`monitor.alerting.evaluator.AlertLedger` of one run, inside the ingest transaction."""
+    """The :class:`qkwatch.monitor.alerting.evaluator.AlertLedger` of one run, inside the ingest transaction."""
 
     def __init__(self, conn: sa.Connection, run_pk: int, now: float) -> None:
         self.conn, self.run_pk, self.now = conn, run_pk, now
 
     def load_states(self) -> dict[StateKey, StoredState]:
         s = m.alert_state
-        return {(r.rule, r.layer): StoredState(streak=r.streak, since_step=r.since_step, attempt=r.attempt,
-                                               step=r.step, band_layers=tuple(json.loads(r.band_layers or "[]")),
-                                               alert_id=r.alert_id)
-                for r in self.conn.execute(sa.select(s).where(s.c.run_pk == self.run_pk))}
+        return {
+            (r.rule, r.layer): StoredState(
+                streak=r.streak,
+                since_step=r.since_step,
+                attempt=r.attempt,
+                step=r.step,
+                band_layers=tuple(json.loads(r.band_layers or "[]")),
+                alert_id=r.alert_id,
+            )
+            for r in self.conn.execute(sa.select(s).where(s.c.run_pk == self.run_pk))
+        }
 
     def save_states(self, states: dict[StateKey, StoredState]) -> None:
-        sql.upsert(self.conn, m.alert_state, [
-            {"run_pk": self.run_pk, "rule": rule, "layer": layer, "streak": s.streak, "since_step": s.since_step,
-             "band_layers": json.dumps(list(s.band_layers)), "alert_id": s.alert_id, "attempt": s.attempt,
-             "step": s.step} for (rule, layer), s in states.items()])
+        sql.upsert(
+            self.conn,
+            m.alert_state,
+            [
+                {
+                    "run_pk": self.run_pk,
+                    "rule": rule,
+                    "layer": layer,
+                    "streak": s.streak,
+                    "since_step": s.since_step,
+                    "band_layers": json.dumps(list(s.band_layers)),
+                    "alert_id": s.alert_id,
+                    "attempt": s.attempt,
+                    "step": s.step,
+                }
+                for (rule, layer), s in states.items()
+            ],
+        )
 
     def open_alert(self, t: Transition) -> int:
-        return self.conn.execute(sa.insert(m.alerts).values(
-            run_pk=self.run_pk, rule=t.rule, severity=t.severity, state="firing", layers=json.dumps(list(t.layers)),
-            metric=t.metric, summary=t.summary, onset_step=t.onset_step, starts_at=self.now,
-        ).returning(m.alerts.c.id)).scalar_one()
+        return self.conn.execute(
+            sa.insert(m.alerts)
+            .values(
+                run_pk=self.run_pk,
+                rule=t.rule,
+                severity=t.severity,
+                state="firing",
+                layers=json.dumps(list(t.layers)),
+                metric=t.metric,
+                summary=t.summary,
+                onset_step=t.onset_step,
+                starts_at=self.now,
+            )
+            .returning(m.alerts.c.id)
+        ).scalar_one()
 
     def update_alert(self, alert_id: int, t: Transition) -> None:
         self._update(alert_id, layers=json.dumps(list(t.layers)), summary=t.summary)
 
     def resolve_alert(self, alert_id: int, t: Transition) -> None:
-        self._update(alert_id, layers=json.dumps(list(t.layers)), summary=t.summary, state="resolved",
-                     resolved_step=t.step, ends_at=self.now)
+        self._update(
+            alert_id,
+            layers=json.dumps(list(t.layers)),
+            summary=t.summary,
+            state="resolved",
+            resolved_step=t.step,
+            ends_at=self.now,
+        )
 
     def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
-        self._update(alert_id, state="resolved", resolved_step=step, ends_at=self.now,
-                     summary=m.alerts.c.summary + f" ({note})")
+        self._update(
+            alert_id, state="resolved", resolved_step=step, ends_at=self.now, summary=m.alerts.c.summary + f" ({note})"
+        )
 
     def queue_notification(self, alert_id: int, status: str) -> None:
-        self.conn.execute(sa.insert(m.notifications).values(
-            alert_id=alert_id, status=status, created_at=self.now, attempts=0, next_try_at=self.now, gave_up=False))
+        self.conn.execute(
+            sa.insert(m.notifications).values(
+                alert_id=alert_id, status=status, created_at=self.now, attempts=0, next_try_at=self.now, gave_up=False
+            )
+        )
 
     def _update(self, alert_id: int, **values: object) -> None:
         self.conn.execute(sa.update(m.alerts).where(m.alerts.c.id == alert_id).values(**values))
 
 
 def alert_row(r: sa.Row) -> m.AlertRow:
-    return m.AlertRow(id=r.id, run_id=r.run_id, run_name=r.run_name, project=r.project, rule=r.rule,
-                      severity=r.severity, state=r.state, metric=r.metric, layers=json.loads(r.layers),
-                      summary=r.summary, onset_step=r.onset_step, resolved_step=r.resolved_step,
-                      starts_at=r.starts_at, ends_at=r.ends_at)
+    return m.AlertRow(
+        id=r.id,
+        run_id=r.run_id,
+        run_name=r.run_name,
+        project=r.project,
+        rule=r.rule,
+        severity=r.severity,
+        state=r.state,
+        metric=r.metric,
+        layers=json.loads(r.layers),
+        summary=r.summary,
+        onset_step=r.onset_step,
+        resolved_step=r.resolved_step,
+        starts_at=r.starts_at,
+        ends_at=r.ends_at,
+    )
 
 
-def select(conn: sa.Connection, projects: Sequence[str] | None, run_id: str | None, state: str | None,
-           limit: int) -> list[m.AlertRow]:
+def select(
+    conn: sa.Connection, projects: Sequence[str] | None, run_id: str | None, state: str | None, limit: int
+) -> list[m.AlertRow]:
     """Alerts of ``projects`` (None = all), of one run, in one state; newest first."""
-    q = sa.select(m.alerts, m.runs.c.id.label("run_id"), m.runs.c.name.label("run_name"), m.runs.c.project) \
-        .join(m.runs, m.runs.c.pk == m.alerts.c.run_pk)
+    q = sa.select(m.alerts, m.runs.c.id.label("run_id"), m.runs.c.name.label("run_name"), m.runs.c.project).join(
+        m.runs, m.runs.c.pk == m.alerts.c.run_pk
+    )
     if projects is not None:
         q = q.where(m.runs.c.project.in_(list(projects)))
     if run_id:
@@ -90,8 +146,12 @@ def select(conn: sa.Connection, projects: Sequence[str] | None, run_id: str | No
 def claim_notifications(conn: sa.Connection, now: float, lease_s: float, limit: int) -> list[m.PendingNotification]:
     """Claim due notifications for delivery (a lease, so replicas do not send one twice)."""
     n = m.notifications
-    due = sa.and_(n.c.delivered_at.is_(None), n.c.gave_up.is_(False), n.c.next_try_at <= now,
-                  sa.or_(n.c.claimed_until.is_(None), n.c.claimed_until < now))
+    due = sa.and_(
+        n.c.delivered_at.is_(None),
+        n.c.gave_up.is_(False),
+        n.c.next_try_at <= now,
+        sa.or_(n.c.claimed_until.is_(None), n.c.claimed_until < now),
+    )
     ids = conn.execute(sa.select(n.c.id).where(due).order_by(n.c.id).limit(limit)).scalars().all()
     claimed = []
     for nid in ids:  # another replica may have claimed it since the select: the update then matches nothing
@@ -100,27 +160,57 @@ def claim_notifications(conn: sa.Connection, now: float, lease_s: float, limit: 
     if not claimed:
         return []
     rows = conn.execute(
-        sa.select(n.c.id.label("nid"), n.c.attempts, n.c.status.label("nstatus"), m.alerts,
-                  m.runs.c.id.label("run_id"), m.runs.c.name.label("run_name"), m.runs.c.project)
-        .join(m.alerts, m.alerts.c.id == n.c.alert_id).join(m.runs, m.runs.c.pk == m.alerts.c.run_pk)
-        .where(n.c.id.in_(claimed)).order_by(n.c.id)).all()
+        sa.select(
+            n.c.id.label("nid"),
+            n.c.attempts,
+            n.c.status.label("nstatus"),
+            m.alerts,
+            m.runs.c.id.label("run_id"),
+            m.runs.c.name.label("run_name"),
+            m.runs.c.project,
+        )
+        .join(m.alerts, m.alerts.c.id == n.c.alert_id)
+        .join(m.runs, m.runs.c.pk == m.alerts.c.run_pk)
+        .where(n.c.id.in_(claimed))
+        .order_by(n.c.id)
+    ).all()
     return [m.PendingNotification(id=r.nid, attempts=r.attempts, status=r.nstatus, alert=alert_row(r)) for r in rows]
 
 
-def finish_notification(conn: sa.Connection, nid: int, *, delivered: bool, error: str | None,
-                        next_try_at: float | None, give_up: bool, now: float) -> None:
+def finish_notification(
+    conn: sa.Connection,
+    nid: int,
+    *,
+    delivered: bool,
+    error: str | None,
+    next_try_at: float | None,
+    give_up: bool,
+    now: float,
+) -> None:
     """Record a delivery attempt and release the claim."""
     n = m.notifications
-    conn.execute(sa.update(n).where(n.c.id == nid).values(
-        attempts=n.c.attempts + 1, claimed_until=None, delivered_at=now if delivered else None,
-        last_error=error, gave_up=give_up, next_try_at=next_try_at if next_try_at is not None else now))
+    conn.execute(
+        sa.update(n)
+        .where(n.c.id == nid)
+        .values(
+            attempts=n.c.attempts + 1,
+            claimed_until=None,
+            delivered_at=now if delivered else None,
+            last_error=error,
+            gave_up=give_up,
+            next_try_at=next_try_at if next_try_at is not None else now,
+        )
+    )
 
 
 def notification_stats(conn: sa.Connection) -> dict[str, int]:
     """How many notifications were delivered, given up, and are still pending."""
     n = m.notifications
-    row = conn.execute(sa.select(
-        sa.func.count().filter(n.c.delivered_at.is_not(None)),
-        sa.func.count().filter(n.c.gave_up.is_(True)),
-        sa.func.count().filter(n.c.delivered_at.is_(None), n.c.gave_up.is_(False)))).one()
+    row = conn.execute(
+        sa.select(
+            sa.func.count().filter(n.c.delivered_at.is_not(None)),
+            sa.func.count().filter(n.c.gave_up.is_(True)),
+            sa.func.count().filter(n.c.delivered_at.is_(None), n.c.gave_up.is_(False)),
+        )
+    ).one()
     return {"delivered": row[0], "gave_up": row[1], "pending": row[2]}

@@ -6,9 +6,9 @@ import json
 
 import sqlalchemy as sa
 
-from monitor.store import models as m
-from monitor.store import sql
-from monitor.wire import clip_depth
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store import sql
+from qkwatch.monitor.wire import clip_depth
 
 EventIn = tuple[int, str, str, dict, float]
 """(step, kind, message, data, time) of an event to store."""
@@ -17,9 +17,21 @@ EventIn = tuple[int, str, str, dict, float]
 def insert(conn: sa.Connection, run_pk: int, attempt: int, events: list[EventIn]) -> None:
     """Insert-or-ignore: a replayed event (same attempt, step and kind) is stored once."""
     if events:
-        conn.execute(sql.insert(conn, m.events).on_conflict_do_nothing(), [
-            {"run_pk": run_pk, "attempt": attempt, "step": s, "kind": k, "message": msg, "data": json.dumps(d),
-             "time": t} for (s, k, msg, d, t) in events])
+        conn.execute(
+            sql.insert(conn, m.events).on_conflict_do_nothing(),
+            [
+                {
+                    "run_pk": run_pk,
+                    "attempt": attempt,
+                    "step": s,
+                    "kind": k,
+                    "message": msg,
+                    "data": json.dumps(d),
+                    "time": t,
+                }
+                for (s, k, msg, d, t) in events
+            ],
+        )
 
 
 def select(conn: sa.Connection, run: m.RunRow, kind: str | None, attempt: int | None, limit: int) -> list[m.EventRow]:

@@ -14,17 +14,25 @@ from itertools import pairwise
 
 import sqlalchemy as sa
 
-from monitor.store import frames, reads, sql
-from monitor.store import models as m
-from monitor.store.errors import Invalid
-from monitor.store.metric_names import MetricNames
+from qkwatch.monitor.store import frames, reads, sql
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.store.metric_names import MetricNames
 
 Doubles = tuple[list[int], list[int], bytes, bytes | None]
 """(steps, layers, float64 values step-major with NaN where not measured, measured bytes or None)."""
 
 
-def grids(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Sequence[str], start: int | None,
-          end: int | None, attempt: int | None, max_points: int | None) -> dict[str, m.Heatmap]:
+def grids(
+    conn: sa.Connection,
+    names: MetricNames,
+    run: m.RunRow,
+    metrics: Sequence[str],
+    start: int | None,
+    end: int | None,
+    attempt: int | None,
+    max_points: int | None,
+) -> dict[str, m.Heatmap]:
     """Per metric with values in the range, its grid; a cell is None where nothing was measured.
 
     Raises:
@@ -34,8 +42,16 @@ def grids(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Seque
     return {name: _grid(frames.merge_steps(r[1:] for r in fr), sc) for name, (fr, sc) in rows.items()}
 
 
-def doubles(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Sequence[str], start: int | None,
-            end: int | None, attempt: int | None, max_points: int | None) -> dict[str, Doubles]:
+def doubles(
+    conn: sa.Connection,
+    names: MetricNames,
+    run: m.RunRow,
+    metrics: Sequence[str],
+    start: int | None,
+    end: int | None,
+    attempt: int | None,
+    max_points: int | None,
+) -> dict[str, Doubles]:
     """:func:`grids` as float64 bytes: per metric (steps, layers, values, measured).
 
     ``values`` holds the steps x layers doubles, step-major, in native byte order, NaN where
@@ -52,8 +68,16 @@ def doubles(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Seq
     return out
 
 
-def _rows(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Sequence[str], start: int | None,
-          end: int | None, attempt: int | None, max_points: int | None) -> dict[str, tuple[list, list]]:
+def _rows(
+    conn: sa.Connection,
+    names: MetricNames,
+    run: m.RunRow,
+    metrics: Sequence[str],
+    start: int | None,
+    end: int | None,
+    attempt: int | None,
+    max_points: int | None,
+) -> dict[str, tuple[list, list]]:
     """Per metric with values: its frame rows (metric id, step, vals, present, has_nan) in (step, attempt)
     order, and its scalar points (step, value) in the merged view (or of ``attempt``)."""
     f, p = m.frames, m.points
@@ -62,16 +86,28 @@ def _rows(conn: sa.Connection, names: MetricNames, run: m.RunRow, metrics: Seque
         return {}
     fw = [f.c.run_pk == run.pk, f.c.metric_id.in_(list(ids)), *sql.step_range(f.c.step, start, end)]
     fw += [f.c.attempt == attempt] if attempt is not None else []
-    frame_rows = conn.execute(sa.select(f.c.metric_id, f.c.step, f.c.vals, f.c.present, f.c.has_nan)
-                              .where(*fw).order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask)).all()
+    frame_rows = conn.execute(
+        sa.select(f.c.metric_id, f.c.step, f.c.vals, f.c.present, f.c.has_nan)
+        .where(*fw)
+        .order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask)
+    ).all()
     values = sum(len(row[2]) for row in frame_rows) // 8
     if max_points is not None and values > max_points:
-        raise Invalid(f"the history holds {values} values, more than {max_points} in one answer: "
-                      "ask for fewer metrics or a step range (start, end)")
-    pw = [p.c.run_pk == run.pk, p.c.metric_id.in_(list(ids)), p.c.head == m.LAYER_VALUE, p.c.layer == m.RUN_SCALAR,
-          *sql.step_range(p.c.step, start, end), *reads.attempt_filter(run, attempt)]
-    scalar_rows = conn.execute(sa.select(p.c.metric_id, p.c.step, p.c.value).where(*pw)
-                               .order_by(p.c.metric_id, p.c.step)).all()
+        raise Invalid(
+            f"the history holds {values} values, more than {max_points} in one answer: "
+            "ask for fewer metrics or a step range (start, end)"
+        )
+    pw = [
+        p.c.run_pk == run.pk,
+        p.c.metric_id.in_(list(ids)),
+        p.c.head == m.LAYER_VALUE,
+        p.c.layer == m.RUN_SCALAR,
+        *sql.step_range(p.c.step, start, end),
+        *reads.attempt_filter(run, attempt),
+    ]
+    scalar_rows = conn.execute(
+        sa.select(p.c.metric_id, p.c.step, p.c.value).where(*pw).order_by(p.c.metric_id, p.c.step)
+    ).all()
     by_metric: dict[int, tuple[list, list]] = {i: ([], []) for i in ids}
     for row in frame_rows:
         by_metric[row[0]][0].append(row)
@@ -105,8 +141,12 @@ def _grid(steps: list, scalars: list[tuple[int, float]]) -> m.Heatmap:
 def _one_full_frame_per_step(rows: list) -> bool:
     """Frame rows (metric id, step, vals, present, has_nan) that are the grid as they are: one per step,
     every layer."""
-    return bool(rows) and all(r[3] is None for r in rows) and len({len(r[2]) for r in rows}) == 1 and \
-        all(a[1] < b[1] for a, b in pairwise(rows))
+    return (
+        bool(rows)
+        and all(r[3] is None for r in rows)
+        and len({len(r[2]) for r in rows}) == 1
+        and all(a[1] < b[1] for a, b in pairwise(rows))
+    )
 
 
 def _doubles(grid: m.Heatmap) -> Doubles:

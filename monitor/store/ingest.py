@@ -2,7 +2,7 @@
 
 :func:`write_batch` is the transaction's body: the batch id (exactly once), the points, frames,
 events and latest values, then the run's schedule state and its alerts (decided in
-:mod:`monitor.alerting.evaluator`, written through :class:`monitor.store.alerts.AlertRows`).
+:mod:`qkwatch.monitor.alerting.evaluator`, written through :class:`qkwatch.monitor.store.alerts.AlertRows`).
 
 The cost of a batch is constant in the run's history: points go in with insert-or-ignore on
 their natural key (an index probe each), never a read of what is already stored.
@@ -16,13 +16,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from monitor.alerting.evaluator import evaluate_batch
-from monitor.alerting.rules import RuleSet
-from monitor.store import alerts, events, frames, lambdas, models, runs, sql
-from monitor.store.engine import is_postgres
-from monitor.store.errors import Invalid
-from monitor.store.models import LAYER_VALUE, RUN_SCALAR
-from monitor.wire import ReportBatch, decode_value
+from qkwatch.monitor.alerting.evaluator import evaluate_batch
+from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs, sql
+from qkwatch.monitor.store.engine import is_postgres
+from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR
+from qkwatch.monitor.wire import ReportBatch, decode_value
 
 PointRow = tuple[str, int, int, int, float | None]
 """(metric, head, layer, step, value); a NaN value is None (see models)."""
@@ -82,8 +82,15 @@ def _keep_latest(latest: dict, metric: str, layer: int, step: int, value: float)
         latest[key] = (step, sql.to_db(value))
 
 
-def write_batch(conn: sa.Connection, run_id: str, batch: ReportBatch, flat: FlatBatch, ids: dict[str, int],
-                rules: RuleSet, now: float) -> models.IngestResult:
+def write_batch(
+    conn: sa.Connection,
+    run_id: str,
+    batch: ReportBatch,
+    flat: FlatBatch,
+    ids: dict[str, int],
+    rules: RuleSet,
+    now: float,
+) -> models.IngestResult:
     """Store a flattened batch whole or not at all (the caller's transaction), exactly once.
 
     Args:
@@ -97,8 +104,10 @@ def write_batch(conn: sa.Connection, run_id: str, batch: ReportBatch, flat: Flat
     run = runs.locked(conn, run_id)
     attempt = batch.attempt or run.latest_attempt
     if attempt > run.latest_attempt:
-        raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt}); "
-                      "start one with POST /v1/runs and an attempt_key")
+        raise Invalid(
+            f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt}); "
+            "start one with POST /v1/runs and an attempt_key"
+        )
     if not _record_batch(conn, run, str(batch.batch_id), attempt, total, now):
         return models.IngestResult(inserted=0, duplicates=total, replayed_batch=True)
     inserted = insert_points(conn, run.pk, attempt, flat.points, ids)
@@ -116,30 +125,53 @@ def write_batch(conn: sa.Connection, run_id: str, batch: ReportBatch, flat: Flat
     return models.IngestResult(inserted=inserted, duplicates=total - inserted, notifications=queued)
 
 
-def _record_batch(conn: sa.Connection, run: models.RunRow, batch_id: str, attempt: int, points: int,
-                  now: float) -> bool:
+def _record_batch(
+    conn: sa.Connection, run: models.RunRow, batch_id: str, attempt: int, points: int, now: float
+) -> bool:
     """Record the batch id; False when the run has it already (a replay, stored before)."""
     # The batch id is the run's, whatever the attempt: a resumed process re-sending it is a replay.
     # (RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT DO NOTHING.)
     b = models.batches
-    return conn.execute(sql.insert(conn, b).values(
-        run_pk=run.pk, batch_id=batch_id, attempt=attempt, points=points, received_at=now,
-    ).on_conflict_do_nothing().returning(b.c.batch_id)).first() is not None
+    return (
+        conn.execute(
+            sql.insert(conn, b)
+            .values(
+                run_pk=run.pk,
+                batch_id=batch_id,
+                attempt=attempt,
+                points=points,
+                received_at=now,
+            )
+            .on_conflict_do_nothing()
+            .returning(b.c.batch_id)
+        ).first()
+        is not None
+    )
 
 
 def _upsert_latest(conn: sa.Connection, pk: int, attempt: int, latest: dict) -> None:
-    rows = [{"run_pk": pk, "metric": metric, "layer": layer, "attempt": attempt, "step": step, "value": value}
-            for (metric, layer), (step, value) in latest.items()]
+    rows = [
+        {"run_pk": pk, "metric": metric, "layer": layer, "attempt": attempt, "step": step, "value": value}
+        for (metric, layer), (step, value) in latest.items()
+    ]
     # Only a newer (attempt, step) replaces the stored value: late batches do not.
-    sql.upsert(conn, models.latest, rows, where="excluded.attempt > t.attempt OR "
-                                                "(excluded.attempt = t.attempt AND excluded.step >= t.step)")
+    sql.upsert(
+        conn,
+        models.latest,
+        rows,
+        where="excluded.attempt > t.attempt OR (excluded.attempt = t.attempt AND excluded.step >= t.step)",
+    )
 
 
-def _touch_run(conn: sa.Connection, run: models.RunRow, max_step: int, inserted: int, lambda_step: int | None,
-               now: float) -> None:
+def _touch_run(
+    conn: sa.Connection, run: models.RunRow, max_step: int, inserted: int, lambda_step: int | None, now: float
+) -> None:
     """The run after a batch: its last report and step, a new lambda version when the schedule moved."""
-    values: dict[str, Any] = {"last_report_at": now, "updated_at": now,
-                              "last_step": max(max_step, run.last_step if run.last_step is not None else -1)}
+    values: dict[str, Any] = {
+        "last_report_at": now,
+        "updated_at": now,
+        "last_step": max(max_step, run.last_step if run.last_step is not None else -1),
+    }
     if lambda_step is not None:
         values["lambda_version"] = run.lambda_version + 1
         values["lambda_step"] = lambda_step
@@ -155,8 +187,13 @@ def keep_first_values(conn: sa.Connection, run_pk: int, attempt: int, flat: Flat
     Called after ``insert_points`` when some points were already stored: the point keeps its first
     value (insert-or-ignore), so whatever else the batch writes must carry that value too.
     """
-    keys = {(ids[metric], layer, step) for step, decoded in flat.layer_values for metric, row in decoded.items()
-            for layer, value in enumerate(row) if value is not None}
+    keys = {
+        (ids[metric], layer, step)
+        for step, decoded in flat.layer_values
+        for metric, row in decoded.items()
+        for layer, value in enumerate(row)
+        if value is not None
+    }
     keys |= {(ids[metric], layer, step) for (metric, layer), (step, _value) in flat.latest.items()}
     stored = _stored_values(conn, run_pk, attempt, sorted(keys))
 
@@ -164,17 +201,31 @@ def keep_first_values(conn: sa.Connection, run_pk: int, attempt: int, flat: Flat
         found = stored.get((ids[metric], layer, step), value)
         return math.nan if found is None else found
 
-    flat.layer_values = [(step, {metric: [None if v is None else first(metric, layer, step, v)
-                                          for layer, v in enumerate(row)] for metric, row in decoded.items()})
-                         for step, decoded in flat.layer_values]
-    flat.frames = [frame for step, decoded in flat.layer_values for metric, row in decoded.items()
-                   if (frame := frames.pack(metric, step, row)) is not None]
-    flat.latest = {(metric, layer): (step, sql.to_db(first(metric, layer, step, math.nan if v is None else v)))
-                   for (metric, layer), (step, v) in flat.latest.items()}
+    flat.layer_values = [
+        (
+            step,
+            {
+                metric: [None if v is None else first(metric, layer, step, v) for layer, v in enumerate(row)]
+                for metric, row in decoded.items()
+            },
+        )
+        for step, decoded in flat.layer_values
+    ]
+    flat.frames = [
+        frame
+        for step, decoded in flat.layer_values
+        for metric, row in decoded.items()
+        if (frame := frames.pack(metric, step, row)) is not None
+    ]
+    flat.latest = {
+        (metric, layer): (step, sql.to_db(first(metric, layer, step, math.nan if v is None else v)))
+        for (metric, layer), (step, v) in flat.latest.items()
+    }
 
 
-def _stored_values(conn: sa.Connection, run_pk: int, attempt: int,
-                   keys: list[tuple[int, int, int]]) -> dict[tuple[int, int, int], float | None]:
+def _stored_values(
+    conn: sa.Connection, run_pk: int, attempt: int, keys: list[tuple[int, int, int]]
+) -> dict[tuple[int, int, int], float | None]:
     """Stored value (None: NaN) of each (metric id, layer, step) layer value or scalar of ``attempt``.
 
     A join with the keys as a VALUES list: one primary-key probe per key on both databases (an
@@ -182,16 +233,20 @@ def _stored_values(conn: sa.Connection, run_pk: int, attempt: int,
     """
     out: dict[tuple[int, int, int], float | None] = {}
     for i in range(0, len(keys), 1000):  # 3,000 parameters per statement
-        chunk = keys[i:i + 1000]
+        chunk = keys[i : i + 1000]
         rows = ", ".join(f"(:m{j}, :l{j}, :s{j})" for j in range(len(chunk)))
         params = {"run_pk": run_pk, "head": LAYER_VALUE, "attempt": attempt}
         for j, (metric_id, layer, step) in enumerate(chunk):
             params |= {f"m{j}": metric_id, f"l{j}": layer, f"s{j}": step}
-        result = conn.execute(sa.text(
-            f"WITH k (metric_id, layer, step) AS (VALUES {rows}) "
-            "SELECT k.metric_id, k.layer, k.step, p.value FROM k JOIN points p ON p.run_pk = :run_pk "
-            "AND p.metric_id = k.metric_id AND p.head = :head AND p.layer = k.layer AND p.step = k.step "
-            "AND p.attempt = :attempt"), params)
+        result = conn.execute(
+            sa.text(
+                f"WITH k (metric_id, layer, step) AS (VALUES {rows}) "
+                "SELECT k.metric_id, k.layer, k.step, p.value FROM k JOIN points p ON p.run_pk = :run_pk "
+                "AND p.metric_id = k.metric_id AND p.head = :head AND p.layer = k.layer AND p.step = k.step "
+                "AND p.attempt = :attempt"
+            ),
+            params,
+        )
         out.update({(r[0], r[1], r[2]): r[3] for r in result})
     return out
 
@@ -216,7 +271,9 @@ def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: 
     params = [(run_pk, m, h, la, s, attempt, v) for (m, h, la, s, v) in rows]
     result = conn.exec_driver_sql(
         "INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING", params)
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        params,
+    )
     return result.rowcount
 
 
@@ -226,24 +283,44 @@ def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows
     # temporary table empties itself at commit (or rollback).
     cursor = conn.connection.driver_connection.cursor()
     try:
-        cursor.execute("CREATE TEMP TABLE IF NOT EXISTS points_in (metric_id int, head int, layer int, step bigint, "
-                       "value float8) ON COMMIT DELETE ROWS")
+        cursor.execute(
+            "CREATE TEMP TABLE IF NOT EXISTS points_in (metric_id int, head int, layer int, step bigint, "
+            "value float8) ON COMMIT DELETE ROWS"
+        )
         with cursor.copy("COPY points_in (metric_id, head, layer, step, value) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(["int4", "int4", "int4", "int8", "float8"])
             for row in rows:
                 copy.write_row(row)
-        cursor.execute("INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
-                       "SELECT %s, metric_id, head, layer, step, %s, value FROM points_in ON CONFLICT DO NOTHING",
-                       (run_pk, attempt))
+        cursor.execute(
+            "INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
+            "SELECT %s, metric_id, head, layer, step, %s, value FROM points_in ON CONFLICT DO NOTHING",
+            (run_pk, attempt),
+        )
         return cursor.rowcount
     finally:
         cursor.close()
 
 
-def insert_frames(conn: sa.Connection, run_pk: int, attempt: int, rows: list[frames.FrameRow],
-                  ids: dict[str, int]) -> None:
+def insert_frames(
+    conn: sa.Connection, run_pk: int, attempt: int, rows: list[frames.FrameRow], ids: dict[str, int]
+) -> None:
     """Insert-or-ignore the batch's frames (their key mirrors the points' natural key)."""
     if rows:
-        sql.upsert(conn, models.frames, [{"run_pk": run_pk, "metric_id": ids[m], "step": s, "attempt": attempt,
-                                          "mask": k, "vals": v, "present": p, "has_nan": n}
-                                         for (m, s, k, v, p, n) in rows], update=False)
+        sql.upsert(
+            conn,
+            models.frames,
+            [
+                {
+                    "run_pk": run_pk,
+                    "metric_id": ids[m],
+                    "step": s,
+                    "attempt": attempt,
+                    "mask": k,
+                    "vals": v,
+                    "present": p,
+                    "has_nan": n,
+                }
+                for (m, s, k, v, p, n) in rows
+            ],
+            update=False,
+        )

@@ -1,6 +1,6 @@
 """The RAA lambdas of a run: running entropies fed on ingest, operator overrides, their audit trail.
 
-The schedule's formula and its EMA are :mod:`monitor.scheduling`'s; this module keeps their state.
+The schedule's formula and its EMA are :mod:`qkwatch.monitor.scheduling`'s; this module keeps their state.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from monitor import scheduling
-from monitor.store import events, runs, sql
-from monitor.store import models as m
-from monitor.store.errors import Invalid
-from monitor.wire import MAX_LAYERS
+from qkwatch.monitor import scheduling
+from qkwatch.monitor.store import events, runs, sql
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.wire import MAX_LAYERS
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +38,12 @@ class Entropy:
     step: int
 
 
-def advance_entropies(state: Mapping[int, Entropy], attempt: int, reports: Iterable[tuple[int, list[float | None]]],
-                      cfg: scheduling.ScheduleConfig) -> dict[int, Entropy]:
+def advance_entropies(
+    state: Mapping[int, Entropy],
+    attempt: int,
+    reports: Iterable[tuple[int, list[float | None]]],
+    cfg: scheduling.ScheduleConfig,
+) -> dict[int, Entropy]:
     """The layers whose running entropy the reports move, with their new value (pure).
 
     Args:
@@ -63,8 +67,12 @@ def advance_entropies(state: Mapping[int, Entropy], attempt: int, reports: Itera
     return changed
 
 
-def feed_schedule(conn: sa.Connection, run: m.RunRow, attempt: int,
-                  layer_values: Sequence[tuple[int, Mapping[str, list[float | None]]]]) -> int | None:
+def feed_schedule(
+    conn: sa.Connection,
+    run: m.RunRow,
+    attempt: int,
+    layer_values: Sequence[tuple[int, Mapping[str, list[float | None]]]],
+) -> int | None:
     """EMA-update the run's running entropies with a batch's ``attn_entropy`` values.
 
     Returns the step of the newest entropy that moved them, or None when nothing moved.
@@ -74,13 +82,21 @@ def feed_schedule(conn: sa.Connection, run: m.RunRow, attempt: int,
         return None
     cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
     ls = m.lambda_state
-    state = {r.layer: Entropy(sql.from_db(r.h), r.attempt, r.step)
-             for r in conn.execute(sa.select(ls).where(ls.c.run_pk == run.pk))}
+    state = {
+        r.layer: Entropy(sql.from_db(r.h), r.attempt, r.step)
+        for r in conn.execute(sa.select(ls).where(ls.c.run_pk == run.pk))
+    }
     changed = advance_entropies(state, attempt, reports, cfg)
     if not changed:
         return None
-    sql.upsert(conn, ls, [{"run_pk": run.pk, "layer": layer, "h": sql.to_db(e.h), "attempt": e.attempt,
-                           "step": e.step} for layer, e in changed.items()])
+    sql.upsert(
+        conn,
+        ls,
+        [
+            {"run_pk": run.pk, "layer": layer, "h": sql.to_db(e.h), "attempt": e.attempt, "step": e.step}
+            for layer, e in changed.items()
+        ],
+    )
     return max(e.step for e in changed.values())
 
 
@@ -91,10 +107,12 @@ def state(conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
     """The running entropies and the overrides of the run."""
     # One round trip for both (GET /lambdas is on the trainer's path).
     ls, lo = m.lambda_state, m.lambda_overrides
-    rows = conn.execute(sa.union_all(
-        sa.select(sa.literal(0).label("kind"), ls.c.layer, ls.c.h.label("v")).where(ls.c.run_pk == run.pk),
-        sa.select(sa.literal(1).label("kind"), lo.c.layer, lo.c.value.label("v")).where(lo.c.run_pk == run.pk),
-    )).all()
+    rows = conn.execute(
+        sa.union_all(
+            sa.select(sa.literal(0).label("kind"), ls.c.layer, ls.c.h.label("v")).where(ls.c.run_pk == run.pk),
+            sa.select(sa.literal(1).label("kind"), lo.c.layer, lo.c.value.label("v")).where(lo.c.run_pk == run.pk),
+        )
+    ).all()
     h = {r.layer: r.v for r in rows if r.kind == 0}
     ov = {r.layer: r.v for r in rows if r.kind == 1}
     n = runs.layer_count(run.config)
@@ -105,8 +123,9 @@ def state(conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
 # --- overrides ----------------------------------------------------------------------------------
 
 
-def set_overrides(conn: sa.Connection, run_id: str, overrides: dict[int, float | None], who: str,
-                  now: float) -> tuple[m.RunRow, m.LambdaState]:
+def set_overrides(
+    conn: sa.Connection, run_id: str, overrides: dict[int, float | None], who: str, now: float
+) -> tuple[m.RunRow, m.LambdaState]:
     """Validate every override against the run's schedule, then apply the ones that change (audited).
 
     Raises:
@@ -120,16 +139,18 @@ def set_overrides(conn: sa.Connection, run_id: str, overrides: dict[int, float |
             scheduling.check_override(layer, 0.0 if value is None else value, cfg, current.n_layers)
         except ValueError as exc:
             raise Invalid(str(exc)) from None
-    changes = [(la, current.overrides.get(la), v) for la, v in sorted(overrides.items())
-               if current.overrides.get(la) != v]
+    changes = [
+        (la, current.overrides.get(la), v) for la, v in sorted(overrides.items()) if current.overrides.get(la) != v
+    ]
     if changes:
         _write_overrides(conn, run, changes, current.step, run.lambda_version + 1, who, now)
     run = runs.by_pk(conn, run.pk)
     return run, state(conn, run)
 
 
-def clip_overrides(conn: sa.Connection, run: m.RunRow, cfg: scheduling.ScheduleConfig, attempt: int,
-                   now: float) -> None:
+def clip_overrides(
+    conn: sa.Connection, run: m.RunRow, cfg: scheduling.ScheduleConfig, attempt: int, now: float
+) -> None:
     """Clip overrides above the (new) config's ``lambda_max``: audited, and an event on the run.
 
     An operator may set overrides before the trainer sends its config, or a resume may lower
@@ -137,30 +158,58 @@ def clip_overrides(conn: sa.Connection, run: m.RunRow, cfg: scheduling.ScheduleC
     rather than lost there.
     """
     o = m.lambda_overrides
-    rows = conn.execute(sa.select(o.c.layer, o.c.value).where(o.c.run_pk == run.pk, o.c.value > cfg.lambda_max)
-                        .order_by(o.c.layer)).all()
+    rows = conn.execute(
+        sa.select(o.c.layer, o.c.value).where(o.c.run_pk == run.pk, o.c.value > cfg.lambda_max).order_by(o.c.layer)
+    ).all()
     if not rows:
         return
     changes = [(r.layer, r.value, cfg.lambda_max) for r in rows]
     _write_overrides(conn, run, changes, run.lambda_step, run.lambda_version + 1, CLIP_WHO, now)
     clipped = [{"layer": layer, "requested": old, "applied": new} for layer, old, new in changes]
-    message = (f"overrides of layers {[c['layer'] for c in clipped]} clipped to the run config's "
-               f"lambda_max={cfg.lambda_max}")
+    message = (
+        f"overrides of layers {[c['layer'] for c in clipped]} clipped to the run config's lambda_max={cfg.lambda_max}"
+    )
     logger.info("run %s: %s", run.id, message)
-    events.insert(conn, run.pk, attempt, [(max(run.last_step or 0, 0), "overrides_clipped", message,
-                                           {"layers": clipped, "lambda_max": cfg.lambda_max}, now)])
+    events.insert(
+        conn,
+        run.pk,
+        attempt,
+        [
+            (
+                max(run.last_step or 0, 0),
+                "overrides_clipped",
+                message,
+                {"layers": clipped, "lambda_max": cfg.lambda_max},
+                now,
+            )
+        ],
+    )
 
 
-def _write_overrides(conn: sa.Connection, run: m.RunRow, changes: list[Change], step: int | None, version: int,
-                     who: str, now: float) -> None:
+def _write_overrides(
+    conn: sa.Connection, run: m.RunRow, changes: list[Change], step: int | None, version: int, who: str, now: float
+) -> None:
     o = m.lambda_overrides
     for layer, _old, new in changes:
         conn.execute(sa.delete(o).where(o.c.run_pk == run.pk, o.c.layer == layer))
         if new is not None:
             conn.execute(sa.insert(o).values(run_pk=run.pk, layer=layer, value=new))
-    conn.execute(sa.insert(m.lambda_audit), [
-        {"run_pk": run.pk, "layer": layer, "old": old, "new": new, "who": who, "at": now, "step": step,
-         "version": version} for layer, old, new in changes])
+    conn.execute(
+        sa.insert(m.lambda_audit),
+        [
+            {
+                "run_pk": run.pk,
+                "layer": layer,
+                "old": old,
+                "new": new,
+                "who": who,
+                "at": now,
+                "step": step,
+                "version": version,
+            }
+            for layer, old, new in changes
+        ],
+    )
     conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk).values(lambda_version=version, updated_at=now))
 
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from monitor import scheduling
-from monitor.alerting.evaluator import end_of_run
-from monitor.store import lambdas, runs, sql
-from monitor.store import models as m
-from monitor.store.alerts import AlertRows
-from monitor.store.errors import Invalid
-from monitor.wire import RunCreate
+from qkwatch.monitor import scheduling
+from qkwatch.monitor.alerting.evaluator import end_of_run
+from qkwatch.monitor.store import lambdas, runs, sql
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.alerts import AlertRows
+from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.wire import RunCreate
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +28,9 @@ def check_schedule(config: dict[str, Any]) -> scheduling.ScheduleConfig:
         raise Invalid(f"config.{exc}" if str(exc).startswith("schedule") else f"config.schedule: {exc}") from None
 
 
-def create_or_resume(conn: sa.Connection, body: RunCreate, schedule: scheduling.ScheduleConfig,
-                     now: float) -> tuple[m.RunRow, int]:
+def create_or_resume(
+    conn: sa.Connection, body: RunCreate, schedule: scheduling.ScheduleConfig, now: float
+) -> tuple[m.RunRow, int]:
     """Create the run (attempt 1) or resume it; returns the run and the attempt to report under.
 
     An unseen ``attempt_key`` starts attempt latest+1; a known one returns its attempt; no key
@@ -67,8 +68,10 @@ def _keep_shape(run: m.RunRow, config: dict[str, Any]) -> dict[str, Any]:
     if new is None:
         return {**config, "n_layers": old}
     if new != old:
-        raise Invalid(f"config.n_layers: run {run.project}/{run.name} has {old} layers, and a resume may not "
-                      f"change that (got {new}); start a new run for a model of another shape")
+        raise Invalid(
+            f"config.n_layers: run {run.project}/{run.name} has {old} layers, and a resume may not "
+            f"change that (got {new}); start a new run for a model of another shape"
+        )
     return config
 
 
@@ -85,21 +88,33 @@ def _keeps_status(run: m.RunRow) -> bool:
 def _known_attempt(conn: sa.Connection, run: m.RunRow, key: str | None) -> int | None:
     if key is None:
         return None
-    return conn.execute(sa.select(m.attempts.c.attempt).where(
-        m.attempts.c.run_pk == run.pk, m.attempts.c.attempt_key == key)).scalar()
+    return conn.execute(
+        sa.select(m.attempts.c.attempt).where(m.attempts.c.run_pk == run.pk, m.attempts.c.attempt_key == key)
+    ).scalar()
 
 
 def _insert_run(conn: sa.Connection, body: RunCreate, now: float) -> m.RunRow:
     ins = sql.insert(conn, m.runs).values(
-        id=uuid.uuid4().hex, project=body.project, name=body.name, status="running", config=json.dumps(body.config),
-        created_at=now, updated_at=now, latest_attempt=1, lambda_version=0)
+        id=uuid.uuid4().hex,
+        project=body.project,
+        name=body.name,
+        status="running",
+        config=json.dumps(body.config),
+        created_at=now,
+        updated_at=now,
+        latest_attempt=1,
+        lambda_version=0,
+    )
     # Two replicas creating the same run at once: the loser's insert does nothing and it
     # reads (and locks) the winner's row.
     conn.execute(ins.on_conflict_do_nothing(index_elements=["project", "name"]))
     row = runs.locked_by_name(conn, body.project, body.name)
     assert row is not None
-    conn.execute(sql.insert(conn, m.attempts).values(run_pk=row.pk, attempt=1, attempt_key=body.attempt_key,
-                                                     created_at=now).on_conflict_do_nothing())
+    conn.execute(
+        sql.insert(conn, m.attempts)
+        .values(run_pk=row.pk, attempt=1, attempt_key=body.attempt_key, created_at=now)
+        .on_conflict_do_nothing()
+    )
     return row
 
 
@@ -112,8 +127,9 @@ def _resolve_attempt(conn: sa.Connection, run: m.RunRow, key: str | None, now: f
     return attempt
 
 
-def set_status(conn: sa.Connection, run_id: str, status: str, reason: str | None, attempt: int | None,
-               now: float) -> m.RunRow:
+def set_status(
+    conn: sa.Connection, run_id: str, status: str, reason: str | None, attempt: int | None, now: float
+) -> m.RunRow:
     """Set how the run ended (idempotent); ``reason`` defaults to "patch".
 
     A status for an ``attempt`` older than the run's latest is ignored: it is an earlier
@@ -126,11 +142,15 @@ def set_status(conn: sa.Connection, run_id: str, status: str, reason: str | None
     if attempt is not None and attempt > run.latest_attempt:
         raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt})")
     if attempt is not None and attempt < run.latest_attempt:
-        logger.info("run %s: ignoring status %s of attempt %d (latest is %d)", run.id, status, attempt,
-                    run.latest_attempt)
+        logger.info(
+            "run %s: ignoring status %s of attempt %d (latest is %d)", run.id, status, attempt, run.latest_attempt
+        )
         return run
-    conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk)
-                 .values(status=status, status_reason=reason or "patch", updated_at=now))
+    conn.execute(
+        sa.update(m.runs)
+        .where(m.runs.c.pk == run.pk)
+        .values(status=status, status_reason=reason or "patch", updated_at=now)
+    )
     if status in runs.TERMINAL:
         end_of_run(AlertRows(conn, run.pk, now), run.last_step, status)
     return runs.by_pk(conn, run.pk)
@@ -140,8 +160,19 @@ def delete(conn: sa.Connection, pk: int) -> None:
     """Delete the run and every row of it (points, frames, alerts and their notifications...)."""
     alert_ids = sa.select(m.alerts.c.id).where(m.alerts.c.run_pk == pk).scalar_subquery()
     conn.execute(sa.delete(m.notifications).where(m.notifications.c.alert_id.in_(alert_ids)))
-    for table in (m.points, m.frames, m.latest, m.events, m.batches, m.attempts, m.lambda_state, m.lambda_overrides,
-                  m.lambda_audit, m.alert_state, m.alerts):
+    for table in (
+        m.points,
+        m.frames,
+        m.latest,
+        m.events,
+        m.batches,
+        m.attempts,
+        m.lambda_state,
+        m.lambda_overrides,
+        m.lambda_audit,
+        m.alert_state,
+        m.alerts,
+    ):
         conn.execute(sa.delete(table).where(table.c.run_pk == pk))
     conn.execute(sa.delete(m.runs).where(m.runs.c.pk == pk))
 
@@ -149,11 +180,15 @@ def delete(conn: sa.Connection, pk: int) -> None:
 def mark_stale(conn: sa.Connection, timeout_s: float, now: float) -> list[str]:
     """Mark running runs without reports (or updates) for ``timeout_s`` as crashed; returns their ids."""
     last = sa.func.coalesce(m.runs.c.last_report_at, m.runs.c.updated_at)
-    ids = conn.execute(sa.select(m.runs.c.id).where(m.runs.c.status == "running", last < now - timeout_s)
-                       ).scalars().all()
+    ids = (
+        conn.execute(sa.select(m.runs.c.id).where(m.runs.c.status == "running", last < now - timeout_s)).scalars().all()
+    )
     if ids:
-        conn.execute(sa.update(m.runs).where(m.runs.c.id.in_(ids))
-                     .values(status="crashed", status_reason="stale", updated_at=now))
+        conn.execute(
+            sa.update(m.runs)
+            .where(m.runs.c.id.in_(ids))
+            .values(status="crashed", status_reason="stale", updated_at=now)
+        )
         for run in conn.execute(sa.select(m.runs.c.pk, m.runs.c.last_step).where(m.runs.c.id.in_(ids))):
             end_of_run(AlertRows(conn, run.pk, now), run.last_step, "crashed (stale)")
     return list(ids)
@@ -161,8 +196,11 @@ def mark_stale(conn: sa.Connection, timeout_s: float, now: float) -> list[str]:
 
 def apply_retention(conn: sa.Connection, days: float, now: float) -> list[str]:
     """Delete finished and crashed runs not updated for ``days``; returns their ids."""
-    rows = conn.execute(sa.select(m.runs.c.pk, m.runs.c.id).where(
-        m.runs.c.status.in_(runs.TERMINAL), m.runs.c.updated_at < now - days * 86400)).all()
+    rows = conn.execute(
+        sa.select(m.runs.c.pk, m.runs.c.id).where(
+            m.runs.c.status.in_(runs.TERMINAL), m.runs.c.updated_at < now - days * 86400
+        )
+    ).all()
     for r in rows:
         delete(conn, r.pk)
     return [r.id for r in rows]

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 import sqlalchemy as sa
 
-from monitor.store import models as m
-from monitor.store import sql
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store import sql
 
 
 class MetricNames:

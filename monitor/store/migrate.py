@@ -11,7 +11,7 @@ from alembic.config import Config
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from monitor.store.engine import is_postgres
+from qkwatch.monitor.store.engine import is_postgres
 
 logger = logging.getLogger(__name__)
 

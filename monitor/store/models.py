@@ -26,7 +26,8 @@ RUN_SCALAR = -1
 """``layer`` (and ``head``) of a run-level scalar point."""
 
 runs = sa.Table(
-    "runs", metadata,
+    "runs",
+    metadata,
     sa.Column("pk", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("id", sa.String(32), nullable=False, unique=True),
     sa.Column("project", sa.String(200), nullable=False),
@@ -46,7 +47,8 @@ runs = sa.Table(
 )
 
 attempts = sa.Table(
-    "attempts", metadata,
+    "attempts",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("attempt", sa.Integer, primary_key=True),
     sa.Column("attempt_key", sa.String(200)),
@@ -55,7 +57,8 @@ attempts = sa.Table(
 )
 
 batches = sa.Table(
-    "batches", metadata,
+    "batches",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("batch_id", sa.String(36), primary_key=True),
     sa.Column("attempt", sa.Integer, nullable=False),
@@ -66,13 +69,15 @@ batches = sa.Table(
 metric_names = sa.Table(
     # Points and frames carry a small integer instead of the metric's name: a narrower primary
     # key makes every insert cheaper (about 40 % on PostgreSQL). Append-only; ids never change.
-    "metric_names", metadata,
+    "metric_names",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("name", Name, nullable=False, unique=True),
 )
 
 points = sa.Table(
-    "points", metadata,
+    "points",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("metric_id", sa.Integer, primary_key=True),
     sa.Column("head", sa.Integer, primary_key=True),
@@ -89,7 +94,8 @@ frames = sa.Table(
     # that carry different layers (layers shared out over ranks): "a<n>" when all n are present,
     # else a digest of ``present`` (one byte per layer, 1 = measured). NaN and infinities are
     # kept as such in ``vals``; a missing layer is NaN there and 0 in ``present``.
-    "frames", metadata,
+    "frames",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("metric_id", sa.Integer, primary_key=True),
     sa.Column("step", sa.BigInteger, primary_key=True),
@@ -102,7 +108,8 @@ frames = sa.Table(
 )
 
 latest = sa.Table(
-    "latest", metadata,
+    "latest",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("metric", sa.String(128), primary_key=True),
     sa.Column("layer", sa.Integer, primary_key=True),
@@ -112,7 +119,8 @@ latest = sa.Table(
 )
 
 events = sa.Table(
-    "events", metadata,
+    "events",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("attempt", sa.Integer, primary_key=True),
     sa.Column("step", sa.BigInteger, primary_key=True),
@@ -123,7 +131,8 @@ events = sa.Table(
 )
 
 lambda_state = sa.Table(
-    "lambda_state", metadata,
+    "lambda_state",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("layer", sa.Integer, primary_key=True),
     sa.Column("h", sa.Double),
@@ -132,14 +141,16 @@ lambda_state = sa.Table(
 )
 
 lambda_overrides = sa.Table(
-    "lambda_overrides", metadata,
+    "lambda_overrides",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("layer", sa.Integer, primary_key=True),
     sa.Column("value", sa.Double, nullable=False),
 )
 
 lambda_audit = sa.Table(
-    "lambda_audit", metadata,
+    "lambda_audit",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("run_pk", sa.Integer, nullable=False, index=True),
     sa.Column("layer", sa.Integer, nullable=False),
@@ -152,7 +163,8 @@ lambda_audit = sa.Table(
 )
 
 alert_state = sa.Table(
-    "alert_state", metadata,
+    "alert_state",
+    metadata,
     sa.Column("run_pk", sa.Integer, primary_key=True),
     sa.Column("rule", sa.String(128), primary_key=True),
     sa.Column("layer", sa.Integer, primary_key=True),
@@ -165,7 +177,8 @@ alert_state = sa.Table(
 )
 
 alerts = sa.Table(
-    "alerts", metadata,
+    "alerts",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("run_pk", sa.Integer, nullable=False),
     sa.Column("rule", sa.String(128), nullable=False),
@@ -182,7 +195,8 @@ alerts = sa.Table(
 )
 
 notifications = sa.Table(
-    "alert_notifications", metadata,
+    "alert_notifications",
+    metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("alert_id", sa.Integer, nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
@@ -197,7 +211,8 @@ notifications = sa.Table(
 )
 
 tokens = sa.Table(
-    "tokens", metadata,
+    "tokens",
+    metadata,
     sa.Column("id", sa.String(32), primary_key=True),
     sa.Column("project", sa.String(200), nullable=False),
     sa.Column("name", sa.String(200), nullable=False),
@@ -211,7 +226,8 @@ tokens = sa.Table(
 rate_buckets = sa.Table(
     # The per-token rate limit's token buckets, shared by every worker and replica on the database:
     # ``tokens`` left at ``updated_at`` (Unix seconds), refilled at the configured rate up to the burst.
-    "rate_buckets", metadata,
+    "rate_buckets",
+    metadata,
     sa.Column("key", sa.String(64), primary_key=True),
     sa.Column("tokens", sa.Float, nullable=False),
     sa.Column("updated_at", sa.Float, nullable=False),

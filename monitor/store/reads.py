@@ -11,9 +11,9 @@ from collections.abc import Iterator, Sequence
 
 import sqlalchemy as sa
 
-from monitor.store import frames, runs, sql
-from monitor.store import models as m
-from monitor.store.metric_names import MetricNames
+from qkwatch.monitor.store import frames, runs, sql
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.metric_names import MetricNames
 
 
 def attempt_filter(run: m.RunRow, attempt: int | None) -> list[sa.ColumnElement[bool]]:
@@ -28,14 +28,26 @@ def attempt_filter(run: m.RunRow, attempt: int | None) -> list[sa.ColumnElement[
     if run.latest_attempt <= 1:
         return []
     q = m.points.alias("newer")
-    return [~sa.exists().where(q.c.run_pk == p.c.run_pk, q.c.metric_id == p.c.metric_id, q.c.head == p.c.head,
-                               q.c.layer == p.c.layer, q.c.step == p.c.step, q.c.attempt > p.c.attempt)]
+    return [
+        ~sa.exists().where(
+            q.c.run_pk == p.c.run_pk,
+            q.c.metric_id == p.c.metric_id,
+            q.c.head == p.c.head,
+            q.c.layer == p.c.layer,
+            q.c.step == p.c.step,
+            q.c.attempt > p.c.attempt,
+        )
+    ]
 
 
 def _point_filter(run: m.RunRow, metric_id: int | None, head: int, attempt: int | None) -> list:
     p = m.points
-    return [p.c.run_pk == run.pk, p.c.metric_id == (-1 if metric_id is None else metric_id), p.c.head == head,
-            *attempt_filter(run, attempt)]
+    return [
+        p.c.run_pk == run.pk,
+        p.c.metric_id == (-1 if metric_id is None else metric_id),
+        p.c.head == head,
+        *attempt_filter(run, attempt),
+    ]
 
 
 def has_points(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: str, head: int) -> bool:
@@ -48,14 +60,28 @@ def has_points(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: s
     return conn.execute(q.limit(1)).first() is not None
 
 
-def series(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: str, layer: int, head: int,
-           start: int | None, end: int | None, max_points: int, attempt: int | None) -> m.Series:
+def series(
+    conn: sa.Connection,
+    names: MetricNames,
+    run: m.RunRow,
+    metric: str,
+    layer: int,
+    head: int,
+    start: int | None,
+    end: int | None,
+    max_points: int,
+    attempt: int | None,
+) -> m.Series:
     """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max."""
     p = m.points
-    where = [*_point_filter(run, names.lookup(conn, metric), head, attempt), p.c.layer == layer,
-             *sql.step_range(p.c.step, start, end)]
-    n, lo, hi = conn.execute(sa.select(sa.func.count(), sa.func.min(p.c.step), sa.func.max(p.c.step))
-                             .where(*where)).one()
+    where = [
+        *_point_filter(run, names.lookup(conn, metric), head, attempt),
+        p.c.layer == layer,
+        *sql.step_range(p.c.step, start, end),
+    ]
+    n, lo, hi = conn.execute(
+        sa.select(sa.func.count(), sa.func.min(p.c.step), sa.func.max(p.c.step)).where(*where)
+    ).one()
     if not n:
         return m.Series([], [], [], [], False)
     if n <= max_points:
@@ -64,15 +90,40 @@ def series(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: str, 
         return m.Series([r.step for r in rows], vals, vals, vals, False)
     width = -(-(hi - lo + 1) // max_points)
     bucket = ((p.c.step - lo) // width).label("b")
-    rows = conn.execute(sa.select(bucket, sa.func.min(p.c.step), sa.func.avg(p.c.value),
-                                  sa.func.min(p.c.value), sa.func.max(p.c.value), sa.func.count(p.c.value))
-                        .where(*where).group_by(bucket).order_by(bucket)).all()
-    return m.Series([r[1] for r in rows], [_agg(r[2], r[5]) for r in rows], [_agg(r[3], r[5]) for r in rows],
-                    [_agg(r[4], r[5]) for r in rows], True)
+    rows = conn.execute(
+        sa.select(
+            bucket,
+            sa.func.min(p.c.step),
+            sa.func.avg(p.c.value),
+            sa.func.min(p.c.value),
+            sa.func.max(p.c.value),
+            sa.func.count(p.c.value),
+        )
+        .where(*where)
+        .group_by(bucket)
+        .order_by(bucket)
+    ).all()
+    return m.Series(
+        [r[1] for r in rows],
+        [_agg(r[2], r[5]) for r in rows],
+        [_agg(r[3], r[5]) for r in rows],
+        [_agg(r[4], r[5]) for r in rows],
+        True,
+    )
 
 
-def heatmap(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: str, start: int | None, end: int | None,
-            max_steps: int, agg: str, head: int, attempt: int | None) -> m.Heatmap:
+def heatmap(
+    conn: sa.Connection,
+    names: MetricNames,
+    run: m.RunRow,
+    metric: str,
+    start: int | None,
+    end: int | None,
+    max_steps: int,
+    agg: str,
+    head: int,
+    attempt: int | None,
+) -> m.Heatmap:
     """All layers of one metric over steps; steps bucketed to at most ``max_steps`` by ``agg``.
 
     Layer values are read from the frames, per-head values from the points.
@@ -81,27 +132,46 @@ def heatmap(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: str,
         return _heatmap_from_frames(conn, names, run, metric, start, end, max_steps, agg, attempt)
     p = m.points
     fn = {"max": sa.func.max, "min": sa.func.min, "mean": sa.func.avg}[agg]
-    where = [*_point_filter(run, names.lookup(conn, metric), head, attempt), p.c.layer >= 0,
-             *sql.step_range(p.c.step, start, end)]
+    where = [
+        *_point_filter(run, names.lookup(conn, metric), head, attempt),
+        p.c.layer >= 0,
+        *sql.step_range(p.c.step, start, end),
+    ]
     lo, hi = conn.execute(sa.select(sa.func.min(p.c.step), sa.func.max(p.c.step)).where(*where)).one()
     if lo is None:
         return m.Heatmap([], [], [], False)
     width = max(1, -(-(hi - lo + 1) // max_steps))
     bucket = ((p.c.step - lo) // width).label("b") if width > 1 else p.c.step.label("b")
-    rows = conn.execute(sa.select(bucket, p.c.layer, sa.func.min(p.c.step), fn(p.c.value), sa.func.count(p.c.value))
-                        .where(*where).group_by(bucket, p.c.layer)).all()
+    rows = conn.execute(
+        sa.select(bucket, p.c.layer, sa.func.min(p.c.step), fn(p.c.value), sa.func.count(p.c.value))
+        .where(*where)
+        .group_by(bucket, p.c.layer)
+    ).all()
     return _pivot(rows, width > 1)
 
 
-def _heatmap_from_frames(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: str, start: int | None,
-                         end: int | None, max_steps: int, agg: str, attempt: int | None) -> m.Heatmap:
+def _heatmap_from_frames(
+    conn: sa.Connection,
+    names: MetricNames,
+    run: m.RunRow,
+    metric: str,
+    start: int | None,
+    end: int | None,
+    max_steps: int,
+    agg: str,
+    attempt: int | None,
+) -> m.Heatmap:
     f = m.frames
     metric_id = names.lookup(conn, metric)
-    where = [f.c.run_pk == run.pk, f.c.metric_id == (-1 if metric_id is None else metric_id),
-             *sql.step_range(f.c.step, start, end)]
+    where = [
+        f.c.run_pk == run.pk,
+        f.c.metric_id == (-1 if metric_id is None else metric_id),
+        *sql.step_range(f.c.step, start, end),
+    ]
     where += [f.c.attempt == attempt] if attempt is not None else []
-    rows = conn.execute(sa.select(f.c.step, f.c.vals, f.c.present, f.c.has_nan).where(*where)
-                        .order_by(f.c.step, f.c.attempt, f.c.mask)).all()
+    rows = conn.execute(
+        sa.select(f.c.step, f.c.vals, f.c.present, f.c.has_nan).where(*where).order_by(f.c.step, f.c.attempt, f.c.mask)
+    ).all()
     steps, layers, values, downsampled = frames.heatmap(frames.merge_steps(rows), max_steps, agg)
     return m.Heatmap(steps, layers, values, downsampled)
 
@@ -131,39 +201,64 @@ def export_rows(conn: sa.Connection, run: m.RunRow, attempt: int | None, chunk: 
     """Every point of the run (merged view unless ``attempt``) as (attempt, step, metric, layer, head, value),
     streamed ``chunk`` rows at a time."""
     p, names = m.points, m.metric_names
-    stmt = sa.select(p.c.attempt, p.c.step, names.c.name.label("metric"), p.c.layer, p.c.head, p.c.value) \
-        .join(names, names.c.id == p.c.metric_id).where(p.c.run_pk == run.pk, *attempt_filter(run, attempt)) \
+    stmt = (
+        sa.select(p.c.attempt, p.c.step, names.c.name.label("metric"), p.c.layer, p.c.head, p.c.value)
+        .join(names, names.c.id == p.c.metric_id)
+        .where(p.c.run_pk == run.pk, *attempt_filter(run, attempt))
         .order_by(p.c.metric_id, p.c.head, p.c.layer, p.c.step, p.c.attempt)
+    )
     for r in conn.execution_options(yield_per=chunk).execute(stmt):
         yield (r.attempt, r.step, r.metric, r.layer, r.head, sql.from_db(r.value))
 
 
 def run_metrics(conn: sa.Connection, run: m.RunRow) -> dict[str, list[int]]:
     """Metric name -> layers that reported it (``[-1]`` for a run-level scalar)."""
-    rows = conn.execute(sa.select(m.latest.c.metric, m.latest.c.layer).where(m.latest.c.run_pk == run.pk)
-                        .order_by(m.latest.c.metric, m.latest.c.layer)).all()
+    rows = conn.execute(
+        sa.select(m.latest.c.metric, m.latest.c.layer)
+        .where(m.latest.c.run_pk == run.pk)
+        .order_by(m.latest.c.metric, m.latest.c.layer)
+    ).all()
     out: dict[str, list[int]] = {}
     for r in rows:
         out.setdefault(r.metric, []).append(r.layer)
     return out
 
 
-def latest_snapshot(conn: sa.Connection, metrics: Sequence[str], max_runs: int, max_layers: int,
-                    projects: Sequence[str] | None,
-                    prefixes: Sequence[str] = ()) -> tuple[list[m.RunRow], list[m.LatestRow]]:
+def latest_snapshot(
+    conn: sa.Connection,
+    metrics: Sequence[str],
+    max_runs: int,
+    max_layers: int,
+    projects: Sequence[str] | None,
+    prefixes: Sequence[str] = (),
+) -> tuple[list[m.RunRow], list[m.LatestRow]]:
     """Running runs (most recently updated first, at most ``max_runs``; of ``projects``, None = all)
     and their latest values of ``metrics``, and of every metric that starts with one of ``prefixes``."""
     where = [m.runs.c.status == "running"]
     if projects is not None:
         where.append(m.runs.c.project.in_(list(projects)))
-    found = [runs.run_row(r) for r in conn.execute(sa.select(m.runs).where(*where)
-                                                   .order_by(m.runs.c.updated_at.desc()).limit(max_runs))]
+    found = [
+        runs.run_row(r)
+        for r in conn.execute(sa.select(m.runs).where(*where).order_by(m.runs.c.updated_at.desc()).limit(max_runs))
+    ]
     if not found:
         return [], []
     by_pk = {r.pk: r for r in found}
-    named = sa.or_(m.latest.c.metric.in_(list(metrics)),
-                   *(m.latest.c.metric.startswith(p, autoescape=True) for p in prefixes))
-    rows = conn.execute(sa.select(m.latest).where(
-        m.latest.c.run_pk.in_(list(by_pk)), named, m.latest.c.layer < max_layers)).all()
-    return found, [m.LatestRow(by_pk[r.run_pk].id, by_pk[r.run_pk].name, by_pk[r.run_pk].project, r.metric,
-                               r.layer, r.step, sql.from_db(r.value)) for r in rows]
+    named = sa.or_(
+        m.latest.c.metric.in_(list(metrics)), *(m.latest.c.metric.startswith(p, autoescape=True) for p in prefixes)
+    )
+    rows = conn.execute(
+        sa.select(m.latest).where(m.latest.c.run_pk.in_(list(by_pk)), named, m.latest.c.layer < max_layers)
+    ).all()
+    return found, [
+        m.LatestRow(
+            by_pk[r.run_pk].id,
+            by_pk[r.run_pk].name,
+            by_pk[r.run_pk].project,
+            r.metric,
+            r.layer,
+            r.step,
+            sql.from_db(r.value),
+        )
+        for r in rows
+    ]

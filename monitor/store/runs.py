@@ -1,6 +1,6 @@
 """The runs table read: a run by id or name (locked for a write), runs by filters.
 
-How a run starts, resumes, ends and goes away is :mod:`monitor.store.lifecycle`.
+How a run starts, resumes, ends and goes away is :mod:`qkwatch.monitor.store.lifecycle`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from monitor.store import models as m
-from monitor.store.errors import NotFound
-from monitor.store.metric_names import MetricNames
-from monitor.wire import MAX_LAYERS, clip_depth
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.errors import NotFound
+from qkwatch.monitor.store.metric_names import MetricNames
+from qkwatch.monitor.wire import MAX_LAYERS, clip_depth
 
 TERMINAL = ("finished", "crashed")
 """The statuses of a run that ended."""
@@ -22,10 +22,22 @@ TERMINAL = ("finished", "crashed")
 
 def run_row(r: sa.Row) -> m.RunRow:
     # clip_depth: a config stored before its depth was bounded is read back cut at the bound.
-    return m.RunRow(pk=r.pk, id=r.id, project=r.project, name=r.name, status=r.status,
-                    status_reason=r.status_reason, config=clip_depth(json.loads(r.config)), created_at=r.created_at,
-                    updated_at=r.updated_at, last_report_at=r.last_report_at, last_step=r.last_step,
-                    latest_attempt=r.latest_attempt, lambda_version=r.lambda_version, lambda_step=r.lambda_step)
+    return m.RunRow(
+        pk=r.pk,
+        id=r.id,
+        project=r.project,
+        name=r.name,
+        status=r.status,
+        status_reason=r.status_reason,
+        config=clip_depth(json.loads(r.config)),
+        created_at=r.created_at,
+        updated_at=r.updated_at,
+        last_report_at=r.last_report_at,
+        last_step=r.last_step,
+        latest_attempt=r.latest_attempt,
+        lambda_version=r.lambda_version,
+        lambda_step=r.lambda_step,
+    )
 
 
 def layer_count(config: dict[str, Any]) -> int | None:
@@ -82,8 +94,9 @@ def page(conn: sa.Connection, where: list, limit: int, offset: int) -> tuple[lis
     """Runs matching every condition of ``where``, newest activity first, and their count."""
     r = m.runs
     count = conn.execute(sa.select(sa.func.count()).select_from(r).where(*where)).scalar()
-    rows = conn.execute(sa.select(r).where(*where).order_by(r.c.updated_at.desc(), r.c.pk.desc())
-                        .limit(limit).offset(offset)).all()
+    rows = conn.execute(
+        sa.select(r).where(*where).order_by(r.c.updated_at.desc(), r.c.pk.desc()).limit(limit).offset(offset)
+    ).all()
     return [run_row(row) for row in rows], int(count or 0)
 
 
@@ -98,9 +111,16 @@ def basic_filters(projects: Sequence[str] | None, status: str | None, name: str 
     return where
 
 
-def search_filters(conn: sa.Connection, names: MetricNames, *, created: tuple[float | None, float | None],
-                   updated: tuple[float | None, float | None], ever_above: tuple[str, float] | None,
-                   latest_above: tuple[str, float] | None, alerts: Sequence[tuple[Sequence[str], bool]]) -> list:
+def search_filters(
+    conn: sa.Connection,
+    names: MetricNames,
+    *,
+    created: tuple[float | None, float | None],
+    updated: tuple[float | None, float | None],
+    ever_above: tuple[str, float] | None,
+    latest_above: tuple[str, float] | None,
+    alerts: Sequence[tuple[Sequence[str], bool]],
+) -> list:
     """Conditions on times, on what the run reported and on its alerts (see ``Store.search_runs``)."""
     r = m.runs
     where = []
@@ -111,8 +131,9 @@ def search_filters(conn: sa.Connection, names: MetricNames, *, created: tuple[fl
         where.append(_ever_above(conn, names, *ever_above))
     if latest_above is not None:
         lt = m.latest
-        where.append(sa.exists().where(lt.c.run_pk == r.c.pk, lt.c.metric == latest_above[0],
-                                       lt.c.value > latest_above[1]))
+        where.append(
+            sa.exists().where(lt.c.run_pk == r.c.pk, lt.c.metric == latest_above[0], lt.c.value > latest_above[1])
+        )
     for rules, wanted in alerts:
         a = m.alerts
         had = sa.exists().where(a.c.run_pk == r.c.pk, a.c.rule.in_(list(rules)))
@@ -126,5 +147,6 @@ def _ever_above(conn: sa.Connection, names: MetricNames, metric: str, threshold:
         return sa.false()
     p = m.points
     # An index range per run: (run_pk, metric_id, head) is the primary key's prefix.
-    return sa.exists().where(p.c.run_pk == m.runs.c.pk, p.c.metric_id == metric_id, p.c.head == m.LAYER_VALUE,
-                             p.c.value > threshold)
+    return sa.exists().where(
+        p.c.run_pk == m.runs.c.pk, p.c.metric_id == metric_id, p.c.head == m.LAYER_VALUE, p.c.value > threshold
+    )

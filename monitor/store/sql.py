@@ -11,7 +11,7 @@ import math
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
-from monitor.store.engine import is_postgres
+from qkwatch.monitor.store.engine import is_postgres
 
 
 def insert(conn: sa.Connection, table: sa.Table):
@@ -20,16 +20,23 @@ def insert(conn: sa.Connection, table: sa.Table):
 
 
 # PostgreSQL array types of our column types, most specific first (BigInteger is an Integer).
-_PG_ARRAY = ((sa.BigInteger, "int8"), (sa.Integer, "int4"), (sa.Float, "float8"), (sa.Boolean, "bool"),
-             (sa.LargeBinary, "bytea"), (sa.String, "text"))
+_PG_ARRAY = (
+    (sa.BigInteger, "int8"),
+    (sa.Integer, "int4"),
+    (sa.Float, "float8"),
+    (sa.Boolean, "bool"),
+    (sa.LargeBinary, "bytea"),
+    (sa.String, "text"),
+)
 
 
 def _pg_array_type(column: sa.Column) -> str:
     return next(name for kind, name in _PG_ARRAY if isinstance(column.type, kind))
 
 
-def upsert(conn: sa.Connection, table: sa.Table, rows: list[dict], *, update: bool = True,
-           where: str | None = None) -> None:
+def upsert(
+    conn: sa.Connection, table: sa.Table, rows: list[dict], *, update: bool = True, where: str | None = None
+) -> None:
     """Insert rows; on a primary-key conflict update the other columns (``update``) or do nothing.
 
     ``where`` (SQL over ``t`` = the stored row and ``excluded``) restricts which conflicting rows

@@ -3,12 +3,12 @@
 :class:`Store` is a facade: it owns the engine, the transactions and the metric-name cache, and
 each method opens one transaction and hands its connection to the module of its concern:
 
-* :mod:`~monitor.store.lifecycle` (runs start, resume, end, go away) and :mod:`~monitor.store.runs`
+* :mod:`qkwatch.monitor.store.lifecycle` (runs start, resume, end, go away) and :mod:`qkwatch.monitor.store.runs`
   (runs by id, name, filters);
-* :mod:`~monitor.store.ingest` (a batch of reports, with its schedule state and alerts);
-* :mod:`~monitor.store.reads` and :mod:`~monitor.store.history` (series, heatmaps, history, export);
-* :mod:`~monitor.store.alerts` (alerts and the notification outbox), :mod:`~monitor.store.lambdas`
-  (running entropies, overrides, audit), :mod:`~monitor.store.events`, :mod:`~monitor.store.tokens`.
+* :mod:`qkwatch.monitor.store.ingest` (a batch of reports, with its schedule state and alerts);
+* :mod:`qkwatch.monitor.store.reads` and :mod:`qkwatch.monitor.store.history` (series, heatmaps, history, export);
+* :mod:`qkwatch.monitor.store.alerts` (alerts and the notification outbox), :mod:`qkwatch.monitor.store.lambdas`
+  (running entropies, overrides, audit), :mod:`qkwatch.monitor.store.events`, :mod:`qkwatch.monitor.store.tokens`.
 
 Errors the API turns into 4xx are raised as :class:`NotFound` and :class:`Invalid`.
 """
@@ -23,15 +23,15 @@ import sqlalchemy as sa
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 
-from monitor.alerting.rules import RuleSet
-from monitor.store import alerts, events, history, ingest, lambdas, lifecycle, reads, runs, tokens
-from monitor.store import models as m
-from monitor.store.errors import Invalid, NotFound
-from monitor.store.lambdas import CLIP_WHO
-from monitor.store.metric_names import MetricNames
-from monitor.store.runs import TERMINAL
-from monitor.store.tokens import hash_token
-from monitor.wire import ReportBatch, RunCreate
+from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, reads, runs, tokens
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.errors import Invalid, NotFound
+from qkwatch.monitor.store.lambdas import CLIP_WHO
+from qkwatch.monitor.store.metric_names import MetricNames
+from qkwatch.monitor.store.runs import TERMINAL
+from qkwatch.monitor.store.tokens import hash_token
+from qkwatch.monitor.wire import ReportBatch, RunCreate
 
 __all__ = ["CLIP_WHO", "TERMINAL", "Invalid", "NotFound", "Store", "hash_token"]
 
@@ -78,7 +78,7 @@ class Store:
     def create_or_resume_run(self, body: RunCreate, now: float | None = None) -> tuple[m.RunRow, int]:
         """Create the run or resume it; returns the run and the attempt to report under.
 
-        See :func:`monitor.store.lifecycle.create_or_resume`.
+        See :func:`qkwatch.monitor.store.lifecycle.create_or_resume`.
         """
         schedule = lifecycle.check_schedule(body.config)
         with self._write() as conn:
@@ -101,18 +101,33 @@ class Store:
         with self._read() as conn:
             return runs.compare(conn, run_ids)
 
-    def list_runs(self, *, projects: Sequence[str] | None, status: str | None = None, name: str | None = None,
-                  limit: int = 100, offset: int = 0) -> tuple[list[m.RunRow], int]:
+    def list_runs(
+        self,
+        *,
+        projects: Sequence[str] | None,
+        status: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[list[m.RunRow], int]:
         """Runs matching the filters (``projects`` None = all), newest activity first, and their count."""
         with self._read() as conn:
             return runs.page(conn, runs.basic_filters(projects, status, name), limit, offset)
 
-    def search_runs(self, *, projects: Sequence[str] | None, status: str | None = None, name: str | None = None,
-                    created: tuple[float | None, float | None] = (None, None),
-                    updated: tuple[float | None, float | None] = (None, None),
-                    ever_above: tuple[str, float] | None = None, latest_above: tuple[str, float] | None = None,
-                    alerts: Sequence[tuple[Sequence[str], bool]] = (), limit: int = 100,
-                    offset: int = 0) -> tuple[list[m.RunRow], int]:
+    def search_runs(
+        self,
+        *,
+        projects: Sequence[str] | None,
+        status: str | None = None,
+        name: str | None = None,
+        created: tuple[float | None, float | None] = (None, None),
+        updated: tuple[float | None, float | None] = (None, None),
+        ever_above: tuple[str, float] | None = None,
+        latest_above: tuple[str, float] | None = None,
+        alerts: Sequence[tuple[Sequence[str], bool]] = (),
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[list[m.RunRow], int]:
         """Runs matching every filter given, newest activity first, and their count.
 
         Args:
@@ -126,13 +141,20 @@ class Store:
         """
         with self._read() as conn:
             where = runs.basic_filters(projects, status, name) + runs.search_filters(
-                conn, self._names, created=created, updated=updated, ever_above=ever_above,
-                latest_above=latest_above, alerts=alerts)
+                conn,
+                self._names,
+                created=created,
+                updated=updated,
+                ever_above=ever_above,
+                latest_above=latest_above,
+                alerts=alerts,
+            )
             return runs.page(conn, where, limit, offset)
 
-    def set_status(self, run_id: str, status: str, reason: str | None = None, attempt: int | None = None,
-                   now: float | None = None) -> m.RunRow:
-        """Set how the run ended (idempotent); see :func:`monitor.store.lifecycle.set_status`.
+    def set_status(
+        self, run_id: str, status: str, reason: str | None = None, attempt: int | None = None, now: float | None = None
+    ) -> m.RunRow:
+        """Set how the run ended (idempotent); see :func:`qkwatch.monitor.store.lifecycle.set_status`.
 
         Raises:
             NotFound: unknown run. Invalid: an attempt the run does not have.
@@ -160,7 +182,7 @@ class Store:
         """Store a batch whole or not at all, exactly once (batch id + natural key of each point).
 
         In the same transaction the run's running entropies move and ``rules`` are evaluated
-        (alerts opened or resolved, notifications queued): see :func:`monitor.store.ingest.write_batch`.
+        (alerts opened or resolved, notifications queued): see :func:`qkwatch.monitor.store.ingest.write_batch`.
 
         Raises:
             NotFound: unknown run.
@@ -186,8 +208,9 @@ class Store:
 
     # --- alerts and notifications -------------------------------------------------------------
 
-    def list_alerts(self, *, projects: Sequence[str] | None, run_id: str | None = None, state: str | None = None,
-                    limit: int = 500) -> list[m.AlertRow]:
+    def list_alerts(
+        self, *, projects: Sequence[str] | None, run_id: str | None = None, state: str | None = None, limit: int = 500
+    ) -> list[m.AlertRow]:
         with self._read() as conn:
             return alerts.select(conn, projects, run_id, state, limit)
 
@@ -196,11 +219,13 @@ class Store:
         with self._write() as conn:
             return alerts.claim_notifications(conn, now, lease_s, limit)
 
-    def finish_notification(self, nid: int, *, delivered: bool, error: str | None, next_try_at: float | None,
-                            give_up: bool, now: float) -> None:
+    def finish_notification(
+        self, nid: int, *, delivered: bool, error: str | None, next_try_at: float | None, give_up: bool, now: float
+    ) -> None:
         with self._write() as conn:
-            alerts.finish_notification(conn, nid, delivered=delivered, error=error, next_try_at=next_try_at,
-                                       give_up=give_up, now=now)
+            alerts.finish_notification(
+                conn, nid, delivered=delivered, error=error, next_try_at=next_try_at, give_up=give_up, now=now
+            )
 
     def notification_stats(self) -> dict[str, int]:
         with self._read() as conn:
@@ -213,25 +238,51 @@ class Store:
         with self._read() as conn:
             return reads.has_points(conn, self._names, run, metric, head)
 
-    def series(self, run: m.RunRow, metric: str, layer: int, *, head: int = m.LAYER_VALUE,
-               start: int | None = None, end: int | None = None, max_points: int = 1000,
-               attempt: int | None = None) -> m.Series:
+    def series(
+        self,
+        run: m.RunRow,
+        metric: str,
+        layer: int,
+        *,
+        head: int = m.LAYER_VALUE,
+        start: int | None = None,
+        end: int | None = None,
+        max_points: int = 1000,
+        attempt: int | None = None,
+    ) -> m.Series:
         """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max."""
         with self._read() as conn:
             return reads.series(conn, self._names, run, metric, layer, head, start, end, max_points, attempt)
 
-    def heatmap(self, run: m.RunRow, metric: str, *, start: int | None = None, end: int | None = None,
-                max_steps: int = 500, agg: str = "max", head: int = m.LAYER_VALUE,
-                attempt: int | None = None) -> m.Heatmap:
+    def heatmap(
+        self,
+        run: m.RunRow,
+        metric: str,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        max_steps: int = 500,
+        agg: str = "max",
+        head: int = m.LAYER_VALUE,
+        attempt: int | None = None,
+    ) -> m.Heatmap:
         """All layers of one metric over steps; steps bucketed to at most ``max_steps`` by ``agg`` (max by default)."""
         with self._read() as conn:
             return reads.heatmap(conn, self._names, run, metric, start, end, max_steps, agg, head, attempt)
 
-    def history(self, run: m.RunRow, metrics: Sequence[str], *, start: int | None = None, end: int | None = None,
-                attempt: int | None = None, max_points: int | None = None) -> dict[str, m.Heatmap]:
+    def history(
+        self,
+        run: m.RunRow,
+        metrics: Sequence[str],
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        attempt: int | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, m.Heatmap]:
         """Every layer value and run-level scalar of ``metrics``, unbucketed: per metric, steps x layers.
 
-        See :func:`monitor.store.history.grids`.
+        See :func:`qkwatch.monitor.store.history.grids`.
 
         Raises:
             Invalid: the answer would hold more than ``max_points`` values.
@@ -239,12 +290,19 @@ class Store:
         with self._read() as conn:
             return history.grids(conn, self._names, run, metrics, start, end, attempt, max_points)
 
-    def history_doubles(self, run: m.RunRow, metrics: Sequence[str], *, start: int | None = None,
-                        end: int | None = None, attempt: int | None = None,
-                        max_points: int | None = None) -> dict[str, history.Doubles]:
+    def history_doubles(
+        self,
+        run: m.RunRow,
+        metrics: Sequence[str],
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        attempt: int | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, history.Doubles]:
         """:meth:`history` as float64 bytes: per metric (steps, layers, values, measured).
 
-        See :func:`monitor.store.history.doubles`.
+        See :func:`qkwatch.monitor.store.history.doubles`.
         """
         with self._read() as conn:
             return history.doubles(conn, self._names, run, metrics, start, end, attempt, max_points)
@@ -254,8 +312,9 @@ class Store:
         with self.engine.connect() as conn:
             yield from reads.export_rows(conn, run, attempt, chunk)
 
-    def list_events(self, run: m.RunRow, *, kind: str | None = None, attempt: int | None = None,
-                    limit: int = 1000) -> list[m.EventRow]:
+    def list_events(
+        self, run: m.RunRow, *, kind: str | None = None, attempt: int | None = None, limit: int = 1000
+    ) -> list[m.EventRow]:
         with self._read() as conn:
             return events.select(conn, run, kind, attempt, limit)
 
@@ -264,9 +323,14 @@ class Store:
         with self._read() as conn:
             return reads.run_metrics(conn, run)
 
-    def latest_snapshot(self, metrics: Sequence[str], max_runs: int, max_layers: int,
-                        projects: Sequence[str] | None = None,
-                        prefixes: Sequence[str] = ()) -> tuple[list[m.RunRow], list[m.LatestRow]]:
+    def latest_snapshot(
+        self,
+        metrics: Sequence[str],
+        max_runs: int,
+        max_layers: int,
+        projects: Sequence[str] | None = None,
+        prefixes: Sequence[str] = (),
+    ) -> tuple[list[m.RunRow], list[m.LatestRow]]:
         """Running runs (most recently updated first, at most ``max_runs``; of ``projects``, None = all)
         and their latest values of ``metrics`` and of the metrics starting with one of ``prefixes``."""
         with self._read() as conn:
@@ -279,8 +343,9 @@ class Store:
             run = runs.get(conn, m.runs.c.id == run_id)
             return run, lambdas.state(conn, run)
 
-    def set_overrides(self, run_id: str, overrides: dict[int, float | None], who: str,
-                      now: float | None = None) -> tuple[m.RunRow, m.LambdaState]:
+    def set_overrides(
+        self, run_id: str, overrides: dict[int, float | None], who: str, now: float | None = None
+    ) -> tuple[m.RunRow, m.LambdaState]:
         """Apply operator overrides (None removes one) after validating all of them; audited.
 
         Raises:
@@ -295,8 +360,9 @@ class Store:
 
     # --- tokens and rate limits -----------------------------------------------------------------
 
-    def create_token(self, project: str, scopes: Sequence[str], name: str | None = None,
-                     now: float | None = None) -> tuple[m.TokenRow, str]:
+    def create_token(
+        self, project: str, scopes: Sequence[str], name: str | None = None, now: float | None = None
+    ) -> tuple[m.TokenRow, str]:
         """Mint a token; returns its row and the secret, which is not stored (only its sha256)."""
         with self._write() as conn:
             return tokens.create(conn, project, scopes, name, _now(now))
@@ -314,6 +380,6 @@ class Store:
             return tokens.revoke(conn, token_id, _now(now))
 
     def take_tokens(self, key: str, want: int, rate: float, burst: int, now: float | None = None) -> tuple[int, float]:
-        """Take up to ``want`` tokens from the rate-limit bucket ``key``; see :func:`monitor.store.tokens.take`."""
+        """Take up to ``want`` tokens from the rate-limit bucket ``key``; see :func:`.tokens.take`."""
         with self._write() as conn:
             return tokens.take(conn, key, want, rate, burst, _now(now))

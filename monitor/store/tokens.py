@@ -8,24 +8,39 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from monitor.store import models as m
-from monitor.store import sql
-from monitor.store.engine import is_postgres
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store import sql
+from qkwatch.monitor.store.engine import is_postgres
 
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create(conn: sa.Connection, project: str, scopes: Sequence[str], name: str | None,
-           now: float) -> tuple[m.TokenRow, str]:
+def create(
+    conn: sa.Connection, project: str, scopes: Sequence[str], name: str | None, now: float
+) -> tuple[m.TokenRow, str]:
     """Mint a token; returns its row and the secret, which is not stored (only its sha256)."""
     token_id = secrets.token_hex(6)
     secret = f"qkw_{token_id}_{secrets.token_urlsafe(32)}"
-    row = m.TokenRow(id=token_id, project=project, name=name or token_id, scopes=frozenset(scopes),
-                     hash=hash_token(secret), revoked_at=None)
-    conn.execute(sa.insert(m.tokens).values(
-        id=row.id, project=project, name=row.name, scopes=",".join(sorted(row.scopes)), hash=row.hash, created_at=now))
+    row = m.TokenRow(
+        id=token_id,
+        project=project,
+        name=name or token_id,
+        scopes=frozenset(scopes),
+        hash=hash_token(secret),
+        revoked_at=None,
+    )
+    conn.execute(
+        sa.insert(m.tokens).values(
+            id=row.id,
+            project=project,
+            name=row.name,
+            scopes=",".join(sorted(row.scopes)),
+            hash=row.hash,
+            created_at=now,
+        )
+    )
     return row, secret
 
 
@@ -33,8 +48,14 @@ def by_hash(conn: sa.Connection, digest: str) -> m.TokenRow | None:
     r = conn.execute(sa.select(m.tokens).where(m.tokens.c.hash == digest)).first()
     if r is None:
         return None
-    return m.TokenRow(id=r.id, project=r.project, name=r.name, scopes=frozenset(filter(None, r.scopes.split(","))),
-                      hash=r.hash, revoked_at=r.revoked_at)
+    return m.TokenRow(
+        id=r.id,
+        project=r.project,
+        name=r.name,
+        scopes=frozenset(filter(None, r.scopes.split(","))),
+        hash=r.hash,
+        revoked_at=r.revoked_at,
+    )
 
 
 def select_all(conn: sa.Connection) -> list[m.TokenRow]:

@@ -14,14 +14,14 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from monitor.api.deps import SettingsDep
+from qkwatch.monitor.api.deps import SettingsDep
 
 router = APIRouter(include_in_schema=False)
 
 
 @functools.cache
 def _page() -> str:
-    return resources.files("monitor.ui").joinpath("page.html").read_text()
+    return resources.files("qkwatch.monitor.ui").joinpath("page.html").read_text()
 
 
 @functools.cache
@@ -48,5 +48,6 @@ def plotly_js(request: Request) -> Response:
     body, etag = _plotly()
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304)
-    return Response(body, media_type="application/javascript",
-                    headers={"ETag": etag, "Cache-Control": "public, max-age=86400"})
+    return Response(
+        body, media_type="application/javascript", headers={"ETag": etag, "Cache-Control": "public, max-age=86400"}
+    )

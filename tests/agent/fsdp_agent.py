@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-import agent
-from agent.spool import Spool
+from qkwatch import agent
+from qkwatch.agent.spool import Spool
 from tests.agent.tiny import TinyGPT, batch
 
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from agent.layouts import LayoutError, custom
-from agent.offline.analyze import AnalyzeError, analyze
-from agent.offline.checkpoint import Checkpoint
+from qkwatch.agent.layouts import LayoutError, custom
+from qkwatch.agent.offline.analyze import AnalyzeError, analyze
+from qkwatch.agent.offline.checkpoint import Checkpoint
 from tests.conftest import missing_service
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import AgentConfig
-from agent.lambdas import LambdasConfig
-from agent.probe import ProbeConfig
-from agent.shipper import SenderConfig
-from agent.spool import SpoolConfig
+from qkwatch.agent.config import AgentConfig
+from qkwatch.agent.lambdas import LambdasConfig
+from qkwatch.agent.probe import ProbeConfig
+from qkwatch.agent.shipper import SenderConfig
+from qkwatch.agent.spool import SpoolConfig
 
 
 def test_argument_beats_environment_beats_default(monkeypatch) -> None:

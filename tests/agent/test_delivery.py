@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import agent
-from agent.sync import sync
-from agent.transport import HttpTransport
+from qkwatch import agent
+from qkwatch.agent.sync import sync
+from qkwatch.agent.transport import HttpTransport
 from tests.agent.tiny import TinyGPT, train
 from tests.live import ROOT, BlackHole, LiveCollector, free_port
 
@@ -312,7 +312,7 @@ def test_shuffled_and_repeated_deliveries_store_each_report_once(tmp_path: Path,
     """A spool's reports delivered out of order, in random batches, several times over."""
     import random
 
-    from agent.spool import Spool
+    from qkwatch.agent.spool import Spool
 
     model = TinyGPT()
     a = agent.attach(

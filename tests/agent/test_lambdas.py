@@ -17,8 +17,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from agent.lambdas import Lambdas
-from monitor.scheduling import ScheduleConfig, entropy_floor
+from qkwatch.agent.lambdas import Lambdas
+from qkwatch.monitor.scheduling import ScheduleConfig, entropy_floor
 
 N = 4
 SCHEDULE = ScheduleConfig(lambda_0=0.1, h_star=0.75, beta=0.05, lambda_max=0.2)
@@ -36,7 +36,9 @@ def local(layer: int) -> float:
 
 
 def qkwatch_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "agent.lambdas" and r.levelno == logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "qkwatch.agent.lambdas" and r.levelno == logging.WARNING
+    ]
 
 
 def test_valid_values_are_applied_as_served() -> None:

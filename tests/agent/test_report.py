@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from agent.health import DropNotes, Health, health_scalars
-from agent.report import Packer, encode, missing_layers_event
-from monitor.wire import Report, decode_value
+from qkwatch.agent.health import DropNotes, Health, health_scalars
+from qkwatch.agent.report import Packer, encode, missing_layers_event
+from qkwatch.monitor.wire import Report, decode_value
 
 
 def packed_report(n_layers: int = 3):

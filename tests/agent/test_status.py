@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import agent
-from agent.spool import Spool
+from qkwatch import agent
+from qkwatch.agent.spool import Spool
 from tests.agent.test_delivery import FAST, assert_exactly_once, points
 from tests.agent.tiny import TinyGPT, train
 from tests.live import ROOT, LiveCollector
@@ -137,8 +137,8 @@ def test_on_a_gpu_the_status_is_spooled_after_the_report_still_on_its_way(tmp_pa
     """
     import torch
 
-    from agent.report import Packed
-    from agent.spooler import Spooler
+    from qkwatch.agent.report import Packed
+    from qkwatch.agent.spooler import Spooler
 
     class SlowCopy:
         def synchronize(self) -> None:
@@ -163,8 +163,8 @@ def test_a_full_spooler_queue_drops_and_counts_and_never_blocks_the_step(tmp_pat
     """
     import threading
 
-    import agent.agent as lifecycle
-    from agent.spooler import Spooler
+    import qkwatch.agent.agent as lifecycle
+    from qkwatch.agent.spooler import Spooler
 
     release = threading.Event()
 

@@ -46,7 +46,7 @@ def train(agent, model: nn.Module, steps: int, start: int = 0, sleep: float = 0.
 
 
 def main() -> int:
-    import agent
+    from qkwatch import agent
 
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)

@@ -64,8 +64,9 @@ def start_prometheus(tmp_path: Path) -> Iterator[Callable[..., str]]:
     started: list[promstack.Server] = []
     numbers = itertools.count()
 
-    def start(targets: Sequence[str], rule_files: Sequence[Path] = (), alertmanagers: Sequence[str] = (),
-              interval: str = "1s") -> str:
+    def start(
+        targets: Sequence[str], rule_files: Sequence[Path] = (), alertmanagers: Sequence[str] = (), interval: str = "1s"
+    ) -> str:
         workdir = tmp_path / f"prometheus-{next(numbers)}"
         started.append(promstack.prometheus(path, workdir, targets, rule_files, alertmanagers, interval))
         return started[-1].url

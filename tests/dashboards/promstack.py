@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from monitor.client import Client
+from qkwatch.monitor.client import Client
 from tests.live import ROOT, free_port
 
 PROMETHEUS_DIR = ROOT / "dashboards" / "prometheus"
@@ -87,8 +87,9 @@ class Server:
         self.proc = None
 
 
-def prometheus_config(targets: Sequence[str], rule_files: Sequence[Path], alertmanagers: Sequence[str],
-                      interval: str) -> dict:
+def prometheus_config(
+    targets: Sequence[str], rule_files: Sequence[Path], alertmanagers: Sequence[str], interval: str
+) -> dict:
     """The committed prometheus.yml with these targets, rules, Alertmanagers and intervals."""
     config = yaml.safe_load(PROMETHEUS_YML.read_text())
     config["global"] = {"scrape_interval": interval, "evaluation_interval": interval}
@@ -99,16 +100,30 @@ def prometheus_config(targets: Sequence[str], rule_files: Sequence[Path], alertm
     return config
 
 
-def prometheus(binary: str, workdir: Path, targets: Sequence[str], rule_files: Sequence[Path] = (),
-               alertmanagers: Sequence[str] = (), interval: str = "1s") -> Server:
+def prometheus(
+    binary: str,
+    workdir: Path,
+    targets: Sequence[str],
+    rule_files: Sequence[Path] = (),
+    alertmanagers: Sequence[str] = (),
+    interval: str = "1s",
+) -> Server:
     """A started Prometheus scraping ``targets`` as job "qkwatch", data and log under ``workdir``."""
     workdir.mkdir(parents=True)
     config = workdir / "prometheus.yml"
     config.write_text(yaml.safe_dump(prometheus_config(targets, rule_files, alertmanagers, interval)))
     port = free_port()
-    return Server([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'data'}",
-                   f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                  port, workdir / "prometheus.log").start()
+    return Server(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        port,
+        workdir / "prometheus.log",
+    ).start()
 
 
 def alertmanager(binary: str, workdir: Path, config: dict) -> Server:
@@ -117,9 +132,18 @@ def alertmanager(binary: str, workdir: Path, config: dict) -> Server:
     path = workdir / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
-    return Server([binary, f"--config.file={path}", f"--storage.path={workdir / 'data'}",
-                   f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-                  port, workdir / "alertmanager.log").start()
+    return Server(
+        [
+            binary,
+            f"--config.file={path}",
+            f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+            "--log.level=warn",
+        ],
+        port,
+        workdir / "alertmanager.log",
+    ).start()
 
 
 def query(prometheus_url: str, expr: str) -> list[dict]:
@@ -188,8 +212,11 @@ class WebhookReceiver:
 
     def summary(self) -> list[str]:
         """One line per notification: receiver, status, alert name and layers (for failure messages)."""
-        return [f"{n['receiver']} {n['status']} {n['groupLabels'].get('alertname')} "
-                f"{sorted(a['labels'].get('layer', '-') for a in n['alerts'])}" for n in self.notifications]
+        return [
+            f"{n['receiver']} {n['status']} {n['groupLabels'].get('alertname')} "
+            f"{sorted(a['labels'].get('layer', '-') for a in n['alerts'])}"
+            for n in self.notifications
+        ]
 
     def close(self) -> None:
         self._server.shutdown()

@@ -61,8 +61,9 @@ def wait_inhibited(alertmanager: str, layers: set[str]) -> None:
     wait_until(inhibited, 10, f"QkwatchQkaiHigh of layers {sorted(layers)} to be inhibited")
 
 
-def test_collapse_band_alerts_arrive_and_resolve(start_prometheus, start_alertmanager, webhook, collapsing_run,
-                                                 tmp_path):
+def test_collapse_band_alerts_arrive_and_resolve(
+    start_prometheus, start_alertmanager, webhook, collapsing_run, tmp_path
+):
     run = collapsing_run
     alertmanager = start_alertmanager(fast_alertmanager(webhook.url))
     prometheus = start_prometheus([run.collector_url], fast_rules(tmp_path), alertmanagers=[alertmanager])
@@ -89,5 +90,8 @@ def test_collapse_band_alerts_arrive_and_resolve(start_prometheus, start_alertma
     resolved = webhook.wait_for(notified("resolved", "QkwatchQkaiHigh"))
     assert "3" in layers(resolved, "resolved")
     # The band inhibited the per-layer warnings of its layers: 4 and 5 never paged on their own.
-    assert not any(layers(n) & {"4", "5"} for n in webhook.notifications if n["status"] == "firing"
-                   and n["groupLabels"].get("alertname") == "QkwatchQkaiHigh"), webhook.summary()
+    assert not any(
+        layers(n) & {"4", "5"}
+        for n in webhook.notifications
+        if n["status"] == "firing" and n["groupLabels"].get("alertname") == "QkwatchQkaiHigh"
+    ), webhook.summary()

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
-from monitor.dashboards import GRAFANA_ROLE
+from qkwatch.monitor.dashboards import GRAFANA_ROLE
 from tests.conftest import missing_service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,9 +37,22 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> dict:
     # No QKWATCH_TOKEN, passwords or .env of the developer's: the file's own defaults.
     empty = tmp_path_factory.mktemp("compose") / "empty.env"
     empty.write_text("")
-    result = subprocess.run([binary, "--project-directory", str(ROOT), "-f", str(ROOT / "docker-compose.yml"),
-                             "--env-file", str(empty), "config"], capture_output=True, text=True,
-                            env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    result = subprocess.run(
+        [
+            binary,
+            "--project-directory",
+            str(ROOT),
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "--env-file",
+            str(empty),
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)
 
@@ -58,7 +71,7 @@ def host_path(service: dict, container_path: str) -> Path:
     """Where a path inside the container comes from on the host, through the service's bind mounts."""
     for target, source in sorted(binds(service).items(), key=lambda kv: -len(kv[0])):
         if container_path == target or container_path.startswith(target + "/"):
-            return source / container_path[len(target):].lstrip("/")
+            return source / container_path[len(target) :].lstrip("/")
     raise AssertionError(f"{container_path} is not bind-mounted")
 
 
@@ -95,7 +108,12 @@ def test_collector_is_built_migrated_and_served_on_postgres(compose):
     url = make_url(collector["environment"]["QKWATCH_DATABASE_URL"])
     env = postgres["environment"]
     assert (url.host, url.port, url.database, url.username, url.password) == (
-        "postgres", 5432, env["POSTGRES_DB"], env["POSTGRES_USER"], env["POSTGRES_PASSWORD"])
+        "postgres",
+        5432,
+        env["POSTGRES_DB"],
+        env["POSTGRES_USER"],
+        env["POSTGRES_PASSWORD"],
+    )
     targets = re.findall(r"^FROM \S+ AS (\w+)$", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
     assert targets == ["collector", "trainer"]
 

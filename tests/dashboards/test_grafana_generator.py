@@ -12,7 +12,7 @@ import re
 import pytest
 import yaml
 
-from monitor.dashboards import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
+from qkwatch.monitor.dashboards import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
 from tests.dashboards.test_grafana_sql import GRAFANA, VIEWS, load_generator
 
 BOARDS = load_dashboards(GRAFANA / "dashboards")
@@ -59,8 +59,12 @@ def test_panels_fit_the_grid_without_overlapping(board):
 
 
 def qkai_panels(board: dict) -> list[dict]:
-    return [p for p in board["panels"] for t in p.get("targets", [])
-            if "metric = 'qkai'" in t.get("rawSql", "") or "qkwatch_qkai_ratio" in t.get("expr", "")]
+    return [
+        p
+        for p in board["panels"]
+        for t in p.get("targets", [])
+        if "metric = 'qkai'" in t.get("rawSql", "") or "qkwatch_qkai_ratio" in t.get("expr", "")
+    ]
 
 
 def qkai_colour_steps(panel: dict) -> list[list[dict]]:
@@ -68,15 +72,24 @@ def qkai_colour_steps(panel: dict) -> list[list[dict]]:
     defaults = panel["fieldConfig"]["defaults"]
     if defaults.get("color", {}).get("mode") == "thresholds" and panel["type"] in ("table", "bargauge"):
         return [defaults["thresholds"]["steps"]]
-    return [prop["value"]["steps"] for o in panel["fieldConfig"]["overrides"] if "qkai" in o["matcher"]["options"]
-            for prop in o["properties"] if prop["id"] == "thresholds"]
+    return [
+        prop["value"]["steps"]
+        for o in panel["fieldConfig"]["overrides"]
+        if "qkai" in o["matcher"]["options"]
+        for prop in o["properties"]
+        if prop["id"] == "thresholds"
+    ]
 
 
 @pytest.mark.parametrize("board", BOARDS, ids=lambda b: b["uid"])
 def test_qkai_colours_break_at_the_collapse_threshold(board):
     """Every QKAI heatmap, bar gauge and table cell changes colour exactly at 0.70, from a blue to a warm colour."""
-    coloured = [(p["title"], steps) for p in qkai_panels(board) if p["type"] in ("table", "bargauge")
-                for steps in qkai_colour_steps(p)]
+    coloured = [
+        (p["title"], steps)
+        for p in qkai_panels(board)
+        if p["type"] in ("table", "bargauge")
+        for steps in qkai_colour_steps(p)
+    ]
     assert len(coloured) >= 2
     for title, steps in coloured:
         values = [s["value"] for s in steps]

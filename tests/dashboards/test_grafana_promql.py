@@ -8,8 +8,8 @@ variable queries, run against the collector's database (the views exist on SQLit
 
 from __future__ import annotations
 
-from monitor.dashboards import PROMETHEUS_UID, load_dashboards
-from monitor.store.engine import make_engine
+from qkwatch.monitor.dashboards import PROMETHEUS_UID, load_dashboards
+from qkwatch.monitor.store.engine import make_engine
 from tests.dashboards.promstack import query, wait_for_result
 from tests.dashboards.test_grafana_sql import GRAFANA, expand, load_generator, resolve_variables
 
@@ -25,8 +25,9 @@ def test_every_promql_expression_returns_data(collector, collapsing_run, start_p
     engine = make_engine(collector.db_url)
     try:
         with engine.connect() as conn:
-            boards = [(b, resolve_variables(conn, b, {"run": run.run["id"]}))
-                      for b in load_dashboards(GRAFANA / "dashboards")]
+            boards = [
+                (b, resolve_variables(conn, b, {"run": run.run["id"]})) for b in load_dashboards(GRAFANA / "dashboards")
+            ]
     finally:
         engine.dispose()
     generator = load_generator()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.dashboards import FOLDER_UID, POSTGRES_UID, PROMETHEUS_UID, load_dashboards
 from qkwatch.cli import main
+from qkwatch.monitor.dashboards import FOLDER_UID, POSTGRES_UID, PROMETHEUS_UID, load_dashboards
 from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,8 +94,10 @@ class FakeGrafana:
             return 400, {"message": "folder not found"}
         board["id"] = old["dashboard"]["id"] if old else self._next_id()
         board["version"] = old["dashboard"]["version"] + 1 if old else 1
-        self.dashboards[board["uid"]] = {"dashboard": board, "meta": {"folderUid": body["folderUid"],
-                                                                      "slug": board["uid"]}}
+        self.dashboards[board["uid"]] = {
+            "dashboard": board,
+            "meta": {"folderUid": body["folderUid"], "slug": board["uid"]},
+        }
         return 200, {"id": board["id"], "uid": board["uid"], "status": "success", "version": board["version"]}
 
     def _keep_datasource(self, body: dict, ids: dict, old: dict | None = None) -> dict:
@@ -141,17 +143,34 @@ def grafana() -> Iterator[FakeGrafana]:
 
 
 def push(grafana: FakeGrafana, *extra: str) -> int:
-    return main(["dashboards", "push", "--grafana-url", grafana.url, "--postgres", "db.internal:5432",
-                 "--prometheus-url", "http://prom.internal:9090", *extra])
+    return main(
+        [
+            "dashboards",
+            "push",
+            "--grafana-url",
+            grafana.url,
+            "--postgres",
+            "db.internal:5432",
+            "--prometheus-url",
+            "http://prom.internal:9090",
+            *extra,
+        ]
+    )
 
 
 def test_push_creates_everything_then_a_second_push_writes_nothing(grafana, monkeypatch, capsys):
     monkeypatch.setenv("GRAFANA_TOKEN", "glsa_test")
     monkeypatch.setenv("QKWATCH_GRAFANA_DB_PASSWORD", "s3cret")
     assert push(grafana) == 0
-    assert sorted(grafana.writes()) == sorted([("POST", "/api/folders"), ("POST", "/api/datasources"),
-                                               ("POST", "/api/datasources"), ("POST", "/api/dashboards/db"),
-                                               ("POST", "/api/dashboards/db")])
+    assert sorted(grafana.writes()) == sorted(
+        [
+            ("POST", "/api/folders"),
+            ("POST", "/api/datasources"),
+            ("POST", "/api/datasources"),
+            ("POST", "/api/dashboards/db"),
+            ("POST", "/api/dashboards/db"),
+        ]
+    )
     assert {auth for _, _, auth, _ in grafana.requests} == {"Bearer glsa_test"}
     assert grafana.folders[FOLDER_UID]["title"] == "qkwatch"
     for board in COMMITTED:
@@ -159,8 +178,11 @@ def test_push_creates_everything_then_a_second_push_writes_nothing(grafana, monk
         assert stored["meta"]["folderUid"] == FOLDER_UID
         assert {k: v for k, v in stored["dashboard"].items() if k not in ("id", "version")} == board
     postgres, prometheus = grafana.datasources[POSTGRES_UID], grafana.datasources[PROMETHEUS_UID]
-    assert (postgres["url"], postgres["user"], postgres["jsonData"]["database"]) == ("db.internal:5432",
-                                                                                    "qkwatch_grafana", "qkwatch")
+    assert (postgres["url"], postgres["user"], postgres["jsonData"]["database"]) == (
+        "db.internal:5432",
+        "qkwatch_grafana",
+        "qkwatch",
+    )
     assert postgres["secureJsonFields"] == {"password": True} and grafana.passwords[POSTGRES_UID] == "s3cret"
     assert prometheus["url"] == "http://prom.internal:9090"
     assert "5 of 5 objects written" in capsys.readouterr().out
@@ -180,8 +202,10 @@ def test_push_rewrites_only_what_changed_in_grafana(grafana, monkeypatch, capsys
     grafana.datasources[PROMETHEUS_UID]["url"] = "http://elsewhere:9090"
     grafana.requests.clear()
     assert push(grafana) == 0
-    assert sorted(grafana.writes()) == [("POST", "/api/dashboards/db"),
-                                        ("PUT", f"/api/datasources/uid/{PROMETHEUS_UID}")]
+    assert sorted(grafana.writes()) == [
+        ("POST", "/api/dashboards/db"),
+        ("PUT", f"/api/datasources/uid/{PROMETHEUS_UID}"),
+    ]
     assert grafana.dashboards["qkwatch-runs"]["dashboard"]["title"] == "qkwatch / runs"
     assert grafana.dashboards["qkwatch-runs"]["dashboard"]["version"] == 2
     assert grafana.datasources[PROMETHEUS_UID]["url"] == "http://prom.internal:9090"

@@ -21,13 +21,13 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from monitor.alerting.rules import RuleSet
-from monitor.dashboards import POSTGRES_UID, load_dashboards
-from monitor.store import models as m
-from monitor.store.engine import make_engine
-from monitor.store.migrate import alembic_config, upgrade
-from monitor.store.store import Store
-from monitor.wire import ReportBatch, RunCreate
+from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.dashboards import POSTGRES_UID, load_dashboards
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.migrate import alembic_config, upgrade
+from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.wire import ReportBatch, RunCreate
 from tests.conftest import missing_service
 from tests.monitor.conftest import PG_ADMIN_URL, _fresh_database, _pg_admin
 
@@ -48,6 +48,7 @@ def load_generator():
 
 
 # --- the data ------------------------------------------------------------------------------------
+
 
 def ramp(step: int) -> float:
     """0 before step 100, 1 from step 250: how far the band has collapsed."""
@@ -73,9 +74,14 @@ def report(step: int, collapses: bool, shift: float = 0.0) -> dict:
         "time": 1_800_000_000.0 + step,
         "layers": layer_values(step, collapses, shift),
         "heads": {"qkai": [[0.2 + 0.01 * h + shift, 0.3 + shift] for h in range(N_LAYERS)]},
-        "scalars": {"loss": round(2.5 - 0.001 * step + shift, 4), "agent_queue_depth": 0.0,
-                    "agent_spool_bytes": 0.0, "agent_sent_total": float(step // 25),
-                    "agent_dead_lettered_total": 0.0, "agent_step_overhead_seconds": 0.002},
+        "scalars": {
+            "loss": round(2.5 - 0.001 * step + shift, 4),
+            "agent_queue_depth": 0.0,
+            "agent_spool_bytes": 0.0,
+            "agent_sent_total": float(step // 25),
+            "agent_dead_lettered_total": 0.0,
+            "agent_step_overhead_seconds": 0.002,
+        },
     }
     if step == 100:
         out["events"] = [{"kind": "missing_layers", "message": "layer 7 produced no values", "data": {"layers": [7]}}]
@@ -91,8 +97,9 @@ def send(store: Store, run_id: str, reports: list[dict], attempt: int | None = N
 def feed(store: Store) -> dict[str, m.RunRow]:
     """Run "vanilla" (collapses; attempt 2 resumes at step 150 with other values) and run "raa" (does not)."""
     project = f"grafana-{uuid.uuid4().hex[:8]}"
-    vanilla, _ = store.create_or_resume_run(RunCreate(project=project, name="vanilla", config={"n_layers": 8},
-                                                      attempt_key="first"))
+    vanilla, _ = store.create_or_resume_run(
+        RunCreate(project=project, name="vanilla", config={"n_layers": 8}, attempt_key="first")
+    )
     send(store, vanilla.id, [report(s, True) for s in range(0, 225, 25)])
     store.create_or_resume_run(RunCreate(project=project, name="vanilla", attempt_key="resumed"))
     send(store, vanilla.id, [report(s, True, shift=0.01) for s in range(150, 325, 25)], attempt=2)
@@ -102,6 +109,7 @@ def feed(store: Store) -> dict[str, m.RunRow]:
 
 
 # --- databases -----------------------------------------------------------------------------------
+
 
 def fresh_postgres() -> Iterator[str]:
     """A new PostgreSQL database migrated to head, dropped afterwards (skips, or fails under CI, without a server)."""
@@ -143,19 +151,34 @@ def nan(value: float | None) -> float:
 
 def same(a: list, b: list) -> bool:
     """Equal lists of floats, NaN equal to NaN."""
-    return len(a) == len(b) and all((math.isnan(x) and math.isnan(y)) if isinstance(x, float) and math.isnan(x)
-                                    else x == y for x, y in zip(a, b, strict=True))
+    return len(a) == len(b) and all(
+        (math.isnan(x) and math.isnan(y)) if isinstance(x, float) and math.isnan(x) else x == y
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 # --- the views -----------------------------------------------------------------------------------
 
+
 def test_points_view_is_the_stores_series(fed):
     store, runs = fed
     for run in runs.values():
-        for metric, layer, head in [*((mt, la, -1) for mt in METRICS for la in range(N_LAYERS)),
-                                    ("loss", -1, -1), ("agent_sent_total", -1, -1), ("qkai", 2, 0), ("qkai", 5, 1)]:
-            got = rows(store, "SELECT step, value FROM qkwatch_points_v WHERE run_id = :r AND metric = :m "
-                              "AND layer = :l AND head = :h ORDER BY step", r=run.id, m=metric, l=layer, h=head)
+        for metric, layer, head in [
+            *((mt, la, -1) for mt in METRICS for la in range(N_LAYERS)),
+            ("loss", -1, -1),
+            ("agent_sent_total", -1, -1),
+            ("qkai", 2, 0),
+            ("qkai", 5, 1),
+        ]:
+            got = rows(
+                store,
+                "SELECT step, value FROM qkwatch_points_v WHERE run_id = :r AND metric = :m "
+                "AND layer = :l AND head = :h ORDER BY step",
+                r=run.id,
+                m=metric,
+                l=layer,
+                h=head,
+            )
             series = store.series(run, metric, layer, head=head)
             assert [g.step for g in got] == series.steps, (run.name, metric, layer, head)
             assert same([nan(g.value) for g in got], series.values), (run.name, metric, layer, head)
@@ -163,8 +186,12 @@ def test_points_view_is_the_stores_series(fed):
 
 def test_points_view_merges_attempts_like_the_store(fed):
     store, runs = fed
-    got = rows(store, "SELECT step, attempt, value FROM qkwatch_points_v WHERE run_id = :r AND metric = 'qkai' "
-                      "AND layer = 0 AND head = -1 ORDER BY step", r=runs["vanilla"].id)
+    got = rows(
+        store,
+        "SELECT step, attempt, value FROM qkwatch_points_v WHERE run_id = :r AND metric = 'qkai' "
+        "AND layer = 0 AND head = -1 ORDER BY step",
+        r=runs["vanilla"].id,
+    )
     assert [(g.step, g.attempt) for g in got] == [(s, 1 if s < 150 else 2) for s in range(0, 325, 25)]
     assert got[-1].value == pytest.approx(0.26)  # attempt 2's value (0.25 + 0.01)
     only_first = store.series(runs["vanilla"], "qkai", 0, attempt=1)
@@ -176,8 +203,13 @@ def test_points_view_is_the_stores_heatmap(fed):
     for run in runs.values():
         for metric in METRICS:
             heat = store.heatmap(run, metric, max_steps=10**6)
-            got = rows(store, "SELECT step, layer, value FROM qkwatch_points_v WHERE run_id = :r AND metric = :m "
-                              "AND head = -1 AND layer >= 0", r=run.id, m=metric)
+            got = rows(
+                store,
+                "SELECT step, layer, value FROM qkwatch_points_v WHERE run_id = :r AND metric = :m "
+                "AND head = -1 AND layer >= 0",
+                r=run.id,
+                m=metric,
+            )
             grid = {(g.step, g.layer): nan(g.value) for g in got}
             assert sorted({s for s, _ in grid}) == heat.steps and sorted({la for _, la in grid}) == heat.layers
             for i, step in enumerate(heat.steps):
@@ -188,29 +220,39 @@ def test_runs_latest_alerts_and_events_views_are_the_stores(fed):
     store, runs = fed
     listed, _ = store.list_runs(projects=[runs["vanilla"].project])
     got = rows(store, "SELECT * FROM qkwatch_runs_v WHERE project = :p", p=runs["vanilla"].project)
-    assert {(g.run_id, g.run_name, g.status, g.status_reason, g.attempt, g.last_step, g.last_report_at)
-            for g in got} == {(r.id, r.name, r.status, r.status_reason, r.latest_attempt, r.last_step,
-                               r.last_report_at) for r in listed}
+    assert {
+        (g.run_id, g.run_name, g.status, g.status_reason, g.attempt, g.last_step, g.last_report_at) for g in got
+    } == {(r.id, r.name, r.status, r.status_reason, r.latest_attempt, r.last_step, r.last_report_at) for r in listed}
     _, latest = store.latest_snapshot(["qkai", "loss"], max_runs=1000, max_layers=1000)
     mine = {(r.run_id, r.metric, r.layer): (r.step, r.value) for r in latest if r.project == runs["vanilla"].project}
-    got = rows(store, "SELECT run_id, metric, layer, step, value FROM qkwatch_latest_v WHERE project = :p "
-                      "AND metric IN ('qkai', 'loss')", p=runs["vanilla"].project)
+    got = rows(
+        store,
+        "SELECT run_id, metric, layer, step, value FROM qkwatch_latest_v WHERE project = :p "
+        "AND metric IN ('qkai', 'loss')",
+        p=runs["vanilla"].project,
+    )
     assert {(g.run_id, g.metric, g.layer): (g.step, nan(g.value)) for g in got} == mine
     for run in runs.values():
         alerts = store.list_alerts(projects=None, run_id=run.id)
-        got = rows(store, "SELECT alert_id, rule, state, layers, onset_step FROM qkwatch_alerts_v WHERE run_id = :r",
-                   r=run.id)
+        got = rows(
+            store, "SELECT alert_id, rule, state, layers, onset_step FROM qkwatch_alerts_v WHERE run_id = :r", r=run.id
+        )
         assert sorted((g.alert_id, g.rule, g.state, json.loads(g.layers), g.onset_step) for g in got) == sorted(
-            (a.id, a.rule, a.state, a.layers, a.onset_step) for a in alerts)
+            (a.id, a.rule, a.state, a.layers, a.onset_step) for a in alerts
+        )
         events = store.list_events(run)
-        got = rows(store, "SELECT step, kind, message, time FROM qkwatch_events_v WHERE run_id = :r ORDER BY step",
-                   r=run.id)
+        got = rows(
+            store, "SELECT step, kind, message, time FROM qkwatch_events_v WHERE run_id = :r ORDER BY step", r=run.id
+        )
         assert [tuple(g) for g in got] == [(e.step, e.kind, e.message, e.time) for e in events]
-    assert {a.rule for a in store.list_alerts(projects=None, run_id=runs["vanilla"].id)} == {"qkai_high",
-                                                                                           "collapse_band"}
+    assert {a.rule for a in store.list_alerts(projects=None, run_id=runs["vanilla"].id)} == {
+        "qkai_high",
+        "collapse_band",
+    }
 
 
 # --- migration and role --------------------------------------------------------------------------
+
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def scratch_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
@@ -257,8 +299,9 @@ def assert_role_reads_only_the_views(engine: sa.Engine) -> None:
         assert "points" in tables
         for table in tables:
             for privilege in ("SELECT", "INSERT", "UPDATE", "DELETE"):
-                assert not conn.execute(sa.text(
-                    f"SELECT has_table_privilege('{ROLE}', '{table}', '{privilege}')")).scalar(), (table, privilege)
+                assert not conn.execute(
+                    sa.text(f"SELECT has_table_privilege('{ROLE}', '{table}', '{privilege}')")
+                ).scalar(), (table, privilege)
 
 
 def test_grafana_role_reads_the_views_and_nothing_else(pg_url: str):
@@ -281,12 +324,14 @@ VARIABLE = re.compile(r"\$\{(\w+)(?::(\w+))?\}|\$(\w+)|\[\[(\w+)\]\]")
 
 def expand(text: str, values: dict[str, tuple[str, str]]) -> str:
     """Grafana's interpolation of single-value variables: ``$v``, ``${v}``, ``${v:text}``, ``[[v]]``."""
+
     def one(match: re.Match) -> str:
         name = match.group(1) or match.group(3) or match.group(4)
         if name.startswith("__"):
             raise AssertionError(f"a Grafana macro or built-in ({name}) in a SQL query: the tests cannot expand it")
         label, value = values[name]
         return label if match.group(2) == "text" else value.replace("'", "''")
+
     return VARIABLE.sub(one, text)
 
 
@@ -325,8 +370,9 @@ def test_every_sql_query_runs_as_the_grafana_role_and_returns_rows(grafana_db, b
     with store.engine.connect() as conn:
         conn.execute(sa.text(f"SET ROLE {ROLE}"))
         # The run variables list both runs; the collapsing run is the one with alerts to show.
-        values = resolve_variables(conn, board, {"run": runs["vanilla"].id, "run_a": runs["vanilla"].id,
-                                                 "run_b": runs["raa"].id})
+        values = resolve_variables(
+            conn, board, {"run": runs["vanilla"].id, "run_a": runs["vanilla"].id, "run_b": runs["raa"].id}
+        )
         for where, text in queries:
             found = conn.execute(sa.text(expand(text, values))).all()
             assert found, f"{board['title']}, {where}: no rows for\n{expand(text, values)}"
@@ -345,8 +391,11 @@ def test_the_band_heatmap_query_is_the_stores_heatmap(grafana_db):
         text = expand(panel["targets"][0]["rawSql"], {"run": ("", run.id), "columns": (columns, columns)})
         got = {(r.step, r.layer): nan(r.value) for r in rows(store, text)}
         heat = store.heatmap(run, "qkai", max_steps=int(columns))
-        want = {(step, f"layer {la}"): v for step, vals in zip(heat.steps, heat.values, strict=True)
-                for la, v in zip(heat.layers, vals, strict=True)}
+        want = {
+            (step, f"layer {la}"): v
+            for step, vals in zip(heat.steps, heat.values, strict=True)
+            for la, v in zip(heat.layers, vals, strict=True)
+        }
         assert got.keys() == want.keys()
         assert same([got[k] for k in sorted(got)], [want[k] for k in sorted(want)])
     top = {layer: v for (step, layer), v in got.items() if step == max(s for s, _ in got)}

@@ -24,8 +24,13 @@ def run_tool(*command: str) -> str:
 
 
 def alerting_rules() -> list[dict]:
-    return [rule for path in RULES for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
-            if "alert" in rule]
+    return [
+        rule
+        for path in RULES
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
 
 
 def test_rules_are_valid(promtool):
@@ -40,8 +45,12 @@ def test_rule_unit_tests_pass(promtool):
 
 
 def test_every_rule_is_tested_firing_and_silent_and_tells_on_call_what_to_do():
-    cases = [case for path in RULE_TESTS for test in yaml.safe_load(path.read_text())["tests"]
-             for case in test["alert_rule_test"]]
+    cases = [
+        case
+        for path in RULE_TESTS
+        for test in yaml.safe_load(path.read_text())["tests"]
+        for case in test["alert_rule_test"]
+    ]
     for rule in alerting_rules():
         name = rule["alert"]
         outcomes = {bool(case["exp_alerts"]) for case in cases if case["alertname"] == name}

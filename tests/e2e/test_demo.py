@@ -19,8 +19,14 @@ from tests.live import ROOT, LiveCollector
 
 pytestmark = pytest.mark.slow
 
-SHORT = ["train.steps=240", "intervention.collapse_start=40", "intervention.collapse_ramp=120",
-         "train.report_every=10", "train.log_every=10", "checkpoint.every=1000"]
+SHORT = [
+    "train.steps=240",
+    "intervention.collapse_start=40",
+    "intervention.collapse_ramp=120",
+    "train.report_every=10",
+    "train.log_every=10",
+    "checkpoint.every=1000",
+]
 BAND = [3, 4, 5]
 
 
@@ -30,8 +36,13 @@ def _band_mean(row: list, layers: list[int]) -> float:
 
 def test_demo_shows_the_band_forming_without_raa_and_held_with_it(tmp_path: Path) -> None:
     sets = [x for kv in SHORT for x in ("--set", kv)]
-    done = subprocess.run([sys.executable, "-m", "qkwatch.cli", "demo", "--dir", str(tmp_path), *sets],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "qkwatch.cli", "demo", "--dir", str(tmp_path), *sets],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     link = re.search(r"live page:\s+(http://127\.0\.0\.1:\d+)/\?run=(\w+)&run=(\w+)", out)

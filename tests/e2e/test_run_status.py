@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from qkwatch.trainer import train as trainer_train
+from qkwatch.trainer.cli import resolve_config
 from tests.live import ROOT, LiveCollector
-from trainer import train as trainer_train
-from trainer.cli import resolve_config
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ def train_command(out: Path, steps: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "trainer",
+        "qkwatch.trainer",
         "--recipe",
         "debug_cpu",
         "--set",

@@ -14,8 +14,8 @@ import random
 
 import pytest
 
-from agent.lambdas import Lambdas
-from monitor.scheduling import ScheduleConfig, entropy_floor
+from qkwatch.agent.lambdas import Lambdas
+from qkwatch.monitor.scheduling import ScheduleConfig, entropy_floor
 from tests.live import LiveCollector
 
 N_LAYERS = 6

@@ -31,8 +31,9 @@ def test_debug_cpu_under_torchrun_reports_every_layer_and_applies_the_overrides(
     overrides = {"1": 0.05, "2": 0.02}
     with collector.client() as c:
         # debug_cpu's own schedule, so that the bound the overrides meet is the trainer's
-        run = c.create_run("e2e", "debug", config={"n_layers": N_LAYERS,
-                                                   "schedule": {"lambda_0": 1e-3, "lambda_max": 0.1}})
+        run = c.create_run(
+            "e2e", "debug", config={"n_layers": N_LAYERS, "schedule": {"lambda_0": 1e-3, "lambda_max": 0.1}}
+        )
         c.set_overrides(run["id"], overrides)
     env = {
         **os.environ,
@@ -50,7 +51,7 @@ def test_debug_cpu_under_torchrun_reports_every_layer_and_applies_the_overrides(
             "--nproc_per_node",
             "2",
             "-m",
-            "trainer",
+            "qkwatch.trainer",
             "--recipe",
             "debug_cpu",
             "--out",

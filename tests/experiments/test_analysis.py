@@ -17,10 +17,26 @@ def _grid(values_fn, depth: int) -> dict:
     return {"steps": STEPS, "values": [[values_fn(s, layer) for layer in range(depth)] for s in STEPS]}
 
 
-def _record(kind: str, depth: int, seed: int, *, regime: str = "independent_xavier", intervention: str = "none",
-            pr_k_slope: float = -1.0, entropy: float = 2.0, align: float = 0.2) -> dict:
-    r = {"kind": kind, "depth": depth, "seed": seed, "regime": regime, "intervention": intervention,
-         "val_loss": 1.5 + 0.01 * seed, "loss": 1.4}
+def _record(
+    kind: str,
+    depth: int,
+    seed: int,
+    *,
+    regime: str = "independent_xavier",
+    intervention: str = "none",
+    pr_k_slope: float = -1.0,
+    entropy: float = 2.0,
+    align: float = 0.2,
+) -> dict:
+    r = {
+        "kind": kind,
+        "depth": depth,
+        "seed": seed,
+        "regime": regime,
+        "intervention": intervention,
+        "val_loss": 1.5 + 0.01 * seed,
+        "loss": 1.4,
+    }
     r["pr_q"] = _grid(lambda s, layer: 10 + 2.0 * s / 100 + layer, depth)  # slope +2 per 100 steps
     r["pr_k"] = _grid(lambda s, layer: 20 + pr_k_slope * (layer + 1) * s / 100, depth)
     r["qk_erank"] = _grid(lambda s, layer: 8 * math.exp(pr_k_slope * (layer + 1) * s / 1000), depth)
@@ -37,10 +53,24 @@ def _results() -> dict:
         for depth in seed001.DEPTHS:
             for regime in seed001.REGIMES:
                 align = 0.6 + 0.05 * seed if regime == "qk_identical" else 0.2 + 0.01 * seed
-                runs.append(_record("grid", depth, seed, regime=regime, align=align,
-                                    pr_k_slope=-0.5 if regime == "qk_identical" else -1.0))
-        for kind, entropy in (("none", 2.0), ("forced_k_contraction", 1.5), ("freeze_k", 2.5 if seed == 1 else 1.9),
-                              ("k_spectrum_clamp", 2.2), ("freeze_q", 2.1), ("qk_align_reg", 2.0 - 0.01 * seed)):
+                runs.append(
+                    _record(
+                        "grid",
+                        depth,
+                        seed,
+                        regime=regime,
+                        align=align,
+                        pr_k_slope=-0.5 if regime == "qk_identical" else -1.0,
+                    )
+                )
+        for kind, entropy in (
+            ("none", 2.0),
+            ("forced_k_contraction", 1.5),
+            ("freeze_k", 2.5 if seed == 1 else 1.9),
+            ("k_spectrum_clamp", 2.2),
+            ("freeze_q", 2.1),
+            ("qk_align_reg", 2.0 - 0.01 * seed),
+        ):
             runs.append(_record("intervention", 8, seed, intervention=kind, entropy=entropy))
     return {"steps": 100, "seeds": [1, 2], "lr": 1e-3, "batch": 8, "report_every": 25, "runs": runs}
 
@@ -104,19 +134,37 @@ def _seed000_results() -> dict:
         final = 0.9 if variant == "vanilla" else 0.5
         steps = [0, 150, 400, 800]
         band = [0.3, 0.3, 0.6, final]
-        rec = {"variant": variant, "seed": 0, "name": variant, "status": "finished",
-               "qkai": {"steps": steps, "band": band, "outside": [0.3] * 4, "final_by_layer": [0.3] * 8},
-               "stable_rank": {"steps": steps, "band": [2.0, 2.0, 1.5, 1.2 + i], "outside": [2.0] * 4},
-               "attn_entropy": {"steps": steps, "band": [0.8, 0.8, 0.9, 0.95 - 0.01 * i], "outside": [0.8] * 4},
-               "val_loss": {"steps": [800], "values": [1.6]},
-               "evals": {"passkey1_acc_128": 0.1 * i, "passkey1_acc_256": 0.0, "passkey5_acc_256": 0.0,
-                         "passkey1_digits_128": 0.5, "passkey1_digits_256": 0.2, "passkey5_digits_256": 0.1,
-                         "ppl_128": 5.0, "ppl_256": 9.0}}
+        rec = {
+            "variant": variant,
+            "seed": 0,
+            "name": variant,
+            "status": "finished",
+            "qkai": {"steps": steps, "band": band, "outside": [0.3] * 4, "final_by_layer": [0.3] * 8},
+            "stable_rank": {"steps": steps, "band": [2.0, 2.0, 1.5, 1.2 + i], "outside": [2.0] * 4},
+            "attn_entropy": {"steps": steps, "band": [0.8, 0.8, 0.9, 0.95 - 0.01 * i], "outside": [0.8] * 4},
+            "val_loss": {"steps": [800], "values": [1.6]},
+            "evals": {
+                "passkey1_acc_128": 0.1 * i,
+                "passkey1_acc_256": 0.0,
+                "passkey5_acc_256": 0.0,
+                "passkey1_digits_128": 0.5,
+                "passkey1_digits_256": 0.2,
+                "passkey5_digits_256": 0.1,
+                "ppl_128": 5.0,
+                "ppl_256": 9.0,
+            },
+        }
         if variant == "raa":
             rec["raa_flagged_fraction"] = {"steps": [0, 800], "values": [0.25, 0.375]}
         runs.append(rec)
-    return {"seeds": [0], "band": seed000.BAND, "onset": 150, "variants": seed000.VARIANTS, "eval_samples": 40,
-            "runs": runs}
+    return {
+        "seeds": [0],
+        "band": seed000.BAND,
+        "onset": 150,
+        "variants": seed000.VARIANTS,
+        "eval_samples": 40,
+        "runs": runs,
+    }
 
 
 def test_seed000_summary_reads_onset_final_peak_and_flagged() -> None:

@@ -25,10 +25,30 @@ def _jsonl(path: Path) -> list[dict]:
 
 def test_a_campaign_trains_evaluates_reads_back_and_resumes(tmp_path: Path) -> None:
     specs = [
-        RunSpec("a", "debug_cpu", ["train.steps=10", "train.report_every=5", "train.qkai_every=5",
-                                   "model.max_seq_len=128", "train.seq_len=64"], [("perplexity", "64,128")]),
-        RunSpec("b", "seed001_grid", ["train.epochs=null", "train.steps=10", "train.report_every=5",
-                                      "train.qkai_every=5", "train.global_batch_size=2", "model.n_layers=2"]),
+        RunSpec(
+            "a",
+            "debug_cpu",
+            [
+                "train.steps=10",
+                "train.report_every=5",
+                "train.qkai_every=5",
+                "model.max_seq_len=128",
+                "train.seq_len=64",
+            ],
+            [("perplexity", "64,128")],
+        ),
+        RunSpec(
+            "b",
+            "seed001_grid",
+            [
+                "train.epochs=null",
+                "train.steps=10",
+                "train.report_every=5",
+                "train.qkai_every=5",
+                "train.global_batch_size=2",
+                "model.n_layers=2",
+            ],
+        ),
     ]
     with Campaign("t", root=tmp_path, workers=2, samples=3) as campaign:
         ids = campaign.run(specs)

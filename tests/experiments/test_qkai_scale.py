@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics.subspace import qkai
 from experiments import qkai_scale
+from qkwatch.agent.metrics.subspace import qkai
 
 
 @pytest.fixture(scope="module")

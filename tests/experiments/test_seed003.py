@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics.attention import attention_spectrum
 from experiments import seed003
+from qkwatch.agent.metrics.attention import attention_spectrum
 
 
 @pytest.fixture(scope="module")

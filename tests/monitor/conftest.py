@@ -20,11 +20,11 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from monitor.main import create_app
-from monitor.settings import Settings
-from monitor.store.engine import make_engine
-from monitor.store.migrate import upgrade
-from monitor.store.store import Store
+from qkwatch.monitor.main import create_app
+from qkwatch.monitor.settings import Settings
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.migrate import upgrade
+from qkwatch.monitor.store.store import Store
 from tests.conftest import missing_service
 
 PG_ADMIN_URL = os.environ.get("QKWATCH_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

@@ -31,21 +31,40 @@ def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
 
 
 def test_every_subcommand_and_option_has_help():
-    missing = [f"qkwatch {' '.join(path)} {what}" for path, what, text in walk(build_parser())
-               if not text or text == argparse.SUPPRESS]
+    missing = [
+        f"qkwatch {' '.join(path)} {what}"
+        for path, what, text in walk(build_parser())
+        if not text or text == argparse.SUPPRESS
+    ]
     assert missing == []
 
 
 def test_the_named_options_say_what_they_do():
     helps = {(path, what): text for path, what, text in walk(build_parser())}
-    for key in ((("serve",), "--host"), (("serve",), "--port"), (("alerts",), "--run"), (("alerts",), "--state"),
-                (("alerts",), "--json"), (("runs", "show"), "run"), (("runs", "delete"), "run")):
+    for key in (
+        (("serve",), "--host"),
+        (("serve",), "--port"),
+        (("alerts",), "--run"),
+        (("alerts",), "--state"),
+        (("alerts",), "--json"),
+        (("runs", "show"), "run"),
+        (("runs", "delete"), "run"),
+    ):
         assert len(helps[key]) > 10, key
     assert "project/name" in helps[(("alerts",), "--run")] and "project/name" in helps[(("runs", "show"), "run")]
 
 
-@pytest.mark.parametrize("argv", [["runs", "--help"], ["demo", "--help"], ["serve", "--help"], ["alerts", "--help"],
-                                  ["runs", "list", "--help"], ["report", "--help"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["runs", "--help"],
+        ["demo", "--help"],
+        ["serve", "--help"],
+        ["alerts", "--help"],
+        ["runs", "list", "--help"],
+        ["report", "--help"],
+    ],
+)
 def test_help_is_plain_text_and_lists_every_action(argv, capsys):
     with pytest.raises(SystemExit) as done:
         main(argv)
@@ -58,8 +77,13 @@ def test_help_is_plain_text_and_lists_every_action(argv, capsys):
 
 def test_the_readme_documents_runs_alerts_and_report():
     text = README.read_text()
-    for command in ("qkwatch runs list", "qkwatch runs show", "qkwatch runs delete", "qkwatch alerts",
-                    "qkwatch report"):
+    for command in (
+        "qkwatch runs list",
+        "qkwatch runs show",
+        "qkwatch runs delete",
+        "qkwatch alerts",
+        "qkwatch report",
+    ):
         assert f"{command} " in text, command
     for option in ("--qkai-above", "--collapse-band", "--state", "project/name"):
         assert option in text, option

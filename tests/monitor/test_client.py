@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from monitor.client import (
+from qkwatch.monitor.client import (
     Alert,
     AuditEntry,
     Client,
@@ -30,9 +30,9 @@ from monitor.client import (
     history_columns,
     history_frame,
 )
-from monitor.store.engine import make_engine
-from monitor.store.migrate import upgrade
-from monitor.store.store import Store
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.migrate import upgrade
+from qkwatch.monitor.store.store import Store
 from tests.conftest import missing_service
 from tests.live import ROOT, LiveCollector, free_port
 from tests.monitor.conftest import PG_ADMIN_URL, report
@@ -70,8 +70,13 @@ def project() -> str:
 def fed_run(c: Client, project: str, name: str = "run", rows: list | None = None) -> Run:
     run = c.create_run(project, name, config={"n_layers": LAYERS})
     rows = rows or [[0.1, 0.2, 0.3, 0.4]] * 5
-    c.send_reports(run, [report(10 * i, {"qkai": row, "stable_rank": [1.0, "nan", "inf", "-inf"]},
-                                scalars={"loss": 2.0 - i / 10}) for i, row in enumerate(rows)])
+    c.send_reports(
+        run,
+        [
+            report(10 * i, {"qkai": row, "stable_rank": [1.0, "nan", "inf", "-inf"]}, scalars={"loss": 2.0 - i / 10})
+            for i, row in enumerate(rows)
+        ],
+    )
     return run
 
 
@@ -89,8 +94,23 @@ def authenticated(tmp_path: Path) -> Iterator[tuple[str, str]]:
     store.close()
     port = free_port()
     with open(tmp_path / "serve.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "qkwatch.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port), "--database-url", db], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "qkwatch.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--database-url",
+                db,
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -136,8 +156,11 @@ def test_results_are_typed_with_timezone_aware_times(c, project):
     assert isinstance(page, Page) and page.count == 1 and [r.id for r in page] == [run.id]
     assert page["data"][0]["id"] == run.id and page[0].updated_at.tzinfo == timezone.utc
     metrics = c.metrics(run)  # the same shape rule as runs(): a typed object of the whole answer
-    assert isinstance(metrics, RunMetrics) and metrics.metrics == {"loss": [-1], "qkai": [0, 1, 2, 3],
-                                                                   "stable_rank": [0, 1, 2, 3]}
+    assert isinstance(metrics, RunMetrics) and metrics.metrics == {
+        "loss": [-1],
+        "qkai": [0, 1, 2, 3],
+        "stable_rank": [0, 1, 2, 3],
+    }
     assert metrics["metrics"] == metrics.metrics
     alerts = c.alerts(run=run, state="firing")
     assert alerts.count == 5 and all(isinstance(a, Alert) and a.starts_at.tzinfo for a in alerts)  # 4 layers, a band
@@ -227,9 +250,12 @@ def test_history_as_a_dataframe_and_as_plain_columns(c, project, monkeypatch):
 
 def test_an_unanswerable_query_raises_naming_the_problem(c, project):
     run = fed_run(c, project)
-    for call, words in ((lambda: c.series(run, "qkai"), "layer"), (lambda: c.series(run, "nope"), "'nope'"),
-                        (lambda: c.series(run, "qkai", layer=99), "layer 99"),
-                        (lambda: c.history(run, metrics=["nope"]), "'nope'")):
+    for call, words in (
+        (lambda: c.series(run, "qkai"), "layer"),
+        (lambda: c.series(run, "nope"), "'nope'"),
+        (lambda: c.series(run, "qkai", layer=99), "layer 99"),
+        (lambda: c.history(run, metrics=["nope"]), "'nope'"),
+    ):
         with pytest.raises(CollectorError) as err:
             call()
         assert err.value.status in (404, 422) and words in err.value.message

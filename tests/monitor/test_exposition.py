@@ -6,7 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.exposition import widest_band
+from qkwatch.monitor.exposition import widest_band
 from tests.monitor.conftest import report
 
 
@@ -124,8 +124,11 @@ def test_server_errors_are_counted_by_route_template(make_harness, monkeypatch):
     assert client.get("/v1/runs", headers=h.headers("read")).status_code == 500
     assert client.get("/v1/runs/nope", headers=h.headers("read")).status_code == 404
     assert client.get(f"/v1/runs/{run['id']}", headers=h.headers("read")).status_code == 200
-    errors = {(s.labels["method"], s.labels["route"]): s.value
-              for s in scrape(h)["qkwatch_http_server_errors"] if s.name.endswith("_total")}
+    errors = {
+        (s.labels["method"], s.labels["route"]): s.value
+        for s in scrape(h)["qkwatch_http_server_errors"]
+        if s.name.endswith("_total")
+    }
     assert errors == {("GET", "/v1/runs"): 1.0}
 
 
@@ -152,10 +155,13 @@ def test_collapse_band_is_the_widest_run_of_adjacent_layers_above_the_threshold(
     h.send(at_threshold["id"], [report(10, {"qkai": [0.7, 0.7, 0.7]})])
     h.create_run("no-qkai-yet")  # running without a report: exported as 0, not absent
     m = scrape(h)
-    assert run_gauge(m, "qkwatch_collapse_band_layers") == {"band": 3, "scattered": 1, "at-threshold": 0,
-                                                            "no-qkai-yet": 0}
-    assert run_gauge(m, "qkwatch_collapsed_layers") == {"band": 5, "scattered": 3, "at-threshold": 0,
-                                                        "no-qkai-yet": 0}
+    assert run_gauge(m, "qkwatch_collapse_band_layers") == {
+        "band": 3,
+        "scattered": 1,
+        "at-threshold": 0,
+        "no-qkai-yet": 0,
+    }
+    assert run_gauge(m, "qkwatch_collapsed_layers") == {"band": 5, "scattered": 3, "at-threshold": 0, "no-qkai-yet": 0}
 
 
 def test_collapse_band_follows_the_latest_report_and_the_threshold_setting(make_harness):
@@ -174,20 +180,34 @@ def test_agent_delivery_counters_are_exported_per_run(make_harness):
     m = scrape(h)
     for name, value in (("qkwatch_agent_dropped", 2), ("qkwatch_agent_dead_lettered", 5)):
         assert [(s.name, s.labels, s.value) for s in m[name]] == [
-            (f"{name}_total", {"project": h.project, "run": "lossy", "rank": "0"}, value)]
+            (f"{name}_total", {"project": h.project, "run": "lossy", "rank": "0"}, value)
+        ]
 
 
 def test_each_ranks_agent_health_is_exported_with_its_rank(make_harness):
     """Under FSDP every rank's agent reports its own counters, suffixed ``_rank<r>``: one series each."""
     h = make_harness()
     run = h.create_run("sharded")
-    h.send(run["id"], [report(10, scalars={"agent_dropped_total_rank0": 1, "agent_dropped_total_rank1": 7,
-                                           "agent_spool_bytes_rank1": 4096, "agent_ranked_rank2": 3,
-                                           "loss_rank1": 2.0})])
+    h.send(
+        run["id"],
+        [
+            report(
+                10,
+                scalars={
+                    "agent_dropped_total_rank0": 1,
+                    "agent_dropped_total_rank1": 7,
+                    "agent_spool_bytes_rank1": 4096,
+                    "agent_ranked_rank2": 3,
+                    "loss_rank1": 2.0,
+                },
+            )
+        ],
+    )
     m = scrape(h)
     dropped = {s.labels["rank"]: s.value for s in m["qkwatch_agent_dropped"] if s.name.endswith("_total")}
     assert dropped == {"0": 1, "1": 7}
     assert [(s.labels, s.value) for s in m["qkwatch_agent_spool_bytes"]] == [
-        ({"project": h.project, "run": "sharded", "rank": "1"}, 4096)]
+        ({"project": h.project, "run": "sharded", "rank": "1"}, 4096)
+    ]
     assert m["qkwatch_train_loss"] == []  # only the agent's own series carry ranks
     assert not any("ranked" in name for name in m)

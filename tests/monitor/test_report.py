@@ -18,16 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from monitor.client import Client, CollectorError
-from monitor.report import explain
 from qkwatch.cli import main
+from qkwatch.monitor.client import Client, CollectorError
+from qkwatch.monitor.report import explain
 from tests.live import ROOT, LiveCollector
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size, references
 from tests.monitor.ui.runs import seed
 
 OVERRIDE = (4, 0.002)  # layer, lambda
-FIGURES = ("fig-latest", "fig-loss", "fig-heatmap-qkai-0", "fig-heatmap-stable_rank-0", "fig-heatmap-attn_entropy-0",
-           "fig-heatmap-lambda-0", "fig-layers-0", "fig-lambdas-0")
+FIGURES = (
+    "fig-latest",
+    "fig-loss",
+    "fig-heatmap-qkai-0",
+    "fig-heatmap-stable_rank-0",
+    "fig-heatmap-attn_entropy-0",
+    "fig-heatmap-lambda-0",
+    "fig-layers-0",
+    "fig-lambdas-0",
+)
 
 
 class Drawn(HTMLParser):
@@ -138,8 +146,9 @@ def test_the_report_opens_offline_from_disk_with_every_plot_drawn(reports, tmp_p
     assert "qkwatch report: demo/vanilla" in dom
     assert "demo/raa" not in dom
     # state, severity, rule, layers, onset step, resolved step, since, summary
-    assert [c[:4] for c in shown.table("firing") if c[2] == "collapse_band"] == [["firing", "critical", "collapse_band",
-                                                                                   "3-5"]]
+    assert [c[:4] for c in shown.table("firing") if c[2] == "collapse_band"] == [
+        ["firing", "critical", "collapse_band", "3-5"]
+    ]
     assert shown.fact("status") == ["running"]
     assert shown.fact("layers above 0.70 (latest qkai)") == ["3-5"]
     assert '"n_layers": 8' in html.unescape(dom)  # the config, pretty-printed
@@ -173,8 +182,10 @@ def test_screenshot_of_the_report(reports, tmp_path: Path) -> None:
     need_chromium()
     with Page(tmp_path / "profile", width=1400, height=1000) as tab:
         tab.goto(reports["vs"].as_uri())
-        tab.wait_for("document.readyState === 'complete' && [...document.querySelectorAll('div[id^=fig-]')]"
-                     ".every((d) => d.querySelector('.main-svg'))")
+        tab.wait_for(
+            "document.readyState === 'complete' && [...document.querySelectorAll('div[id^=fig-]')]"
+            ".every((d) => d.querySelector('.main-svg'))"
+        )
         shot = keep(tab.screenshot(tmp_path / "report-vs.png", full_page=True))
     width, height = png_size(shot)
     assert width == 1400 and height > 3000
@@ -190,14 +201,18 @@ def test_url_and_token_come_from_the_environment(served, tmp_path: Path, monkeyp
     assert "demo/vanilla" in out.read_text()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ([], "qkwatch report: no collector URL: pass --url URL or set QKWATCH_URL"),
-    (["--url", "{url}", "demo/nope"], "qkwatch report: no run 'demo/nope' on the collector"),
-    (["--url", "{url}", "0123abcd"], "qkwatch report: no run '0123abcd' on the collector"),
-    (["--url", "{url}", "demo/vanilla", "--vs", "other/nope"], "qkwatch report: no run 'other/nope'"),
-])
-def test_a_missing_url_or_an_unknown_run_is_a_clear_error(served, tmp_path: Path, monkeypatch, capsys,
-                                                           args: list[str], message: str) -> None:
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "qkwatch report: no collector URL: pass --url URL or set QKWATCH_URL"),
+        (["--url", "{url}", "demo/nope"], "qkwatch report: no run 'demo/nope' on the collector"),
+        (["--url", "{url}", "0123abcd"], "qkwatch report: no run '0123abcd' on the collector"),
+        (["--url", "{url}", "demo/vanilla", "--vs", "other/nope"], "qkwatch report: no run 'other/nope'"),
+    ],
+)
+def test_a_missing_url_or_an_unknown_run_is_a_clear_error(
+    served, tmp_path: Path, monkeypatch, capsys, args: list[str], message: str
+) -> None:
     monkeypatch.delenv("QKWATCH_URL", raising=False)
     args = [a.format(url=served[0]) for a in args] or ["demo/vanilla"]
     out = tmp_path / "r.html"
@@ -225,9 +240,12 @@ def test_a_refused_request_names_the_token_to_give() -> None:
 
 def test_the_report_command_imports_no_torch(served, tmp_path: Path) -> None:
     url, vanilla, _ = served
-    code = ("import sys; from qkwatch.cli import main; "
-            f"rc = main(['report', {vanilla['id']!r}, '--url', {url!r}, '--out', {str(tmp_path / 'r.html')!r}]); "
-            "sys.exit(rc or 3 * ('torch' in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          check=False)
+    code = (
+        "import sys; from qkwatch.cli import main; "
+        f"rc = main(['report', {vanilla['id']!r}, '--url', {url!r}, '--out', {str(tmp_path / 'r.html')!r}]); "
+        "sys.exit(rc or 3 * ('torch' in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from monitor.scheduling import ScheduleConfig, apply_overrides, check_override, ema_update, entropy_floor, sigmoid
+from qkwatch.monitor.scheduling import (
+    ScheduleConfig,
+    apply_overrides,
+    check_override,
+    ema_update,
+    entropy_floor,
+    sigmoid,
+)
 
 
 def test_formula_matches_the_closed_form():

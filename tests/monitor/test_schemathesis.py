@@ -13,7 +13,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
-from monitor.main import create_app
+from qkwatch.monitor.main import create_app
 from tests.monitor.conftest import make_settings
 
 EXAMPLES_PER_OPERATION = 25

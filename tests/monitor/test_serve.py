@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from monitor.client import Client, CollectorError
+from qkwatch.monitor.client import Client, CollectorError
 
 pytestmark = pytest.mark.slow
 

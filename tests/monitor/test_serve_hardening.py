@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 import uvicorn
 
-from monitor.main import create_app
+from qkwatch.monitor.main import create_app
 from tests.monitor.conftest import make_settings
 from tests.monitor.test_serve import ROOT, free_port, serve
 
@@ -25,8 +25,14 @@ pytestmark = pytest.mark.slow
 
 def refused(*args: str, env: dict | None = None) -> str:
     """Run ``qkwatch serve ARGS`` expecting exit status 2 before listening; returns its one line of stderr."""
-    result = subprocess.run([sys.executable, "-m", "qkwatch.cli", "serve", "--port", str(free_port()), *args],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [sys.executable, "-m", "qkwatch.cli", "serve", "--port", str(free_port()), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
     assert "listening" not in result.stdout, result.stdout
     lines = result.stderr.strip().splitlines()
@@ -38,19 +44,23 @@ def refused(*args: str, env: dict | None = None) -> str:
 
 
 def test_open_mode_from_the_environment_is_refused_off_loopback(tmp_path: Path):
-    line = refused("--host", "0.0.0.0", "--database-url", f"sqlite:///{tmp_path / 'x.db'}",
-                   env={"QKWATCH_OPEN_ACCESS": "true"})
+    line = refused(
+        "--host", "0.0.0.0", "--database-url", f"sqlite:///{tmp_path / 'x.db'}", env={"QKWATCH_OPEN_ACCESS": "true"}
+    )
     assert "loopback" in line and "QKWATCH_OPEN_ACCESS" in line
 
 
 # --- 9. start-up errors are one clear line --------------------------------------------------------
 
 
-@pytest.mark.parametrize(("url", "expect"), [
-    ("notadb://nowhere", "notadb"),
-    ("sqlite:////nonexistent-dir/sub/x.db", "database"),
-    ("postgresql://postgres@127.0.0.1:1/nope", "127.0.0.1"),
-])
+@pytest.mark.parametrize(
+    ("url", "expect"),
+    [
+        ("notadb://nowhere", "notadb"),
+        ("sqlite:////nonexistent-dir/sub/x.db", "database"),
+        ("postgresql://postgres@127.0.0.1:1/nope", "127.0.0.1"),
+    ],
+)
 def test_a_bad_database_url_is_one_line(url: str, expect: str):
     line = refused("--database-url", url)
     assert line.startswith("qkwatch serve:") and expect in line, line
@@ -61,16 +71,19 @@ def test_a_password_in_a_bad_database_url_is_not_printed():
     assert "hunter2" not in line, line
 
 
-@pytest.mark.parametrize(("text", "expect"), [
-    ("rules: 5\n", "list"),
-    ("", "rules: []"),
-    ("webhooks: [http://hook.example]\n", "rules: []"),
-    ("rules:\n  - {name: r, metric: qkai, op: '>', threshold: 0.7, for_reports: 2.5}\n", "for_reports"),
-    ("rules:\n  - {name: r, metric: qkai, op: '>', threshold: true, for_reports: 2}\n", "threshold"),
-    ('rules:\n  - {name: r, metric: "bad metric!", threshold: 0.7}\n', "metric"),
-    ("rules: [\n", "YAML"),
-    ("rules: []\nwebhooks: 5\n", "webhooks"),
-])
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        ("rules: 5\n", "list"),
+        ("", "rules: []"),
+        ("webhooks: [http://hook.example]\n", "rules: []"),
+        ("rules:\n  - {name: r, metric: qkai, op: '>', threshold: 0.7, for_reports: 2.5}\n", "for_reports"),
+        ("rules:\n  - {name: r, metric: qkai, op: '>', threshold: true, for_reports: 2}\n", "threshold"),
+        ('rules:\n  - {name: r, metric: "bad metric!", threshold: 0.7}\n', "metric"),
+        ("rules: [\n", "YAML"),
+        ("rules: []\nwebhooks: 5\n", "webhooks"),
+    ],
+)
 def test_a_bad_rules_file_is_one_line_before_listening(tmp_path: Path, text: str, expect: str):
     rules = tmp_path / "rules.yaml"
     rules.write_text(text)
@@ -80,8 +93,11 @@ def test_a_bad_rules_file_is_one_line_before_listening(tmp_path: Path, text: str
 
 
 def test_a_missing_rules_file_is_one_line(tmp_path: Path):
-    line = refused("--database-url", f"sqlite:///{tmp_path / 'x.db'}", env={
-        "QKWATCH_ALERT_RULES_FILE": str(tmp_path / "absent.yaml")})
+    line = refused(
+        "--database-url",
+        f"sqlite:///{tmp_path / 'x.db'}",
+        env={"QKWATCH_ALERT_RULES_FILE": str(tmp_path / "absent.yaml")},
+    )
     assert "absent.yaml" in line, line
 
 
@@ -128,8 +144,9 @@ def test_a_broken_database_answers_503_json_and_keeps_the_connection(isolated_db
             assert _request(sock, "GET", "/v1/runs")[0] == 200
             engine = sa.create_engine(isolated_db_url.replace("postgresql://", "postgresql+psycopg://"))
             with engine.begin() as conn:
-                conn.exec_driver_sql("DROP TABLE runs CASCADE" if engine.dialect.name == "postgresql"
-                                     else "DROP TABLE runs")
+                conn.exec_driver_sql(
+                    "DROP TABLE runs CASCADE" if engine.dialect.name == "postgresql" else "DROP TABLE runs"
+                )
             engine.dispose()
             status, headers, body = _request(sock, "GET", "/v1/runs")
             assert status == 503 and headers["content-type"] == "application/json", (status, headers, body)

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from pydantic import ValidationError
 
-from monitor.wire import OverridesPut, Report, ReportBatch, RunCreate, decode_value, encode_value
+from qkwatch.monitor.wire import OverridesPut, Report, ReportBatch, RunCreate, decode_value, encode_value
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from trainer import recipes
-from trainer.config import RunConfig, TrainConfig
-from trainer.init import InitConfig, init_weights
-from trainer.model import GPT, ModelConfig
+from qkwatch.trainer import recipes
+from qkwatch.trainer.config import RunConfig, TrainConfig
+from qkwatch.trainer.init import InitConfig, init_weights
+from qkwatch.trainer.model import GPT, ModelConfig
 
 
 @pytest.fixture(autouse=True)
@@ -46,8 +46,9 @@ def tiny_run():
         )
         for name, changes in sections.items():
             section = getattr(cfg, name)
-            cfg = dataclasses.replace(cfg, **{name: dataclasses.replace(section, **changes)
-                                              if dataclasses.is_dataclass(section) else changes})
+            cfg = dataclasses.replace(
+                cfg, **{name: dataclasses.replace(section, **changes) if dataclasses.is_dataclass(section) else changes}
+            )
         return cfg
 
     return make

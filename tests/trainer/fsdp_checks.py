@@ -24,14 +24,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer import recipes
-from trainer.cli import main as train_main
-from trainer.config import TrainConfig
-from trainer.init import InitConfig, assign, build_model, full_tensor
-from trainer.interventions import InterventionConfig, Interventions
-from trainer.parallelize import Env, init_distributed, parallelize
-from trainer.raa import RAAController
-from trainer.train import run
+from qkwatch.trainer import recipes
+from qkwatch.trainer.cli import main as train_main
+from qkwatch.trainer.config import TrainConfig
+from qkwatch.trainer.init import InitConfig, assign, build_model, full_tensor
+from qkwatch.trainer.interventions import InterventionConfig, Interventions
+from qkwatch.trainer.parallelize import Env, init_distributed, parallelize
+from qkwatch.trainer.raa import RAAController
+from qkwatch.trainer.train import run
 
 
 def small_config():
@@ -46,8 +46,9 @@ def small_config():
 
 def build(cfg, env: Env):
     """The run's model as ``trainer.train.setup`` builds it on ``env``."""
-    return build_model(cfg.model_config(), cfg.init, cfg.seed, env.device,
-                       parallelize=lambda m: parallelize(m, cfg.parallel, env))
+    return build_model(
+        cfg.model_config(), cfg.init, cfg.seed, env.device, parallelize=lambda m: parallelize(m, cfg.parallel, env)
+    )
 
 
 def grads(model, loss_fn, env) -> dict[str, torch.Tensor]:
@@ -61,8 +62,11 @@ def compare(sharded: dict, single: dict) -> dict:
     for name, ref in single.items():
         got = sharded[name]
         scale = ref.abs().max().item()
-        worst[name] = {"max_abs_err": (got - ref).abs().max().item(), "ref_max": scale,
-                       "ratio": (got.norm() / ref.norm()).item() if scale > 0 else 1.0}
+        worst[name] = {
+            "max_abs_err": (got - ref).abs().max().item(),
+            "ref_max": scale,
+            "ratio": (got.norm() / ref.norm()).item() if scale > 0 else 1.0,
+        }
     return worst
 
 
@@ -78,15 +82,19 @@ def gradient_checks(env: Env) -> dict:
         noisy = wk.detach() + 0.5 * wk.detach().std() * torch.randn(wk.shape, generator=gen)
         assign(wk, noisy)
         assign(sharded_block.attn.k_proj.weight, noisy)
-    init_equal = all([torch.equal(full_tensor(p.detach()), single.get_parameter(n).detach())  # every rank gathers all
-                      for n, p in sharded.named_parameters()])
+    init_equal = all(
+        [
+            torch.equal(full_tensor(p.detach()), single.get_parameter(n).detach())  # every rank gathers all
+            for n, p in sharded.named_parameters()
+        ]
+    )
 
     lambdas = [0.05] * 4
     controllers = [RAAController(cfg.raa, [b.attn for b in m.blocks]) for m in (sharded, single)]
     for c in controllers:
         c.apply(lambdas, step=0)
     tokens = torch.randint(0, 256, (4, 33), generator=torch.Generator().manual_seed(7))
-    mine = tokens[2 * env.rank: 2 * env.rank + 2]
+    mine = tokens[2 * env.rank : 2 * env.rank + 2]
 
     def loss(model, controller, rows, with_ce=True):
         def fn():
@@ -94,12 +102,17 @@ def gradient_checks(env: Env) -> dict:
             par, _ = controller.loss(out.penalties, lambdas)
             ce = F.cross_entropy(out.logits.flatten(0, 1), rows[:, 1:].flatten())
             return (ce + par) if with_ce else par
+
         return fn
 
-    both = compare(grads(sharded, loss(sharded, controllers[0], mine), env),
-                   grads(single, loss(single, controllers[1], tokens), single_env))
-    par_only = compare(grads(sharded, loss(sharded, controllers[0], mine, False), env),
-                       grads(single, loss(single, controllers[1], tokens, False), single_env))
+    both = compare(
+        grads(sharded, loss(sharded, controllers[0], mine), env),
+        grads(single, loss(single, controllers[1], tokens), single_env),
+    )
+    par_only = compare(
+        grads(sharded, loss(sharded, controllers[0], mine, False), env),
+        grads(single, loss(single, controllers[1], tokens, False), single_env),
+    )
     return {"init_equal": init_equal, "ce_plus_par": both, "par_only": par_only}
 
 
@@ -108,8 +121,11 @@ def intervention_checks(env: Env) -> dict:
     cfg = small_config()
     single_env = Env(0, 1, torch.device("cpu"), None, torch.float32, torch.float32)
     out = {}
-    for kind, fields in (("forced_k_contraction", {"every": 1, "tail_rank": 4}), ("freeze_q", {}),
-                         ("k_spectrum_clamp", {"every": 1})):
+    for kind, fields in (
+        ("forced_k_contraction", {"every": 1, "tail_rank": 4}),
+        ("freeze_q", {}),
+        ("k_spectrum_clamp", {"every": 1}),
+    ):
         models = [build(cfg, e) for e in (env, single_env)]
         ivs = [Interventions(InterventionConfig(kind=kind, **fields), m, 10, cfg.seed) for m in models]
         gen = torch.Generator().manual_seed(5)
@@ -121,8 +137,11 @@ def intervention_checks(env: Env) -> dict:
                 assign(getattr(block_s.attn, name).weight, moved)
         for iv in ivs:
             iv.after_step(1)
-        errors = [(full_tensor(getattr(bs.attn, n).weight.detach()) - getattr(b1.attn, n).weight.detach()).abs().max()
-                  for bs, b1 in zip(models[0].blocks, models[1].blocks, strict=True) for n in ("q_proj", "k_proj")]
+        errors = [
+            (full_tensor(getattr(bs.attn, n).weight.detach()) - getattr(b1.attn, n).weight.detach()).abs().max()
+            for bs, b1 in zip(models[0].blocks, models[1].blocks, strict=True)
+            for n in ("q_proj", "k_proj")
+        ]
         out[kind] = max(e.item() for e in errors)
     return out
 
@@ -139,8 +158,11 @@ def resume_check(env: Env, root: Path) -> dict:
 
     if env.rank != 0:
         return {}
-    return {"straight": losses(root / "straight"), "resumed": losses(root / "resumed"),
-            "steps": [straight.steps, resumed.steps]}
+    return {
+        "straight": losses(root / "straight"),
+        "resumed": losses(root / "resumed"),
+        "steps": [straight.steps, resumed.steps],
+    }
 
 
 def debug_cpu_check(root: Path) -> dict:
@@ -148,8 +170,13 @@ def debug_cpu_check(root: Path) -> dict:
     lines = [json.loads(x) for x in (root / "debug_cpu" / "metrics.jsonl").read_text().splitlines()]
     losses = [x["loss"] for x in lines if "loss" in x]
     layers_seen = {len(x["lambda"]) for x in lines if "lambda" in x}
-    return {"exit": code, "last_step": max(x["step"] for x in lines), "losses": losses, "layers": sorted(layers_seen),
-            "exported": (root / "debug_cpu" / "model.pt").is_file()}
+    return {
+        "exit": code,
+        "last_step": max(x["step"] for x in lines),
+        "losses": losses,
+        "layers": sorted(layers_seen),
+        "exported": (root / "debug_cpu" / "model.pt").is_file(),
+    }
 
 
 def main() -> None:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import recipes
-from trainer.config import apply_overrides
-from trainer.data import ByteTokenizer, DataConfig, TrainData, binding, load_corpus, passkey
-from trainer.optim import OptimConfig, lr_at
+from qkwatch.trainer import recipes
+from qkwatch.trainer.config import apply_overrides
+from qkwatch.trainer.data import ByteTokenizer, DataConfig, TrainData, binding, load_corpus, passkey
+from qkwatch.trainer.optim import OptimConfig, lr_at
 
 
 @pytest.mark.parametrize("name", list(recipes.RECIPES))
@@ -39,27 +39,41 @@ def test_recipes_match_their_papers():
 
 
 def test_overrides_parse_by_type_and_apply_in_any_order():
-    cfg = apply_overrides(recipes.debug_cpu(), [
-        "init.qk_layers=[5]", "model.n_layers=6", "raa.enabled=false", "optim.lr=1e-3", "model.n_kv_heads=2",
-        "model.d_head=none", "intervention.layers=1,2", "data.corpus=pydoc", "run_name=x"])
+    cfg = apply_overrides(
+        recipes.debug_cpu(),
+        [
+            "init.qk_layers=[5]",
+            "model.n_layers=6",
+            "raa.enabled=false",
+            "optim.lr=1e-3",
+            "model.n_kv_heads=2",
+            "model.d_head=none",
+            "intervention.layers=1,2",
+            "data.corpus=pydoc",
+            "run_name=x",
+        ],
+    )
     assert cfg.model.n_layers == 6 and cfg.init.qk_layers == [5] and cfg.raa.enabled is False
     assert cfg.optim.lr == 1e-3 and cfg.model.n_kv_heads == 2 and cfg.model.d_head is None
     assert cfg.intervention.layers == [1, 2] and cfg.run_name == "x"
     assert cfg.model_config().key_rotation == 0
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("model.n_layerz=3", "unknown config key 'model.n_layerz': model has"),
-    ("modle.n_layers=3", "unknown config key 'modle.n_layers': the run config has"),
-    ("model=3", "is a section"),
-    ("seed.x=1", "seed is not a section"),
-    ("model.n_layers=three", r"model\.n_layers='three': not a valid int"),
-    ("raa.enabled=perhaps", "not a valid bool"),
-    ("init.qk_layers=a,b", r"not a valid list\[int\]"),
-    ("model.variant=fancy", r"model\.variant='fancy' is not one of"),
-    ("init.qk_layers=[9]", r"init\.qk_layers has layers \[9\] beyond model\.n_layers=4"),
-    ("nonsense", "expected key=value"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.n_layerz=3", "unknown config key 'model.n_layerz': model has"),
+        ("modle.n_layers=3", "unknown config key 'modle.n_layers': the run config has"),
+        ("model=3", "is a section"),
+        ("seed.x=1", "seed is not a section"),
+        ("model.n_layers=three", r"model\.n_layers='three': not a valid int"),
+        ("raa.enabled=perhaps", "not a valid bool"),
+        ("init.qk_layers=a,b", r"not a valid list\[int\]"),
+        ("model.variant=fancy", r"model\.variant='fancy' is not one of"),
+        ("init.qk_layers=[9]", r"init\.qk_layers has layers \[9\] beyond model\.n_layers=4"),
+        ("nonsense", "expected key=value"),
+    ],
+)
 def test_bad_overrides_name_the_key(override, message):
     with pytest.raises(ValueError, match=message):
         apply_overrides(recipes.debug_cpu(), [override])
@@ -112,7 +126,7 @@ def test_synthetic_tasks_have_the_answer_where_they_say():
     assert len(samples) == 5 and all(len(s.tokens) == 300 for s in samples)
     for s in samples:
         text = bytes(s.tokens).decode()
-        (start, end), = s.answers
+        ((start, end),) = s.answers
         key = text[start:end]
         assert key.isdigit() and len(key) == 5 and text.count(key) == 2  # the needle and the answer
     b = binding(rng, 120, hops=3)

@@ -20,10 +20,19 @@ def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("fsdp") / "report.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("QKWATCH_URL", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "fsdp_checks.py"), str(out)]
-    result = subprocess.run(cmd, cwd=tmp_path_factory.mktemp("cwd"), env=env, capture_output=True, text=True,
-                            timeout=400)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(HERE / "fsdp_checks.py"),
+        str(out),
+    ]
+    result = subprocess.run(
+        cmd, cwd=tmp_path_factory.mktemp("cwd"), env=env, capture_output=True, text=True, timeout=400
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return json.loads(out.read_text())
 

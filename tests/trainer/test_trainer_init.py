@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics import column_alignment, qkai, split_heads
+from qkwatch.agent.metrics import column_alignment, qkai, split_heads
 
 
 def _layer_geometry(model, layer):
@@ -86,8 +86,9 @@ def test_regime_applies_only_to_its_layers(tiny_model):
 
 def test_initialisation_depends_on_seed_and_name_only(tiny_model):
     a, b, c = tiny_model(seed=3), tiny_model(seed=3), tiny_model(seed=4)
-    for (name, pa), pb, pc in zip(a.state_dict().items(), b.state_dict().values(), c.state_dict().values(),
-                                  strict=True):
+    for (name, pa), pb, pc in zip(
+        a.state_dict().items(), b.state_dict().values(), c.state_dict().values(), strict=True
+    ):
         assert torch.equal(pa, pb), name
         if pa.ndim == 2:
             assert not torch.equal(pa, pc), name

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from agent.metrics import column_alignment, principal_overlap, qkai, split_heads, stable_rank
-from trainer.interventions import QK_ALIGN, QK_COLLAPSE, InterventionConfig, Interventions
+from qkwatch.agent.metrics import column_alignment, principal_overlap, qkai, split_heads, stable_rank
+from qkwatch.trainer.interventions import QK_ALIGN, QK_COLLAPSE, InterventionConfig, Interventions
 
 
 def _perturb(param):
@@ -55,8 +55,9 @@ def test_forced_k_contraction_shrinks_the_tail_after_rank_32_and_renormalises(ti
     assert wk.detach().norm().item() == pytest.approx(fro0.item(), rel=1e-5)
 
 
-@pytest.mark.parametrize(("kind", "frozen", "free"),
-                         [("freeze_q", "q_proj", "k_proj"), ("freeze_k", "k_proj", "q_proj")])
+@pytest.mark.parametrize(
+    ("kind", "frozen", "free"), [("freeze_q", "q_proj", "k_proj"), ("freeze_k", "k_proj", "q_proj")]
+)
 def test_freeze_restores_the_initial_weights_every_step(tiny_model, kind, frozen, free):
     model, iv = _setup(tiny_model, kind)
     attn = model.blocks[0].attn
@@ -90,8 +91,11 @@ def test_qk_decouple_rotates_w_k_once_at_the_start_of_epoch_3(tiny_model):
 def test_qk_decouple_needs_the_identical_init(tiny_run):
     cfg = tiny_run()
     with pytest.raises(ValueError, match=r"init\.qk_regime"):
-        dataclasses.replace(cfg, intervention=InterventionConfig(kind="qk_decouple"),
-                            init=dataclasses.replace(cfg.init, qk_regime="independent_xavier"))
+        dataclasses.replace(
+            cfg,
+            intervention=InterventionConfig(kind="qk_decouple"),
+            init=dataclasses.replace(cfg.init, qk_regime="independent_xavier"),
+        )
 
 
 def test_qk_align_regulariser_adds_lambda_times_alignment_and_lowers_it(tiny_model):

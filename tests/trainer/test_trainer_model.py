@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.model import GPT, VARIANTS, ModelConfig, SigmaReparamLinear
+from qkwatch.trainer.model import GPT, VARIANTS, ModelConfig, SigmaReparamLinear
 
 
 def _loss(model: GPT, seed: int = 0) -> torch.Tensor:
@@ -34,8 +34,9 @@ def test_each_variant_runs_forward_and_backward(tiny_model, variant):
     assert _loss(model) < loss
 
 
-@pytest.mark.parametrize("fields", [{"n_kv_heads": 2}, {"position": "learned", "bias": True},
-                                    {"tie_embeddings": False}])
+@pytest.mark.parametrize(
+    "fields", [{"n_kv_heads": 2}, {"position": "learned", "bias": True}, {"tie_embeddings": False}]
+)
 def test_gqa_learned_positions_biases_untied(tiny_model, fields):
     model = tiny_model(**fields)
     _loss(model).backward()
@@ -132,13 +133,16 @@ def test_rezero_starts_as_the_identity_map_and_deepnorm_is_post_norm(tiny_model)
     torch.testing.assert_close(out.mean(-1), torch.zeros(2, 5), atol=1e-5, rtol=0)  # ends in a LayerNorm
 
 
-@pytest.mark.parametrize(("fields", "key"), [
-    ({"n_heads": 4, "n_kv_heads": 3}, "model.n_kv_heads"),
-    ({"variant": "bogus"}, "model.variant"),
-    ({"n_layers": 0}, "model.n_layers"),
-    ({"d_head": 7}, "model.d_head"),
-    ({"key_rotation": 3}, "model.key_rotation"),
-])
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"n_heads": 4, "n_kv_heads": 3}, "model.n_kv_heads"),
+        ({"variant": "bogus"}, "model.variant"),
+        ({"n_layers": 0}, "model.n_layers"),
+        ({"d_head": 7}, "model.d_head"),
+        ({"key_rotation": 3}, "model.key_rotation"),
+    ],
+)
 def test_bad_model_config_names_the_key(fields, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         ModelConfig(**fields)

@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 
-from agent.metrics import householder, principal_overlap, split_heads
-from trainer.model import KeyRotation
-from trainer.raa import PAR, RAAConfig, RAAController, ScheduleConfig, par_penalty
+from qkwatch.agent.metrics import householder, principal_overlap, split_heads
+from qkwatch.trainer.model import KeyRotation
+from qkwatch.trainer.raa import PAR, RAAConfig, RAAController, ScheduleConfig, par_penalty
 
 
 def _aligned_pair(n_heads=2, d_model=12, d_head=4, noise=0.3, seed=0):
@@ -128,8 +128,8 @@ def test_no_advice_falls_back_to_lambda_0_loudly_and_bad_values_are_bounded(tiny
 
 def test_raa_off_costs_nothing(tiny_run, monkeypatch):
     """Disabled: no rotation module, the monitor is never asked, principal_overlap never runs."""
-    from trainer import raa as raa_module
-    from trainer.train import run
+    from qkwatch.trainer import raa as raa_module
+    from qkwatch.trainer.train import run
 
     cfg = tiny_run(steps=2, raa={"enabled": False})
     assert cfg.model_config().key_rotation == 0
@@ -143,14 +143,26 @@ def test_raa_off_costs_nothing(tiny_run, monkeypatch):
             self.asked = 0
             self.layers = []
 
-        def step(self, step): pass
+        def step(self, step):
+            pass
+
         def lambdas(self):
             self.asked += 1
-        def log(self, step, **scalars): pass
-        def log_layers(self, step, values): self.layers.append(values)
-        def close(self, timeout=10.0, *, status="finished", reason=None): pass
-        def state_dict(self): return {}
-        def load_state_dict(self, states): pass
+
+        def log(self, step, **scalars):
+            pass
+
+        def log_layers(self, step, values):
+            self.layers.append(values)
+
+        def close(self, timeout=10.0, *, status="finished", reason=None):
+            pass
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, states):
+            pass
 
     monitor = Recorder()
     import tempfile
@@ -177,10 +189,11 @@ def test_the_folded_rotation_is_the_effective_key_map(tiny_model):
     x = torch.randn(2, 5, attn.k_proj.in_features)
     plain = attn.k_proj(x).view(2, 5, 2, attn.d_head)  # (B, T, G, d)
     r = attn.key_rotation.matrix()
-    torch.testing.assert_close(attn._keys(x).view(2, 5, 2, attn.d_head), torch.einsum("gde,btge->btgd", r, plain),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        attn._keys(x).view(2, 5, 2, attn.d_head), torch.einsum("gde,btge->btgd", r, plain), atol=1e-5, rtol=1e-5
+    )
     _, wk, rotation = attn.qk_weights()  # what the agent and analyze use: Wk_h R_h^T in math layout
-    from agent.metrics import effective_key_map, split_heads
+    from qkwatch.agent.metrics import effective_key_map, split_heads
 
     folded, _ = attn.key_rotation.fold(wk, None)
     torch.testing.assert_close(split_heads(folded, 2), effective_key_map(split_heads(wk, 2), rotation))

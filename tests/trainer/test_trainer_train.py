@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics import qkai, split_heads
-from trainer.checkpoint import FORMAT, export_model, load_exported
-from trainer.init import init_weights
-from trainer.metrics_log import MetricsLog
-from trainer.model import GPT
-from trainer.monitoring import NullMonitor, open_monitor
-from trainer.raa import ScheduleConfig
-from trainer.train import run
+from qkwatch.agent.metrics import qkai, split_heads
+from qkwatch.trainer.checkpoint import FORMAT, export_model, load_exported
+from qkwatch.trainer.init import init_weights
+from qkwatch.trainer.metrics_log import MetricsLog
+from qkwatch.trainer.model import GPT
+from qkwatch.trainer.monitoring import NullMonitor, open_monitor
+from qkwatch.trainer.raa import ScheduleConfig
+from qkwatch.trainer.train import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,14 +47,15 @@ def test_resumed_run_has_the_uninterrupted_loss_curve(tiny_run, tmp_path):
     assert [x["start_step"] for x in info["attempts"]] == [0, 5]  # the same collector run, a new attempt
 
 
-def test_without_a_collector_the_local_schedule_steers_raa_and_resumes_bit_for_bit(tiny_run, tmp_path, monkeypatch,
-                                                                                  caplog):
+def test_without_a_collector_the_local_schedule_steers_raa_and_resumes_bit_for_bit(
+    tiny_run, tmp_path, monkeypatch, caplog
+):
     """No QKWATCH_URL: the agent attaches offline, its entropy-floor lambdas are what RAA applies
     (not lambda_0 everywhere), the log says so, and a resume restores the schedule's state."""
     monkeypatch.delenv("QKWATCH_URL", raising=False)
     monkeypatch.delenv("QKWATCH_SPOOL", raising=False)
     cfg = tiny_run(steps=24, init={"qk_regime": "qk_identical", "qk_layers": [1, 2]}, checkpoint={"every": 4})
-    with caplog.at_level(logging.INFO, logger="trainer.train"):
+    with caplog.at_level(logging.INFO, logger="qkwatch.trainer.train"):
         run(cfg, tmp_path / "straight")
     assert any("RAA lambdas from the agent's local entropy-floor schedule" in r.message for r in caplog.records)
     records = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
@@ -131,7 +132,8 @@ def test_the_loop_calls_the_monitor_in_order_and_applies_its_lambdas(tiny_run, t
     kinds = [c[0] for c in monitor.calls if c[0] != "log" or "val_loss" not in c[2]]
     assert kinds == ["step", "lambdas", "log", "log", "log_layers"] * 3
     assert [c[2] for c in monitor.calls if c[0] == "log" and "raa_flagged_fraction" in c[2]] == [
-        {"raa_flagged_fraction": 0.5}] * 3  # layers 1 and 3 of 4 above the floor
+        {"raa_flagged_fraction": 0.5}
+    ] * 3  # layers 1 and 3 of 4 above the floor
     for step in range(3):
         layers = next(c[2] for c in monitor.calls if c[0] == "log_layers" and c[1] == step)
         assert layers["lambda"] == advice  # the lambda metric shows what was applied
@@ -238,11 +240,12 @@ def test_qkwatch_train_and_eval_from_the_command_line(tmp_path, capsys, monkeypa
     assert "unknown config key 'model.n_layerz'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["trainer", "trainer.train"])
+@pytest.mark.parametrize("module", ["qkwatch.trainer", "qkwatch.trainer.train"])
 def test_python_dash_m_trains_from_the_command_line(module):
     """``python -m trainer`` (what torchrun runs) and the older ``python -m trainer.train`` are one command."""
-    done = subprocess.run([sys.executable, "-m", module, "--list"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--list"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[0] == "debug_cpu" and "collapse_cpu" in done.stdout
 
@@ -256,27 +259,36 @@ def test_metrics_log_appends_records_and_a_resume_cuts_it_back(tmp_path):
     log.append({"step": 4, "val_loss": 0.5})
     log.truncate(3)
     assert [json.loads(x) for x in log.path.read_text().splitlines()] == [
-        {"step": 0, "loss": 1.0}, {"step": 1, "loss": 0.5}, {"step": 2, "loss": 1.0 / 3}]
+        {"step": 0, "loss": 1.0},
+        {"step": 1, "loss": 0.5},
+        {"step": 2, "loss": 1.0 / 3},
+    ]
     log.truncate(0)
     assert log.path.read_text() == ""
 
 
 def test_eval_passkey_with_one_and_five_needles(tiny_model, tmp_path):
-    from trainer.evals import evaluate, load_checkpoint
+    from qkwatch.trainer.evals import evaluate, load_checkpoint
 
     export_model(tiny_model(max_seq_len=256), tmp_path / "model.pt")
     loaded = load_checkpoint(tmp_path / "model.pt")
     results = {r.name: r for r in evaluate(loaded, ["passkey"], None, samples=5, seed=0)}
     # 1 needle fits at 128 and 256 tokens, 5 needles only at 256; an untrained model retrieves nothing
-    assert set(results) == {"passkey1_acc_128", "passkey1_acc_256", "passkey5_acc_256",
-                            "passkey1_digits_128", "passkey1_digits_256", "passkey5_digits_256"}
+    assert set(results) == {
+        "passkey1_acc_128",
+        "passkey1_acc_256",
+        "passkey5_acc_256",
+        "passkey1_digits_128",
+        "passkey1_digits_256",
+        "passkey5_digits_256",
+    }
     assert results["passkey5_acc_256"].n == 5 and all(0 <= r.value <= 1 for r in results.values())
 
 
 def test_eval_scores_a_model_that_knows_the_answer():
     """``accuracy`` is right when the model predicts the next token: a copy-the-answer oracle scores 1."""
-    from trainer.data import passkey
-    from trainer.evals import accuracies, accuracy
+    from qkwatch.trainer.data import passkey
+    from qkwatch.trainer.evals import accuracies, accuracy
 
     samples = passkey(__import__("random").Random(0), 80, 1)
 
@@ -309,7 +321,7 @@ def test_eval_scores_a_model_that_knows_the_answer():
             out.logits[0, end - 2] = out.logits[0, end - 2].roll(1)
             return out
 
-    (start, end), = samples[0].answers
+    ((start, end),) = samples[0].answers
     assert accuracies(WrongLastDigit(), samples) == (0.0, pytest.approx((end - start - 1) / (end - start)))
 
 
@@ -326,7 +338,7 @@ def test_activation_checkpointing_and_compile_change_nothing(tiny_run, tmp_path,
 
 
 def test_eval_reads_a_dcp_checkpoint_folder(tiny_run, tmp_path):
-    from trainer.evals import evaluate, load_checkpoint
+    from qkwatch.trainer.evals import evaluate, load_checkpoint
 
     run(tiny_run(steps=2), tmp_path)
     from_dcp = load_checkpoint(tmp_path / "checkpoints" / "step-0000002")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from alembic import context
 
-from monitor.store.models import metadata
+from qkwatch.monitor.store.models import metadata
 
 
 def run_migrations() -> None:
     config = context.config
     connection = config.attributes.get("connection")
     if connection is None:
-        from monitor.store.engine import make_engine
+        from qkwatch.monitor.store.engine import make_engine
 
         engine = make_engine(config.get_main_option("sqlalchemy.url"))
         with engine.connect() as connection:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics import STAT_NAMES, attention_stats, qk_erank
+from qkwatch.agent.metrics import STAT_NAMES, attention_stats, qk_erank
 
 RNG = np.random.default_rng(3)
 

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.metrics import (
+from qkwatch.agent.metrics import (
     SPECTRUM_NAMES,
     STAT_NAMES,
     attention_spectrum,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics import (
+from qkwatch.agent.metrics import (
     column_alignment,
     effective_rank,
     participation_ratio,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics import SPECTRUM_NAMES, attention_spectrum
+from qkwatch.agent.metrics import SPECTRUM_NAMES, attention_spectrum
 
 RNG = np.random.default_rng(5)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from agent.metrics import (
+from qkwatch.agent.metrics import (
     ACCURACY,
     RANDOMIZED_TOLERANCE,
     effective_key_map,
@@ -22,7 +22,7 @@ from agent.metrics import (
     split_heads,
     stable_rank,
 )
-from agent.metrics.subspace import geometry
+from qkwatch.agent.metrics.subspace import geometry
 
 RNG = np.random.default_rng(0)
 

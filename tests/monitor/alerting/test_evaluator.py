@@ -7,8 +7,15 @@ what the evaluator asked the store to write.
 
 from __future__ import annotations
 
-from monitor.alerting.evaluator import AlertLedger, StateKey, StoredState, end_of_run, evaluate_batch, reports_for
-from monitor.alerting.rules import RuleSet, ThresholdRule, Transition
+from qkwatch.monitor.alerting.evaluator import (
+    AlertLedger,
+    StateKey,
+    StoredState,
+    end_of_run,
+    evaluate_batch,
+    reports_for,
+)
+from qkwatch.monitor.alerting.rules import RuleSet, ThresholdRule, Transition
 
 
 class MemoryLedger:

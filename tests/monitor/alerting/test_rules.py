@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.alerting.rules import BandRule, ReportValues, RuleSet, ThresholdRule, band_layers, evaluate
+from qkwatch.monitor.alerting.rules import BandRule, ReportValues, RuleSet, ThresholdRule, band_layers, evaluate
 
 
 def reports(rows, attempt=1, start=0):

@@ -6,34 +6,37 @@ from pathlib import Path
 
 import pytest
 
-from monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.rules import RuleSet
 
 GOOD = {"name": "r", "metric": "qkai", "op": ">", "threshold": 0.7, "for_reports": 2, "severity": "warning"}
 
 
-@pytest.mark.parametrize(("data", "needle"), [
-    ({"rules": 5}, "rules must be a list"),
-    ({"rules": "qkai_high"}, "rules must be a list"),
-    ({"rules": {"name": "r"}}, "rules must be a list"),
-    ({}, "rules: []"),
-    ({"webhooks": ["http://hook.example"]}, "rules: []"),
-    ({"rules": [{**GOOD, "for_reports": 2.5}]}, "for_reports"),
-    ({"rules": [{**GOOD, "for_reports": True}]}, "for_reports"),
-    ({"rules": [{**GOOD, "for_reports": "3"}]}, "for_reports"),
-    ({"rules": [{**GOOD, "threshold": True}]}, "threshold"),
-    ({"rules": [{**GOOD, "threshold": "0.7"}]}, "threshold"),
-    ({"rules": [{**GOOD, "metric": "bad metric!"}]}, "metric"),
-    ({"rules": [{**GOOD, "metric": 5}]}, "metric"),
-    ({"rules": [{**GOOD, "name": 5}]}, "name"),
-    ({"rules": [{**GOOD, "name": "has space"}]}, "name"),
-    ({"rules": [{**GOOD, "severity": ""}]}, "severity"),
-    ({"rules": [{**GOOD, "severity": ["page"]}]}, "severity"),
-    ({"rules": [{**GOOD, "op": 1}]}, "op"),
-    ({"rules": [GOOD, {"name": "b", "band_of": "r", "min_layers": 1.5}]}, "min_layers"),
-    ({"rules": [GOOD, {"name": "b", "band_of": 7}]}, "band_of"),
-    ({"rules": [], "webhooks": 5}, "webhooks"),
-    ({"rules": [], "webhooks": "http://hook.example"}, "webhooks"),
-])
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"rules": 5}, "rules must be a list"),
+        ({"rules": "qkai_high"}, "rules must be a list"),
+        ({"rules": {"name": "r"}}, "rules must be a list"),
+        ({}, "rules: []"),
+        ({"webhooks": ["http://hook.example"]}, "rules: []"),
+        ({"rules": [{**GOOD, "for_reports": 2.5}]}, "for_reports"),
+        ({"rules": [{**GOOD, "for_reports": True}]}, "for_reports"),
+        ({"rules": [{**GOOD, "for_reports": "3"}]}, "for_reports"),
+        ({"rules": [{**GOOD, "threshold": True}]}, "threshold"),
+        ({"rules": [{**GOOD, "threshold": "0.7"}]}, "threshold"),
+        ({"rules": [{**GOOD, "metric": "bad metric!"}]}, "metric"),
+        ({"rules": [{**GOOD, "metric": 5}]}, "metric"),
+        ({"rules": [{**GOOD, "name": 5}]}, "name"),
+        ({"rules": [{**GOOD, "name": "has space"}]}, "name"),
+        ({"rules": [{**GOOD, "severity": ""}]}, "severity"),
+        ({"rules": [{**GOOD, "severity": ["page"]}]}, "severity"),
+        ({"rules": [{**GOOD, "op": 1}]}, "op"),
+        ({"rules": [GOOD, {"name": "b", "band_of": "r", "min_layers": 1.5}]}, "min_layers"),
+        ({"rules": [GOOD, {"name": "b", "band_of": 7}]}, "band_of"),
+        ({"rules": [], "webhooks": 5}, "webhooks"),
+        ({"rules": [], "webhooks": "http://hook.example"}, "webhooks"),
+    ],
+)
 def test_bad_rules_are_refused_naming_the_field(data: dict, needle: str):
     with pytest.raises(ValueError) as err:
         RuleSet.from_mapping(data)
@@ -49,8 +52,10 @@ def test_an_integer_threshold_is_a_number():
     assert RuleSet.from_mapping({"rules": [{**GOOD, "threshold": 1}]}).thresholds[0].threshold == 1
 
 
-@pytest.mark.parametrize(("text", "needle"), [("", "rules: []"), ("# only a comment\n", "rules: []"),
-                                              ("rules: [\n", "YAML"), ("- a\n- b\n", "mapping")])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("", "rules: []"), ("# only a comment\n", "rules: []"), ("rules: [\n", "YAML"), ("- a\n- b\n", "mapping")],
+)
 def test_rules_files_that_say_nothing_or_are_not_yaml(tmp_path: Path, text: str, needle: str):
     path = tmp_path / "rules.yaml"
     path.write_text(text)

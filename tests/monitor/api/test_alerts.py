@@ -67,7 +67,9 @@ def test_the_end_of_a_run_closes_its_alerts_and_a_resumed_run_raises_them_afresh
     run = h.create_run(name)
     h.send(run["id"], qkai_reports(0, [[0.9, 0.9, 0.9, 0.2]] * 3))
     assert {a["rule"] for a in h.get("/v1/alerts", run=run["id"], state="firing")["data"]} == {
-        "qkai_high", "collapse_band"}
+        "qkai_high",
+        "collapse_band",
+    }
     r = h.client.patch(f"/v1/runs/{run['id']}", json={"status": "finished"}, headers=h.headers("ingest"))
     assert r.status_code == 200, r.text
     assert h.get("/v1/alerts", run=run["id"], state="firing")["count"] == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from monitor.store import models as m
+from qkwatch.monitor.store import models as m
 from tests.monitor.conftest import report
 
 

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.main import create_app
-from monitor.store import models as m
+from qkwatch.monitor.main import create_app
+from qkwatch.monitor.store import models as m
 from tests.conftest import missing_service
 from tests.monitor.conftest import PG_ADMIN_URL, _fresh_database, _pg_admin, make_settings, report
 
@@ -51,13 +51,19 @@ def test_large_run_config_is_refused(h):
 def test_deep_event_data_is_refused_and_events_stay_readable(h):
     run = h.create_run()
     deep = [report(1, events=[{"kind": "note", "data": nested(900)}])]
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", json={"batch_id": str(uuid.uuid4()), "reports": deep},
-                      headers=h.headers("ingest"))
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        json={"batch_id": str(uuid.uuid4()), "reports": deep},
+        headers=h.headers("ingest"),
+    )
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"] == ["body", "reports", 0, "events", 0, "data"]
     big = [report(1, events=[{"kind": "note", "data": {"blob": "y" * 100_000}}])]
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", json={"batch_id": str(uuid.uuid4()), "reports": big},
-                      headers=h.headers("ingest"))
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        json={"batch_id": str(uuid.uuid4()), "reports": big},
+        headers=h.headers("ingest"),
+    )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "data", r.text
     h.send(run["id"], [report(2, events=[{"kind": "note", "data": nested(32)}])])
     assert h.get(f"/v1/runs/{run['id']}/events")["data"][0]["data"] == nested(32)
@@ -66,8 +72,11 @@ def test_deep_event_data_is_refused_and_events_stay_readable(h):
 def test_json_nested_past_the_parser_is_422_not_500(h):
     run = h.create_run()
     body = b'{"batch_id": "%s", "reports": ' % str(uuid.uuid4()).encode() + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", content=body,
-                      headers={**h.headers("ingest"), "Content-Type": "application/json"})
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        content=body,
+        headers={**h.headers("ingest"), "Content-Type": "application/json"},
+    )
     assert r.status_code == 422 and "nested" in json.dumps(r.json()), r.text
 
 
@@ -77,9 +86,11 @@ def test_deep_json_stored_before_the_bound_is_still_readable(h):
     h.send(run["id"], [report(1, events=[{"kind": "note", "data": {"k": 1}}])])
     with h.store.engine.begin() as conn:
         conn.execute(sa.update(m.runs).where(m.runs.c.id == run["id"]).values(config=json.dumps(nested(300))))
-        conn.execute(sa.update(m.events).values(data=json.dumps(nested(900)))
-                     .where(m.events.c.run_pk == sa.select(m.runs.c.pk).where(m.runs.c.id == run["id"])
-                            .scalar_subquery()))
+        conn.execute(
+            sa.update(m.events)
+            .values(data=json.dumps(nested(900)))
+            .where(m.events.c.run_pk == sa.select(m.runs.c.pk).where(m.runs.c.id == run["id"]).scalar_subquery())
+        )
     listed = h.get("/v1/runs", project=h.project)["data"][0]["config"]
     assert _depth(listed) <= 33 and "a" in listed
     assert _depth(h.get(f"/v1/runs/{run['id']}/events")["data"][0]["data"]) <= 33
@@ -116,16 +127,18 @@ def test_export_of_any_run_name_has_an_rfc6266_file_name(h, name: str):
 # --- 4. override keys ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", ["99999999999999999999", "3000000000", "4096", "1_000", "\u0663", "+8", " 7 ", "-1",
-                                 "07", "", "1.0"])
+@pytest.mark.parametrize(
+    "key", ["99999999999999999999", "3000000000", "4096", "1_000", "\u0663", "+8", " 7 ", "-1", "07", "", "1.0"]
+)
 def test_override_keys_must_be_plain_decimal_layer_indices(h, key: str):
     unknown_shape = h.create_run()  # no n_layers: the bound is the collector's layer limit
     for run in (unknown_shape, h.create_run(config={"n_layers": 8})):
         r = h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={key: 0.0}, headers=h.headers("control"))
         assert r.status_code == 422, r.text
         assert repr(key) in r.json()["detail"] or key in r.json()["detail"], r.text
-    r = h.client.put(f"/v1/runs/{unknown_shape['id']}/lambdas/overrides", json={"7": 0.0, "4095": 0.0},
-                     headers=h.headers("control"))
+    r = h.client.put(
+        f"/v1/runs/{unknown_shape['id']}/lambdas/overrides", json={"7": 0.0, "4095": 0.0}, headers=h.headers("control")
+    )
     assert r.status_code == 200 and r.json()["overrides"] == {"7": 0.0, "4095": 0.0}
 
 
@@ -169,8 +182,13 @@ def test_a_point_sent_twice_keeps_its_first_value_everywhere(h):
 
 def _latest(h, run: dict) -> dict[str, float]:
     text = h.client.get("/metrics", headers=h.headers("read")).text
-    return {s.labels["layer"]: s.value for f in text_string_to_metric_families(text) if f.name == "qkwatch_qkai_ratio"
-            for s in f.samples if s.labels["run"] == run["name"] and s.labels["project"] == h.project}
+    return {
+        s.labels["layer"]: s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "qkwatch_qkai_ratio"
+        for s in f.samples
+        if s.labels["run"] == run["name"] and s.labels["project"] == h.project
+    }
 
 
 def test_latest_keeps_the_first_value_of_its_step(h):
@@ -219,8 +237,11 @@ def test_n_layers_is_bounded(h, n_layers):
 
 def test_a_report_with_more_layers_than_the_bound_is_refused(h):
     run = h.create_run()
-    r = h.client.post(f"/v1/runs/{run['id']}/reports", headers=h.headers("ingest"),
-                      json={"batch_id": str(uuid.uuid4()), "reports": [report(1, {"qkai": [None] * 4097})]})
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        headers=h.headers("ingest"),
+        json={"batch_id": str(uuid.uuid4()), "reports": [report(1, {"qkai": [None] * 4097})]},
+    )
     assert r.status_code == 422 and r.json()["detail"][0]["loc"][:4] == ["body", "reports", 0, "layers"], r.text
 
 
@@ -345,9 +366,13 @@ def test_a_403_does_not_name_the_other_project(make_harness):
     run = h.create_run()
     _, secret = h.store.create_token("intruder", ["ingest", "read", "control"])
     headers = {"Authorization": f"Bearer {secret}"}
-    for method, path in (("GET", f"/v1/runs/{run['id']}"), ("GET", f"/v1/runs/{run['id']}/lambdas"),
-                         ("GET", f"/v1/runs/{run['id']}/series?metric=qkai"), ("DELETE", f"/v1/runs/{run['id']}"),
-                         ("GET", f"/v1/compare?run={run['id']}&metric=qkai")):
+    for method, path in (
+        ("GET", f"/v1/runs/{run['id']}"),
+        ("GET", f"/v1/runs/{run['id']}/lambdas"),
+        ("GET", f"/v1/runs/{run['id']}/series?metric=qkai"),
+        ("DELETE", f"/v1/runs/{run['id']}"),
+        ("GET", f"/v1/compare?run={run['id']}&metric=qkai"),
+    ):
         r = h.client.request(method, path, headers=headers)
         assert r.status_code == 403 and h.project not in r.text, (path, r.text)
 

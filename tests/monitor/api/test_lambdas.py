@@ -130,7 +130,7 @@ def test_a_resume_that_lowers_lambda_max_clips_the_overrides_with_audit_and_even
 def test_lambdas_never_serve_a_value_above_lambda_max(h):
     import sqlalchemy as sa
 
-    from monitor.store import models as m
+    from qkwatch.monitor.store import models as m
 
     run = h.create_run(config={"n_layers": 2, "schedule": {"lambda_max": 0.1}})
     with h.store.engine.begin() as conn:  # an override stored before clipping existed

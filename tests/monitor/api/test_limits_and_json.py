@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from fastapi import HTTPException
 
-from monitor.api.deps import RateLimiter
-from monitor.api.strict_json import parse_strict
-from monitor.store.engine import make_engine
-from monitor.store.store import Store
+from qkwatch.monitor.api.deps import RateLimiter
+from qkwatch.monitor.api.strict_json import parse_strict
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.store import Store
 
 
 def test_bare_constants_name_their_path():

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import pytest
 
-from monitor.api import queries
+from qkwatch.monitor.api import queries
 from tests.monitor.conftest import report
 
 N_LAYERS = 4
@@ -22,8 +22,17 @@ N_LAYERS = 4
 
 def four_layer_run(h, name: str | None = None, steps: range = range(0, 50, 10)) -> dict:
     run = h.create_run(name, config={"n_layers": N_LAYERS})
-    h.send(run["id"], [report(s, {"qkai": [0.1, 0.2, 0.3, 0.4], "stable_rank": [5.0, "nan", 3.0, "inf"]},
-                              scalars={"loss": 3.0 - s / 100}) for s in steps])
+    h.send(
+        run["id"],
+        [
+            report(
+                s,
+                {"qkai": [0.1, 0.2, 0.3, 0.4], "stable_rank": [5.0, "nan", 3.0, "inf"]},
+                scalars={"loss": 3.0 - s / 100},
+            )
+            for s in steps
+        ],
+    )
     return run
 
 
@@ -72,8 +81,13 @@ def test_a_head_or_an_attempt_the_run_does_not_have_is_404(h):
     assert h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=0, head=1)["values"] == [0.6]
     assert "head 7" in detail(h, f"/v1/runs/{run['id']}/series", 404, metric="qkai", layer=0, head=7)
     assert "head 7" in detail(h, f"/v1/runs/{run['id']}/heatmap", 404, metric="qkai", head=7)
-    for path, params in (("series", {"metric": "qkai", "layer": 0}), ("heatmap", {"metric": "qkai"}),
-                         ("history", {}), ("events", {}), ("export", {})):
+    for path, params in (
+        ("series", {"metric": "qkai", "layer": 0}),
+        ("heatmap", {"metric": "qkai"}),
+        ("history", {}),
+        ("events", {}),
+        ("export", {}),
+    ):
         msg = detail(h, f"/v1/runs/{run['id']}/{path}", 404, attempt=3, **params)
         assert "no attempt 3" in msg and "latest is 1" in msg, path
 
@@ -88,8 +102,9 @@ def test_compare_names_the_run_that_lacks_the_metric(h):
     a = four_layer_run(h, "has-loss")
     b = h.create_run("no-loss")
     h.send(b["id"], [report(0, {"qkai": [0.5]})])
-    r = h.client.get("/v1/compare", params=[("run", a["id"]), ("run", b["id"]), ("metric", "loss")],
-                     headers=h.headers("read"))
+    r = h.client.get(
+        "/v1/compare", params=[("run", a["id"]), ("run", b["id"]), ("metric", "loss")], headers=h.headers("read")
+    )
     assert r.status_code == 404 and "no-loss" in r.json()["detail"] and "'loss'" in r.json()["detail"]
 
 
@@ -232,12 +247,16 @@ def test_history_is_every_value_of_the_run_in_one_columnar_answer(h):
     assert qkai["steps"] == [0, 10, 20, 30, 40] and qkai["layers"] == [0, 1, 2, 3]
     assert qkai["values"] == [[0.1, 0.2, 0.3, 0.4]] * 5
     assert hist["metrics"]["stable_rank"]["values"][0] == [5.0, "nan", 3.0, "inf"]  # wire encoding
-    assert hist["metrics"]["loss"] == {"steps": [0, 10, 20, 30, 40], "layers": [-1],
-                                       "values": [[3.0], [2.9], [2.8], [2.7], [2.6]]}
+    assert hist["metrics"]["loss"] == {
+        "steps": [0, 10, 20, 30, 40],
+        "layers": [-1],
+        "values": [[3.0], [2.9], [2.8], [2.7], [2.6]],
+    }
     some = h.get(f"/v1/runs/{run['id']}/history", metrics="qkai,loss", start=10, end=20)
     assert set(some["metrics"]) == {"qkai", "loss"} and some["metrics"]["qkai"]["steps"] == [10, 20]
-    again = h.client.get(f"/v1/runs/{run['id']}/history", params=[("metrics", "qkai"), ("metrics", "loss")],
-                         headers=h.headers("read"))
+    again = h.client.get(
+        f"/v1/runs/{run['id']}/history", params=[("metrics", "qkai"), ("metrics", "loss")], headers=h.headers("read")
+    )
     assert set(again.json()["metrics"]) == {"qkai", "loss"}
     msg = detail(h, f"/v1/runs/{run['id']}/history", 404, metrics="qkai,nope")
     assert "'nope'" in msg and "'qkai'" not in msg.split(";")[0]
@@ -249,8 +268,13 @@ def test_history_equals_the_export_point_for_point(h):
     rows[7][1] = "nan"
     h.send(run["id"], [report(s, {"qkai": row}, scalars={"loss": 1.0 / (s + 1)}) for s, row in enumerate(rows)])
     hist = h.get(f"/v1/runs/{run['id']}/history")["metrics"]
-    got = {(m, s, la): v for m, g in hist.items() for s, row in zip(g["steps"], g["values"], strict=True)
-           for la, v in zip(g["layers"], row, strict=True) if v is not None}
+    got = {
+        (m, s, la): v
+        for m, g in hist.items()
+        for s, row in zip(g["steps"], g["values"], strict=True)
+        for la, v in zip(g["layers"], row, strict=True)
+        if v is not None
+    }
     export = h.client.get(f"/v1/runs/{run['id']}/export", params={"format": "jsonl"}, headers=h.headers("read"))
     want = {(p["metric"], p["step"], p["layer"]): p["value"] for p in map(json.loads, export.text.splitlines())}
     assert got == want and len(got) == 20 * 4
@@ -292,14 +316,24 @@ def test_history_values_are_strict_json(h):
     run = four_layer_run(h)
     r = h.client.get(f"/v1/runs/{run['id']}/history", headers=h.headers("read"))
     body = json.loads(r.text, parse_constant=lambda c: pytest.fail(f"bare {c} in the answer"))
-    assert not any(isinstance(v, float) and not math.isfinite(v)
-                   for g in body["metrics"].values() for row in g["values"] for v in row)
+    assert not any(
+        isinstance(v, float) and not math.isfinite(v)
+        for g in body["metrics"].values()
+        for row in g["values"]
+        for v in row
+    )
 
 
 def test_history_as_doubles_is_the_same_grid(h):
     run = h.create_run()
-    h.send(run["id"], [report(1, {"qkai": [0.25, "nan", "inf", None]}), report(2, {"qkai": [0.5, "-inf", 1e-300, 7.0]}),
-                       report(2, scalars={"loss": 1.5})])
+    h.send(
+        run["id"],
+        [
+            report(1, {"qkai": [0.25, "nan", "inf", None]}),
+            report(2, {"qkai": [0.5, "-inf", 1e-300, 7.0]}),
+            report(2, scalars={"loss": 1.5}),
+        ],
+    )
     doubles = h.get(f"/v1/runs/{run['id']}/history", encoding="f64")["metrics"]
     rows = h.get(f"/v1/runs/{run['id']}/history")["metrics"]
     q = doubles["qkai"]
@@ -321,7 +355,7 @@ def decoded(grid: dict) -> list[list[str]]:
     measured = base64.b64decode(grid["measured"]) if grid["measured"] else b"\x01" * len(values)
     flat = [repr(v if m else None) for v, m in zip(values, measured, strict=True)]
     width = len(grid["layers"])
-    return [flat[i:i + width] for i in range(0, len(flat), width)]
+    return [flat[i : i + width] for i in range(0, len(flat), width)]
 
 
 def test_history_as_doubles_equals_the_json_rows_whichever_way_it_was_stored(h):

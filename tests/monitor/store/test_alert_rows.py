@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from monitor.alerting.evaluator import AlertLedger, StoredState, evaluate_batch
-from monitor.alerting.rules import RuleSet
-from monitor.store.alerts import AlertRows
-from monitor.store.engine import make_engine
-from monitor.store.store import Store
-from monitor.wire import RunCreate
+from qkwatch.monitor.alerting.evaluator import AlertLedger, StoredState, evaluate_batch
+from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.store.alerts import AlertRows
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.wire import RunCreate
 
 
 @pytest.fixture

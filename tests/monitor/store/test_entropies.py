@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from monitor.scheduling import ScheduleConfig
-from monitor.store.lambdas import Entropy, advance_entropies
+from qkwatch.monitor.scheduling import ScheduleConfig
+from qkwatch.monitor.store.lambdas import Entropy, advance_entropies
 
 CFG = ScheduleConfig(ema=0.5)
 

@@ -11,12 +11,12 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from monitor.alerting.rules import RuleSet
-from monitor.store import models as m
-from monitor.store.engine import make_engine
-from monitor.store.migrate import alembic_config, upgrade
-from monitor.store.store import Store
-from monitor.wire import ReportBatch, RunCreate
+from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.migrate import alembic_config, upgrade
+from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.wire import ReportBatch, RunCreate
 
 
 @pytest.fixture
@@ -99,11 +99,20 @@ def test_frames_that_disagree_with_their_points_are_repaired(db_url: str):
         store.add_reports(run.id, ReportBatch.model_validate(batch), RuleSet.default())
         with engine.begin() as conn:  # what the collector stored for step 100 re-sent with three layers, before 0005
             metric_id = conn.execute(sa.text("SELECT id FROM metric_names WHERE name = 'qkai'")).scalar()
-            conn.execute(sa.text("INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
-                                 "VALUES (:pk, :m, -1, 2, 100, 1, 0.9)"), {"pk": run.pk, "m": metric_id})
-            conn.execute(sa.text("INSERT INTO frames (run_pk, metric_id, step, attempt, mask, vals, present, has_nan) "
-                                 "VALUES (:pk, :m, 100, 1, 'a3', :vals, NULL, :f)"),
-                         {"pk": run.pk, "m": metric_id, "vals": array("d", [0.9, 0.9, 0.9]).tobytes(), "f": False})
+            conn.execute(
+                sa.text(
+                    "INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
+                    "VALUES (:pk, :m, -1, 2, 100, 1, 0.9)"
+                ),
+                {"pk": run.pk, "m": metric_id},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO frames (run_pk, metric_id, step, attempt, mask, vals, present, has_nan) "
+                    "VALUES (:pk, :m, 100, 1, 'a3', :vals, NULL, :f)"
+                ),
+                {"pk": run.pk, "m": metric_id, "vals": array("d", [0.9, 0.9, 0.9]).tobytes(), "f": False},
+            )
         assert store.heatmap(run, "qkai").values == [[0.9, 0.9, 0.9]]  # the second value: the bug
         upgrade(engine)
         assert store.heatmap(run, "qkai").values == [[0.1, 0.2, 0.9]]
@@ -123,15 +132,17 @@ def test_alerts_of_runs_that_had_ended_are_closed(db_url: str):
         live, _ = store.create_or_resume_run(RunCreate(project="p", name=f"live-{uuid.uuid4().hex[:6]}"))
         for run in (ended, live):
             reports = [{"step": s, "time": 0.0, "layers": {"qkai": [0.9, 0.1]}} for s in (0, 10, 20)]
-            store.add_reports(run.id, ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": reports}),
-                              RuleSet.default())
+            store.add_reports(
+                run.id,
+                ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": reports}),
+                RuleSet.default(),
+            )
         with engine.begin() as conn:  # ended the old way: the status only
             conn.execute(sa.update(m.runs).where(m.runs.c.pk == ended.pk).values(status="finished"))
         upgrade(engine)
         with engine.connect() as conn:
             rows = {r.run_pk: r for r in conn.execute(sa.select(m.alerts))}
-            streaks = {r.run_pk: (r.streak, r.alert_id) for r in conn.execute(sa.select(m.alert_state))
-                       if r.layer == 0}
+            streaks = {r.run_pk: (r.streak, r.alert_id) for r in conn.execute(sa.select(m.alert_state)) if r.layer == 0}
         assert rows[ended.pk].state == "resolved" and rows[ended.pk].resolved_step == 20
         assert rows[ended.pk].summary.endswith("(closed: the run finished)") and rows[ended.pk].ends_at
         assert rows[live.pk].state == "firing"  # a running run's alert is left alone

@@ -90,8 +90,9 @@ def references(document: str) -> list[str]:
 
 def off_site(urls: list[str], site: str = "") -> list[str]:
     """The absolute http(s) URLs among ``urls`` that are not under ``site``."""
-    return [u for u in urls if u.strip().lower().startswith(("http:", "https:", "//"))
-            and not (site and u.startswith(site))]
+    return [
+        u for u in urls if u.strip().lower().startswith(("http:", "https:", "//")) and not (site and u.startswith(site))
+    ]
 
 
 def _high(fd: int) -> int:
@@ -109,12 +110,23 @@ class Page:
         self._from_browser, from_browser_w = os.pipe()
         # The browser's ends, moved above 9 so that putting them on fds 3 and 4 cannot overwrite either.
         to_browser_r, from_browser_w = (_high(fd) for fd in (to_browser_r, from_browser_w))
-        command = [CHROMIUM, *BASE_FLAGS, "--remote-debugging-pipe", "--hide-scrollbars",
-                   f"--user-data-dir={profile}", f"--window-size={width},{height}", "about:blank"]
+        command = [
+            CHROMIUM,
+            *BASE_FLAGS,
+            "--remote-debugging-pipe",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            "about:blank",
+        ]
         # The browser wants the pipe on fds 3 and 4 exactly; bash puts it there (dash takes single-digit fds only).
         shell = f'exec "$@" 3<&{to_browser_r} 4>&{from_browser_w} {to_browser_r}<&- {from_browser_w}>&-'
-        self.proc = subprocess.Popen(["/bin/bash", "-c", shell, "bash", *command], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, pass_fds=(to_browser_r, from_browser_w))
+        self.proc = subprocess.Popen(
+            ["/bin/bash", "-c", shell, "bash", *command],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(to_browser_r, from_browser_w),
+        )
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._open = True
@@ -123,8 +135,9 @@ class Page:
         try:
             target = self._send("Target.createTarget", url="about:blank")["targetId"]
             self.session = self._send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-            self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                      mobile=False)
+            self.call(
+                "Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False
+            )
         except BaseException:
             self.close()
             raise
@@ -191,8 +204,10 @@ class Page:
         params: dict[str, Any] = {"format": "png"}
         if full_page:
             width, height = self.eval("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
-            params |= {"captureBeyondViewport": True, "clip": {"x": 0, "y": 0, "width": width, "height": height,
-                                                                "scale": 1}}
+            params |= {
+                "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+            }
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", **params)["data"]))
         return path
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from monitor.client import Client
+from qkwatch.monitor.client import Client
 
 N_LAYERS = 8
 BAND = (3, 4, 5)
@@ -34,9 +34,17 @@ def reports(steps: Iterable[int], peak: float, floor: float) -> list[dict]:
         scalars = {"loss": loss(s, floor)}
         if s % VAL_EVERY == 0 and s:
             scalars["val_loss"] = loss(s, floor) + 0.2
-        out.append({"step": s, "time": float(s), "scalars": scalars,
-                    "layers": {"qkai": [qkai(s, i, peak) for i in range(N_LAYERS)],
-                               "attn_entropy": [1 - 0.8 * qkai(s, i, peak) for i in range(N_LAYERS)]}})
+        out.append(
+            {
+                "step": s,
+                "time": float(s),
+                "scalars": scalars,
+                "layers": {
+                    "qkai": [qkai(s, i, peak) for i in range(N_LAYERS)],
+                    "attn_entropy": [1 - 0.8 * qkai(s, i, peak) for i in range(N_LAYERS)],
+                },
+            }
+        )
     return out
 
 

@@ -13,14 +13,21 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from monitor.main import create_app
+from qkwatch.monitor.main import create_app
 from tests.live import LiveCollector
 from tests.monitor.conftest import make_settings
 from tests.monitor.ui.browser import chromium, keep, need_chromium, off_site, png_size, references
 
 # Each API path as Swagger UI renders it, one operation block per method.
-API_PATHS = ("/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/reports", "/v1/runs/{run_id}/heatmap",
-             "/v1/runs/{run_id}/series", "/v1/alerts", "/v1/runs/{run_id}/lambdas")
+API_PATHS = (
+    "/v1/runs",
+    "/v1/runs/{run_id}",
+    "/v1/runs/{run_id}/reports",
+    "/v1/runs/{run_id}/heatmap",
+    "/v1/runs/{run_id}/series",
+    "/v1/alerts",
+    "/v1/runs/{run_id}/lambdas",
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,15 +63,24 @@ def test_swagger_ui_renders_the_operations_offline(live: str, tmp_path: Path) ->
 
 def test_redoc_renders_the_operations_offline(live: str, tmp_path: Path) -> None:
     dom = chromium(f"{live}/redoc", tmp_path / "profile", "--dump-dom", budget_ms=10_000)
-    for tag, operation in (("runs", "list_runs_v1_runs_get"), ("queries", "heatmap_v1_runs__run_id__heatmap_get"),
-                           ("alerts", "list_alerts_v1_alerts_get")):
+    for tag, operation in (
+        ("runs", "list_runs_v1_runs_get"),
+        ("queries", "heatmap_v1_runs__run_id__heatmap_get"),
+        ("alerts", "list_alerts_v1_alerts_get"),
+    ):
         assert f'id="tag/{tag}/operation/{operation}"' in dom, operation
 
 
 def test_screenshot_of_the_docs(live: str, tmp_path: Path) -> None:
     shot = tmp_path / "docs.png"
-    chromium(f"{live}/docs", tmp_path / "profile", "--hide-scrollbars", f"--screenshot={shot}",
-             "--window-size=1200,900", budget_ms=10_000)
+    chromium(
+        f"{live}/docs",
+        tmp_path / "profile",
+        "--hide-scrollbars",
+        f"--screenshot={shot}",
+        "--window-size=1200,900",
+        budget_ms=10_000,
+    )
     keep(shot)
     assert png_size(shot) == (1200, 900)
     assert shot.stat().st_size > 30_000  # drawn, not a blank page

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from monitor.main import create_app
+from qkwatch.monitor.main import create_app
 from tests.live import LiveCollector
 from tests.monitor.conftest import make_settings
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size
@@ -46,8 +46,16 @@ class Figures(HTMLParser):
                 self._depth += 1
             elif "map" in classes or a.get("id") in ("latest", "loss"):
                 self._depth = 1
-                self.figures.append({"run": a.get("data-run", a.get("id")), "title": "", "heatmaps": 0, "lines": 0,
-                                     "stops": [], "texts": []})
+                self.figures.append(
+                    {
+                        "run": a.get("data-run", a.get("id")),
+                        "title": "",
+                        "heatmaps": 0,
+                        "lines": 0,
+                        "stops": [],
+                        "texts": [],
+                    }
+                )
             return
         if not self._depth:
             return
@@ -78,8 +86,10 @@ def figures(dom: str) -> dict[str, list[dict] | dict]:
     parser = Figures()
     parser.feed(dom)
     shown = parser.figures
-    return {"maps": [f for f in shown if f["run"] not in ("latest", "loss")],
-            **{f["run"]: f for f in shown if f["run"] in ("latest", "loss")}}
+    return {
+        "maps": [f for f in shown if f["run"] not in ("latest", "loss")],
+        **{f["run"]: f for f in shown if f["run"] in ("latest", "loss")},
+    }
 
 
 class Alerts(HTMLParser):
@@ -96,8 +106,15 @@ class Alerts(HTMLParser):
             self._depth += tag not in ("br", "img", "input")
         elif tag == "div" and "alert" in a.get("class", "").split():
             self._depth = 1
-            self.rows.append({"class": a["class"], "run": a.get("data-run"), "rule": a.get("data-rule"),
-                              "state": a.get("data-state"), "text": ""})
+            self.rows.append(
+                {
+                    "class": a["class"],
+                    "run": a.get("data-run"),
+                    "rule": a.get("data-rule"),
+                    "state": a.get("data-state"),
+                    "text": "",
+                }
+            )
 
     def handle_endtag(self, tag: str) -> None:
         if self._depth:
@@ -163,8 +180,14 @@ def test_alerts_strip_shows_the_collapsing_runs_firing_alerts_first(page, compar
     first = rows[0]  # firing, and the critical band before the per-layer warnings
     assert (first["run"], first["rule"], first["state"]) == (vanilla["id"], "collapse_band", "firing")
     assert first["class"].split() == ["alert", "firing"]
-    for text in ("firing", "collapse_band", "critical", "demo/vanilla", "layers 3-5",
-                 f"onset step {band['onset_step']}"):
+    for text in (
+        "firing",
+        "collapse_band",
+        "critical",
+        "demo/vanilla",
+        "layers 3-5",
+        f"onset step {band['onset_step']}",
+    ):
         assert text in first["text"], (text, first["text"])
     assert {(r["run"], r["rule"]) for r in rows} == {(vanilla["id"], a["rule"]) for a in expected}
     assert all(r["state"] == "firing" for r in rows)
@@ -224,9 +247,11 @@ def test_the_page_follows_new_reports_without_a_reload(collector: LiveCollector,
 
         shown = tab.wait_for(f"{title}.includes('step 300') && {title}", timeout=20)
         assert "3 layers above 0.70: 3, 4, 5" in shown
-        badge = tab.wait_for("document.querySelector('#alerts .alert.firing[data-rule=\"collapse_band\"] .state')"
-                             " && getComputedStyle(document.querySelector('#alerts .alert.firing .state'))"
-                             ".backgroundColor")
+        badge = tab.wait_for(
+            "document.querySelector('#alerts .alert.firing[data-rule=\"collapse_band\"] .state')"
+            " && getComputedStyle(document.querySelector('#alerts .alert.firing .state'))"
+            ".backgroundColor"
+        )
         assert badge == FIRING_RED
         assert tab.eval(loss_steps) == [STEPS[-1], STEPS[-1] - STEPS[-1] % VAL_EVERY]
         assert tab.eval("location.search") == f"?run={run['id']}"

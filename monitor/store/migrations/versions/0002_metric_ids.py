@@ -70,14 +70,17 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name"),
     )
-    op.execute("INSERT INTO metric_names (name) SELECT DISTINCT metric FROM points "
-               "UNION SELECT DISTINCT metric FROM frames")
+    op.execute(
+        "INSERT INTO metric_names (name) SELECT DISTINCT metric FROM points UNION SELECT DISTINCT metric FROM frames"
+    )
     for table, make, cols in (("points", _points_table, POINT_COLS), ("frames", _frames_table, FRAME_COLS)):
         _set_aside(table)
         make(table, "metric_id", sa.Integer())
-        op.execute(f"INSERT INTO {table} (run_pk, metric_id, {cols}) SELECT o.run_pk, n.id, "
-                   f"{', '.join('o.' + c.strip() for c in cols.split(','))} FROM {table}_old o "
-                   "JOIN metric_names n ON n.name = o.metric")
+        op.execute(
+            f"INSERT INTO {table} (run_pk, metric_id, {cols}) SELECT o.run_pk, n.id, "
+            f"{', '.join('o.' + c.strip() for c in cols.split(','))} FROM {table}_old o "
+            "JOIN metric_names n ON n.name = o.metric"
+        )
         op.drop_table(f"{table}_old")
 
 
@@ -85,8 +88,10 @@ def downgrade() -> None:
     for table, make, cols in (("points", _points_table, POINT_COLS), ("frames", _frames_table, FRAME_COLS)):
         _set_aside(table)
         make(table, "metric", NAME)
-        op.execute(f"INSERT INTO {table} (run_pk, metric, {cols}) SELECT o.run_pk, n.name, "
-                   f"{', '.join('o.' + c.strip() for c in cols.split(','))} FROM {table}_old o "
-                   "JOIN metric_names n ON n.id = o.metric_id")
+        op.execute(
+            f"INSERT INTO {table} (run_pk, metric, {cols}) SELECT o.run_pk, n.name, "
+            f"{', '.join('o.' + c.strip() for c in cols.split(','))} FROM {table}_old o "
+            "JOIN metric_names n ON n.id = o.metric_id"
+        )
         op.drop_table(f"{table}_old")
     op.drop_table("metric_names")

@@ -21,12 +21,14 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("runs") as batch_op:
-        batch_op.alter_column("status_reason", existing_type=sa.String(length=32), type_=sa.String(length=200),
-                              existing_nullable=True)
+        batch_op.alter_column(
+            "status_reason", existing_type=sa.String(length=32), type_=sa.String(length=200), existing_nullable=True
+        )
 
 
 def downgrade() -> None:
     op.execute("UPDATE runs SET status_reason = substr(status_reason, 1, 32) WHERE length(status_reason) > 32")
     with op.batch_alter_table("runs") as batch_op:
-        batch_op.alter_column("status_reason", existing_type=sa.String(length=200), type_=sa.String(length=32),
-                              existing_nullable=True)
+        batch_op.alter_column(
+            "status_reason", existing_type=sa.String(length=200), type_=sa.String(length=32), existing_nullable=True
+        )

@@ -43,27 +43,42 @@ def downgrade() -> None:
 
 
 def _repair_frames(conn: sa.Connection) -> None:
-    groups = conn.execute(sa.text(
-        "SELECT run_pk, metric_id, step, attempt FROM frames GROUP BY run_pk, metric_id, step, attempt "
-        "HAVING count(*) > 1")).all()
+    groups = conn.execute(
+        sa.text(
+            "SELECT run_pk, metric_id, step, attempt FROM frames GROUP BY run_pk, metric_id, step, attempt "
+            "HAVING count(*) > 1"
+        )
+    ).all()
     for run_pk, metric_id, step, attempt in groups:
         key = {"run_pk": run_pk, "metric_id": metric_id, "step": step, "attempt": attempt}
-        rows = conn.execute(sa.text(
-            "SELECT mask, vals, present FROM frames WHERE run_pk = :run_pk AND metric_id = :metric_id "
-            "AND step = :step AND attempt = :attempt"), key).all()
+        rows = conn.execute(
+            sa.text(
+                "SELECT mask, vals, present FROM frames WHERE run_pk = :run_pk AND metric_id = :metric_id "
+                "AND step = :step AND attempt = :attempt"
+            ),
+            key,
+        ).all()
         for mask, vals, present in rows:
             values = array("d")
             values.frombytes(vals)
             for layer in range(len(values)):
                 if present is None or present[layer]:
                     # One primary-key probe per layer (head -1: the layer value).
-                    stored = conn.execute(sa.text(
-                        "SELECT value FROM points WHERE run_pk = :run_pk AND metric_id = :metric_id AND head = -1 "
-                        "AND layer = :layer AND step = :step AND attempt = :attempt"), {**key, "layer": layer}).first()
+                    stored = conn.execute(
+                        sa.text(
+                            "SELECT value FROM points WHERE run_pk = :run_pk AND metric_id = :metric_id AND head = -1 "
+                            "AND layer = :layer AND step = :step AND attempt = :attempt"
+                        ),
+                        {**key, "layer": layer},
+                    ).first()
                     if stored is not None:
                         values[layer] = math.nan if stored[0] is None else stored[0]
             has_nan = any(math.isnan(v) for i, v in enumerate(values) if present is None or present[i])
-            conn.execute(sa.text(
-                "UPDATE frames SET vals = :vals, has_nan = :has_nan WHERE run_pk = :run_pk AND metric_id = :metric_id "
-                "AND step = :step AND attempt = :attempt AND mask = :mask"),
-                {**key, "mask": mask, "vals": values.tobytes(), "has_nan": has_nan})
+            conn.execute(
+                sa.text(
+                    "UPDATE frames SET vals = :vals, has_nan = :has_nan "
+                    "WHERE run_pk = :run_pk AND metric_id = :metric_id "
+                    "AND step = :step AND attempt = :attempt AND mask = :mask"
+                ),
+                {**key, "mask": mask, "vals": values.tobytes(), "has_nan": has_nan},
+            )

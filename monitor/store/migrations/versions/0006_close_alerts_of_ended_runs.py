@@ -27,17 +27,21 @@ ENDED = "SELECT pk FROM runs WHERE status IN ('finished', 'crashed')"
 
 def upgrade() -> None:
     conn = op.get_bind()
-    conn.execute(sa.text(f"""
+    conn.execute(
+        sa.text(f"""
         UPDATE alerts SET
             state = 'resolved',
             resolved_step = (SELECT last_step FROM runs WHERE runs.pk = alerts.run_pk),
             ends_at = (SELECT updated_at FROM runs WHERE runs.pk = alerts.run_pk),
             summary = summary || ' (closed: the run '
                       || (SELECT status FROM runs WHERE runs.pk = alerts.run_pk) || ')'
-        WHERE state = 'firing' AND run_pk IN ({ENDED})"""))
-    conn.execute(sa.text(f"""
+        WHERE state = 'firing' AND run_pk IN ({ENDED})""")
+    )
+    conn.execute(
+        sa.text(f"""
         UPDATE alert_state SET alert_id = NULL, streak = 0, since_step = NULL, band_layers = '[]'
-        WHERE run_pk IN ({ENDED})"""))
+        WHERE run_pk IN ({ENDED})""")
+    )
 
 
 def downgrade() -> None:
