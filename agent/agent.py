@@ -47,8 +47,7 @@ from qkwatch.agent.probe import Capture, Plan
 from qkwatch.agent.report import Packed, Packer, encode, missing_layers_event
 from qkwatch.agent.spooler import Spooler, start_host_copy
 from qkwatch.agent.transport import HttpTransport, transports
-from qkwatch.monitor.scheduling import ScheduleConfig
-from qkwatch.monitor.wire import STATUS_REASON_MAX
+from qkwatch.monitor.wire import STATUS_REASON_MAX, RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -68,14 +67,14 @@ class Agent:
         shared = _distributed() if cfg.distributed is None else cfg.distributed and _distributed()
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if shared else (0, 1)
         self._group = dist.new_group(backend="gloo") if self.world > 1 else None
-        run_config = {**cfg.config, "n_layers": self.n_layers}
-        self.identity = RunIdentity.agree(cfg.project, cfg.run, run_config, self._group)
+        sent = {**cfg.config, "n_layers": self.n_layers}
+        run_config = RunConfig.model_validate(sent)  # the collector's parser: the same schedule on both sides
+        self.identity = RunIdentity.agree(cfg.project, cfg.run, sent, self._group)
         self.owned = {s.layer for s in sites if s.layer % self.world == self.rank}
         suffix = f"_rank{self.rank}" if self.world > 1 else ""
         self.spool = cfg.spooling.open(Path(cfg.spool) / cfg.project / self.run / f"rank-{self.rank}")
         self.identity.claim(self.spool, url=cfg.url, rank=self.rank)
-        schedule = ScheduleConfig.from_mapping(run_config.get("schedule"))
-        self.lambdas_state = cfg.lambdas.build(self.n_layers, schedule, self._group)
+        self.lambdas_state = cfg.lambdas.build(self.n_layers, run_config.schedule, self._group)
         self.probe = cfg.probe.build(sites, self.owned)
         self.health = Health()
         connect = transports(cfg.url, cfg.token, cfg.request_timeout)

@@ -155,7 +155,9 @@ class Client:
     def health(self) -> Health:
         return Health.of(self._json("GET", "/healthz"))
 
-    def create_run(self, project: str, name: str, config: dict | None = None, attempt_key: str | None = None) -> Run:
+    def create_run(
+        self, project: str, name: str, config: dict[str, Any] | None = None, attempt_key: str | None = None
+    ) -> Run:
         """Create or resume a run; the answer's ``attempt`` is the attempt to report under."""
         return Run.of(
             self._json(

@@ -64,7 +64,7 @@ class ScheduleConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if not _number(value):
-                raise ValueError(f"schedule.{f.name} must be a finite number, got {value!r}")
+                raise ValueError(f"schedule.{f.name} must be a finite number, got {_show(value)}")
         if self.beta <= 0:
             raise ValueError(f"schedule.beta must be > 0, got {self.beta!r}")
         if not 0 <= self.ema < 1:
@@ -81,22 +81,56 @@ class ScheduleConfig:
         return [value > self.floor * self.lambda_0 for value in lambdas]
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None) -> ScheduleConfig:
-        """Build from a run config's ``"schedule"`` object; missing keys take the defaults.
+    def from_mapping(cls, mapping: object) -> ScheduleConfig:
+        """Build from a run config's ``"schedule"`` object; None or missing keys take the defaults.
+
+        The one parser of that object: the collector's wire schema, the store (configs stored
+        before the wire checked them) and the trainer's config files all come through here. A
+        parameter is a JSON number, taken as a float; a boolean, a string or an integer too large
+        for a float is refused, and only ``lambda_max`` may be null (its default).
 
         Raises:
-            ValueError: naming the key, for an unknown key or an invalid value.
+            ValueError: naming the key (``schedule.<key>``), for an unknown key or an invalid value.
         """
-        mapping = dict(mapping or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(mapping) - known)
+        if mapping is None:
+            return cls()
+        if not isinstance(mapping, Mapping):
+            raise ValueError(f"schedule must be an object of schedule parameters, got {_show(mapping)}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(str(key) for key in mapping if key not in known)
         if unknown:
             raise ValueError(f"schedule.{unknown[0]} is not a schedule parameter (known: {', '.join(sorted(known))})")
-        return cls(**mapping)
+        values: dict[str, Any] = {key: _parameter(key, value) for key, value in mapping.items()}
+        return cls(**values)
+
+
+def _parameter(key: str, value: Any) -> float | None:
+    """One schedule parameter as a float (None: ``lambda_max``'s default); ValueError names the key."""
+    if value is None and key == "lambda_max":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"schedule.{key} must be a number, got {_show(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"schedule.{key} must be a finite number, got {_show(value)}") from None
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _show(value: Any) -> str:
+    """``repr`` for an error message, short: a huge int (its repr may even be refused) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def sigmoid(x: float) -> float:

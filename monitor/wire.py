@@ -1,7 +1,8 @@
 """The wire schema between the agent and the collector (pydantic and the standard library only).
 
 The agent imports this module, so it must never import FastAPI, SQLAlchemy or anything of the
-collector's. Responses have their own ``*Public`` classes in ``monitor.api.schemas``.
+collector's but the pure :mod:`qkwatch.monitor.scheduling`. Responses have their own ``*Public``
+classes in ``monitor.api.schemas``.
 
 Values: a JSON number, or one of the strings ``"nan"``, ``"inf"``, ``"-inf"``; ``null`` means
 "not measured" and is never stored. In Python a value is a ``float`` (possibly non-finite) or
@@ -11,13 +12,31 @@ below serialise non-finite floats as those strings, so ``model_dump(mode="json")
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, Strict, field_serializer, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    RootModel,
+    Strict,
+    TypeAdapter,
+    WithJsonSchema,
+    field_serializer,
+    field_validator,
+)
+
+from qkwatch.monitor.scheduling import ScheduleConfig
 
 NonFinite = Literal["nan", "inf", "-inf"]
 Number = Annotated[float, Strict()]
@@ -113,10 +132,15 @@ def clip_depth(value: Any, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return clip(value, 0)
 
 
-def _bounded_json(max_bytes: int):
-    """A validator of free-form JSON: at most ``MAX_JSON_DEPTH`` deep and ``max_bytes`` as compact JSON."""
+def _bounded_json(max_bytes: int) -> Callable[[Any], Any]:
+    """A check of free-form JSON: at most ``MAX_JSON_DEPTH`` deep and ``max_bytes`` as compact JSON.
 
-    def check(value: dict[str, Any]) -> dict[str, Any]:
+    Only an object or array is measured: anything else is left to the field's own validation.
+    """
+
+    def check(value: Any) -> Any:
+        if not isinstance(value, (dict, list)):
+            return value
         if json_depth(value, stop=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
             raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels (objects and arrays)")
         size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
@@ -124,11 +148,48 @@ def _bounded_json(max_bytes: int):
             raise ValueError(f"{size} bytes as JSON; the limit is {max_bytes}")
         return value
 
-    return AfterValidator(check)
+    return check
 
 
-RunConfig = Annotated[dict[str, Any], _bounded_json(MAX_CONFIG_BYTES)]
-EventData = Annotated[dict[str, Any], _bounded_json(MAX_EVENT_DATA_BYTES)]
+def _brief(value: Any) -> str:
+    """``repr`` for an error message, short: a huge int (whose repr may even be refused) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _schedule(value: Any) -> ScheduleConfig:
+    """``config.schedule`` (an object of parameters, or null for the defaults) as the typed schedule."""
+    if isinstance(value, ScheduleConfig):
+        return value
+    try:
+        return ScheduleConfig.from_mapping(value)
+    except ValueError as exc:  # it names the key: schedule.<key>
+        raise ValueError(f"config.{exc}") from None
+
+
+def _schedule_dict(schedule: ScheduleConfig) -> dict[str, Any]:
+    return dataclasses.asdict(schedule)
+
+
+def _layer_count(value: Any) -> Any:
+    """``config.n_layers``: a whole number of layers, or null (unknown); anything else named and refused."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_LAYERS):
+        return value
+    raise ValueError(f"config.n_layers must be a whole number of layers in [1, {MAX_LAYERS}], got {_brief(value)}")
+
+
+Schedule = Annotated[
+    ScheduleConfig,
+    PlainValidator(_schedule),
+    PlainSerializer(_schedule_dict),
+    WithJsonSchema({**TypeAdapter(ScheduleConfig).json_schema(), "additionalProperties": False}),
+]
+"""A run's schedule on the wire: :meth:`ScheduleConfig.from_mapping` is its one parser; it is
+written back with every parameter (``lambda_max`` resolved), so a stored run says what it ran with."""
+LayerCount = Annotated[Annotated[int, Strict(), Field(ge=1, le=MAX_LAYERS)] | None, BeforeValidator(_layer_count)]
+EventData = Annotated[dict[str, Any], AfterValidator(_bounded_json(MAX_EVENT_DATA_BYTES))]
 LayerValues = Annotated[list[WireValue], Field(max_length=MAX_LAYERS)]
 HeadValues = Annotated[
     list[Annotated[list[WireValue], Field(max_length=MAX_HEADS)] | None], Field(max_length=MAX_LAYERS)
@@ -186,21 +247,34 @@ class ReportBatch(_Wire):
         return sum(r.point_count() for r in self.reports)
 
 
+class RunConfig(BaseModel):
+    """A run's config: the keys the collector acts on, typed and validated once, here; any other key
+    (the recipe, hyperparameters) free-form, kept and served as it was sent.
+
+    The API validates it on ``POST /v1/runs``; the store parses a stored one again when it loads
+    the run row (see :func:`qkwatch.monitor.store.runs.load_config`), and the agent builds its local
+    schedule from one, so every consumer reads ``config.schedule`` and ``config.n_layers``.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    schedule: Schedule = Field(default_factory=ScheduleConfig)
+    """The entropy-floor schedule's parameters; missing ones (or the whole object) take the defaults."""
+    n_layers: LayerCount = None
+    """The model's layer count (it sizes the lambdas); null: unknown. A resume may not change it."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The keys that were given, as JSON-ready Python values: what the collector stores and serves."""
+        return self.model_dump(exclude_unset=True)
+
+
 class RunCreate(_Wire):
     """``POST /v1/runs``: create, or resume (same project and name), a run."""
 
     project: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
-    config: RunConfig = Field(default_factory=dict)
+    config: Annotated[RunConfig, BeforeValidator(_bounded_json(MAX_CONFIG_BYTES))] = Field(default_factory=RunConfig)
     attempt_key: str | None = Field(default=None, min_length=1, max_length=200)
-
-    @field_validator("config")
-    @classmethod
-    def _layer_count(cls, config: dict[str, Any]) -> dict[str, Any]:
-        n = config.get("n_layers")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_LAYERS):
-            raise ValueError(f"config.n_layers must be a whole number of layers in [1, {MAX_LAYERS}], got {n!r}")
-        return config
 
 
 RunStatus = Literal["running", "finished", "crashed"]

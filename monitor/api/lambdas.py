@@ -23,7 +23,7 @@ def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
     Nothing above the run's ``lambda_max`` is served: the store clips overrides when a config
     lowers it, and this clips again, so that no path can hand the trainer a value it must refuse.
     """
-    cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
+    cfg = run.config.schedule
     n = state.n_layers or 0
     h = [state.h.get(layer) for layer in range(n)]
     overrides = {layer: min(value, cfg.lambda_max) for layer, value in sorted(state.overrides.items())}

@@ -68,7 +68,7 @@ class RunPublic(BaseModel):
             status_reason=row.status_reason,
             attempt=attempt or row.latest_attempt,
             latest_attempt=row.latest_attempt,
-            config=row.config,
+            config=row.config.as_dict(),
             created_at=row.created_at,
             updated_at=row.updated_at,
             last_report_at=row.last_report_at,

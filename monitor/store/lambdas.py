@@ -80,7 +80,7 @@ def feed_schedule(
     reports = sorted((s, v["attn_entropy"]) for s, v in layer_values if "attn_entropy" in v)
     if not reports:
         return None
-    cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
+    cfg = run.config.schedule
     ls = m.lambda_state
     state = {
         r.layer: Entropy(sql.from_db(r.h), r.attempt, r.step)
@@ -115,7 +115,7 @@ def state(conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
     ).all()
     h = {r.layer: r.v for r in rows if r.kind == 0}
     ov = {r.layer: r.v for r in rows if r.kind == 1}
-    n = runs.layer_count(run.config)
+    n = run.config.n_layers
     n_layers = n if n is not None else (min(max(h) + 1, MAX_LAYERS) if h else None)
     return m.LambdaState(version=run.lambda_version, step=run.lambda_step, n_layers=n_layers, h=h, overrides=ov)
 
@@ -133,7 +133,7 @@ def set_overrides(
     """
     run = runs.locked(conn, run_id)
     current = state(conn, run)
-    cfg = scheduling.ScheduleConfig.from_mapping(run.config.get("schedule"))
+    cfg = run.config.schedule
     for layer, value in overrides.items():
         try:
             scheduling.check_override(layer, 0.0 if value is None else value, cfg, current.n_layers)

@@ -9,34 +9,24 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from qkwatch.monitor import scheduling
 from qkwatch.monitor.alerting.evaluator import end_of_run
 from qkwatch.monitor.store import lambdas, runs, sql
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.alerts import AlertRows
 from qkwatch.monitor.store.errors import Invalid
-from qkwatch.monitor.wire import RunCreate
+from qkwatch.monitor.wire import RunConfig, RunCreate
 
 logger = logging.getLogger(__name__)
 
 
-def check_schedule(config: dict[str, Any]) -> scheduling.ScheduleConfig:
-    """The schedule of a run config; Invalid names the bad key."""
-    try:
-        return scheduling.ScheduleConfig.from_mapping(config.get("schedule"))
-    except (ValueError, TypeError) as exc:
-        raise Invalid(f"config.{exc}" if str(exc).startswith("schedule") else f"config.schedule: {exc}") from None
-
-
-def create_or_resume(
-    conn: sa.Connection, body: RunCreate, schedule: scheduling.ScheduleConfig, now: float
-) -> tuple[m.RunRow, int]:
+def create_or_resume(conn: sa.Connection, body: RunCreate, now: float) -> tuple[m.RunRow, int]:
     """Create the run (attempt 1) or resume it; returns the run and the attempt to report under.
 
     An unseen ``attempt_key`` starts attempt latest+1; a known one returns its attempt; no key
     returns the latest attempt. A finished or crashed run is set back to running, unless a
     known key re-registers an attempt whose end was already reported (see :func:`_keeps_status`).
-    A new config whose ``lambda_max`` (of ``schedule``) is below existing overrides clips them (audited).
+    A config given replaces the stored one; when its ``schedule.lambda_max`` is below existing
+    overrides, they are clipped (audited). An empty config keeps the stored one.
     """
     row = runs.locked_by_name(conn, body.project, body.name)
     if row is None:
@@ -46,27 +36,28 @@ def create_or_resume(
     values: dict[str, Any] = {"updated_at": now, "latest_attempt": max(attempt, row.latest_attempt)}
     if not (known is not None and _keeps_status(row)):
         values.update(status="running", status_reason=None)
-    config = _keep_shape(row, body.config) if body.config else None
-    if config:
-        values["config"] = json.dumps(config)
+    config = _keep_shape(row, body.config) if body.config.model_fields_set else None  # extras count
+    if config is not None:
+        values["config"] = json.dumps(config.as_dict())
     conn.execute(sa.update(m.runs).where(m.runs.c.pk == row.pk).values(**values))
-    if body.config:
-        lambdas.clip_overrides(conn, runs.by_pk(conn, row.pk), schedule, attempt, now)
+    if config is not None:
+        lambdas.clip_overrides(conn, runs.by_pk(conn, row.pk), config.schedule, attempt, now)
     return runs.by_pk(conn, row.pk), attempt
 
 
-def _keep_shape(run: m.RunRow, config: dict[str, Any]) -> dict[str, Any]:
+def _keep_shape(run: m.RunRow, config: RunConfig) -> RunConfig:
     """The config to store on a resume: its layer count may not change (Invalid), and one left out is kept.
 
     The layer count sizes the lambdas the trainer reads and the alerts' layers; a resume that
     changed it would silently change what they mean. A count stored before it was bounded
-    (more than MAX_LAYERS) does not hold the run to it.
+    (set aside when the row is read: :func:`qkwatch.monitor.store.runs.load_config`) does not
+    hold the run to it.
     """
-    old, new = runs.layer_count(run.config), config.get("n_layers")
+    old, new = run.config.n_layers, config.n_layers
     if old is None:
         return config
     if new is None:
-        return {**config, "n_layers": old}
+        return config.model_copy(update={"n_layers": old})
     if new != old:
         raise Invalid(
             f"config.n_layers: run {run.project}/{run.name} has {old} layers, and a resume may not "
@@ -99,7 +90,7 @@ def _insert_run(conn: sa.Connection, body: RunCreate, now: float) -> m.RunRow:
         project=body.project,
         name=body.name,
         status="running",
-        config=json.dumps(body.config),
+        config=json.dumps(body.config.as_dict()),
         created_at=now,
         updated_at=now,
         latest_attempt=1,

@@ -14,6 +14,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from qkwatch.monitor.wire import RunConfig
+
 metadata = sa.MetaData()
 
 # Names compared in the big indexes use the "C" collation on PostgreSQL: byte order, no locale
@@ -244,7 +246,8 @@ class RunRow:
     name: str
     status: str
     status_reason: str | None
-    config: dict[str, Any]
+    config: RunConfig
+    """Parsed once, when the row is read (:func:`qkwatch.monitor.store.runs.load_config`)."""
     created_at: float
     updated_at: float
     last_report_at: float | None

@@ -5,23 +5,30 @@ How a run starts, resumes, ends and goes away is :mod:`qkwatch.monitor.store.lif
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import NotFound
 from qkwatch.monitor.store.metric_names import MetricNames
-from qkwatch.monitor.wire import MAX_LAYERS, clip_depth
+from qkwatch.monitor.wire import RunConfig, clip_depth
+
+logger = logging.getLogger(__name__)
 
 TERMINAL = ("finished", "crashed")
 """The statuses of a run that ended."""
 
+SET_ASIDE = {"schedule": "the default schedule applies", "n_layers": "its layer count is unknown"}
+"""What a run loaded from an older database gets instead of a typed key the API now refuses."""
 
-def run_row(r: sa.Row) -> m.RunRow:
-    # clip_depth: a config stored before its depth was bounded is read back cut at the bound.
+
+def run_row(r: sa.Row[Any]) -> m.RunRow:
     return m.RunRow(
         pk=r.pk,
         id=r.id,
@@ -29,7 +36,7 @@ def run_row(r: sa.Row) -> m.RunRow:
         name=r.name,
         status=r.status,
         status_reason=r.status_reason,
-        config=clip_depth(json.loads(r.config)),
+        config=load_config(r.id, r.config),
         created_at=r.created_at,
         updated_at=r.updated_at,
         last_report_at=r.last_report_at,
@@ -40,10 +47,32 @@ def run_row(r: sa.Row) -> m.RunRow:
     )
 
 
-def layer_count(config: dict[str, Any]) -> int | None:
-    """``config["n_layers"]`` when it is a layer count the collector accepts, else None (unknown)."""
-    n = config.get("n_layers")
-    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_LAYERS else None
+def load_config(run_id: str, text: str) -> RunConfig:
+    """The typed config of a stored run: parsed here, once per row read, and nowhere else.
+
+    A config written before the API validated it (an older database) may hold a ``schedule`` or
+    an ``n_layers`` that the API now refuses. The run still loads: that key is set aside (the
+    default schedule; an unknown layer count, so the lambdas are sized by the entropies seen and
+    a resume may set it), a warning is logged once per run and key, and the stored text is kept
+    as it is; reads serve the config without it. A config stored before its depth was bounded is
+    read back cut at the bound (``clip_depth``).
+    """
+    raw = clip_depth(json.loads(text))
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        bad = {str(e["loc"][0]): e["msg"] for e in exc.errors() if e["loc"] and e["loc"][0] in SET_ASIDE}
+        if not bad:
+            raise
+    for key, why in bad.items():
+        _warn_set_aside(run_id, key, why)
+    return RunConfig.model_validate({k: v for k, v in raw.items() if k not in bad})
+
+
+@functools.lru_cache(maxsize=1024)
+def _warn_set_aside(run_id: str, key: str, why: str) -> None:
+    """Once per run and key (bounded): every read of the run would otherwise say it again."""
+    logger.warning("run %s: its stored config.%s is set aside, %s: %s", run_id, key, SET_ASIDE[key], why)
 
 
 def get(conn: sa.Connection, where: sa.ColumnElement[bool]) -> m.RunRow:
@@ -90,7 +119,9 @@ def compare(conn: sa.Connection, run_ids: Sequence[str]) -> list[m.RunRow]:
     return [rows[i] for i in run_ids]
 
 
-def page(conn: sa.Connection, where: list, limit: int, offset: int) -> tuple[list[m.RunRow], int]:
+def page(
+    conn: sa.Connection, where: list[sa.ColumnElement[bool]], limit: int, offset: int
+) -> tuple[list[m.RunRow], int]:
     """Runs matching every condition of ``where``, newest activity first, and their count."""
     r = m.runs
     count = conn.execute(sa.select(sa.func.count()).select_from(r).where(*where)).scalar()
@@ -100,10 +131,10 @@ def page(conn: sa.Connection, where: list, limit: int, offset: int) -> tuple[lis
     return [run_row(row) for row in rows], int(count or 0)
 
 
-def basic_filters(projects: Sequence[str] | None, status: str | None, name: str | None) -> list:
+def basic_filters(projects: Sequence[str] | None, status: str | None, name: str | None) -> list[sa.ColumnElement[bool]]:
     """Conditions on the run's own columns (``projects`` None = all)."""
     r = m.runs
-    where = []
+    where: list[sa.ColumnElement[bool]] = []
     if projects is not None:
         where.append(r.c.project.in_(list(projects)))
     where += [r.c.status == status] if status else []
@@ -120,10 +151,10 @@ def search_filters(
     ever_above: tuple[str, float] | None,
     latest_above: tuple[str, float] | None,
     alerts: Sequence[tuple[Sequence[str], bool]],
-) -> list:
+) -> list[sa.ColumnElement[bool]]:
     """Conditions on times, on what the run reported and on its alerts (see ``Store.search_runs``)."""
     r = m.runs
-    where = []
+    where: list[sa.ColumnElement[bool]] = []
     for column, (after, before) in ((r.c.created_at, created), (r.c.updated_at, updated)):
         where += [column >= after] if after is not None else []
         where += [column <= before] if before is not None else []

@@ -80,9 +80,8 @@ class Store:
 
         See :func:`qkwatch.monitor.store.lifecycle.create_or_resume`.
         """
-        schedule = lifecycle.check_schedule(body.config)
         with self._write() as conn:
-            return lifecycle.create_or_resume(conn, body, schedule, _now(now))
+            return lifecycle.create_or_resume(conn, body, _now(now))
 
     def get_run(self, run_id: str) -> m.RunRow:
         with self._read() as conn:

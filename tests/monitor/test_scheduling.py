@@ -65,11 +65,33 @@ def test_default_split_between_seed_000s_healthy_and_collapsed_entropies():
         ({"floor": 1.0}, "floor"),
         ({"gamma": 1}, "gamma"),
         ({"beta": math.inf}, "beta"),
+        ({"beta": True}, "beta"),
+        ({"ema": False}, "ema"),
+        ({"lambda_0": 10**400}, "lambda_0"),
+        ({"floor": None}, "floor"),
+        ({"h_star": [0.8]}, "h_star"),
     ],
 )
 def test_invalid_config_names_the_key(mapping, key):
     with pytest.raises(ValueError, match=f"schedule.{key}"):
         ScheduleConfig.from_mapping(mapping)
+
+
+@pytest.mark.parametrize("mapping", ["fast", [("beta", 0.1)], 0.1])
+def test_a_schedule_that_is_not_an_object_is_refused(mapping):
+    with pytest.raises(ValueError, match="schedule must be an object"):
+        ScheduleConfig.from_mapping(mapping)
+
+
+def test_parameters_are_floats_and_null_means_the_default():
+    cfg = ScheduleConfig.from_mapping({"lambda_0": 1, "beta": 2, "lambda_max": None})
+    assert cfg == ScheduleConfig(lambda_0=1.0, beta=2.0) and isinstance(cfg.beta, float) and cfg.lambda_max == 100.0
+    assert ScheduleConfig.from_mapping(None) == ScheduleConfig.from_mapping({}) == ScheduleConfig()
+
+
+def test_a_huge_integer_built_directly_is_a_named_value_error():
+    with pytest.raises(ValueError, match=r"schedule.beta must be a finite number, got an integer of \d+ bits"):
+        ScheduleConfig(beta=10**5000)
 
 
 def test_overrides_are_bounded_and_applied():

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from qkwatch.monitor.wire import OverridesPut, Report, ReportBatch, RunCreate, decode_value, encode_value
+from qkwatch.monitor.scheduling import ScheduleConfig
+from qkwatch.monitor.wire import (
+    MAX_LAYERS,
+    OverridesPut,
+    Report,
+    ReportBatch,
+    RunConfig,
+    RunCreate,
+    decode_value,
+    encode_value,
+)
 
 
 @pytest.mark.parametrize(
@@ -76,3 +88,72 @@ def test_overrides_accept_numbers_and_null_only():
     assert OverridesPut.model_validate({"3": 0, "4": None}).root == {"3": 0.0, "4": None}
     with pytest.raises(ValidationError):
         OverridesPut.model_validate({"3": "0.1"})
+
+
+# --- the run config: schedule and n_layers typed, everything else free-form -------------------
+
+
+def test_the_run_config_is_typed_once_and_keeps_every_other_key() -> None:
+    free = {"lr": 3e-4, "recipe": {"name": "collapse", "layers": [1, "x", None]}, "seed": 10**30, "copy": 1}
+    body = RunCreate(project="p", name="r", config={"schedule": {"beta": 0.1, "lambda_0": 1}, "n_layers": 6, **free})
+    assert body.config.schedule == ScheduleConfig(beta=0.1, lambda_0=1.0)
+    assert isinstance(body.config.schedule.lambda_0, float) and body.config.n_layers == 6
+    assert body.config.model_extra == free
+    assert body.config.as_dict() == {"schedule": dataclasses.asdict(body.config.schedule), "n_layers": 6, **free}
+
+
+def test_keys_not_given_are_not_added() -> None:
+    assert RunCreate(project="p", name="r").config.as_dict() == {}
+    config = RunConfig.model_validate({"lr": 0.1})
+    assert config.schedule == ScheduleConfig() and config.n_layers is None and config.as_dict() == {"lr": 0.1}
+    assert RunConfig.model_validate({"schedule": None}).schedule == ScheduleConfig()
+
+
+BAD_SCHEDULES = [
+    ({"beta": 0}, "config.schedule.beta"),
+    ({"beta": -0.5}, "config.schedule.beta"),
+    ({"ema": 1.0}, "config.schedule.ema"),
+    ({"ema": -0.1}, "config.schedule.ema"),
+    ({"h_star": "0.8"}, "config.schedule.h_star"),
+    ({"beta": True}, "config.schedule.beta"),
+    ({"lambda_0": 10**400}, "config.schedule.lambda_0"),
+    ({"floor": None}, "config.schedule.floor"),
+    ({"lambda_max": [1.0]}, "config.schedule.lambda_max"),
+    ({"gamma": 1.0}, "config.schedule.gamma"),
+    ("fast", "config.schedule must be an object"),
+    ([["beta", 0.1]], "config.schedule must be an object"),
+]
+
+
+@pytest.mark.parametrize(("schedule", "named"), BAD_SCHEDULES)
+def test_a_bad_schedule_is_refused_naming_the_field(schedule: Any, named: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        RunCreate(project="p", name="r", config={"schedule": schedule})
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("config", "schedule") and named in error["msg"]
+    assert len(error["msg"]) < 200  # a 401-digit int is described, not printed
+
+
+@pytest.mark.parametrize("n_layers", [0, -1, MAX_LAYERS + 1, 10**400, True, False, 2.0, "12", [4]])
+def test_a_bad_layer_count_is_refused_naming_the_field(n_layers: Any) -> None:
+    with pytest.raises(ValidationError) as caught:
+        RunCreate(project="p", name="r", config={"n_layers": n_layers})
+    (error,) = caught.value.errors()
+    assert error["loc"] == ("config", "n_layers") and "config.n_layers" in error["msg"]
+
+
+def test_the_bounds_of_free_form_json_hold_for_the_config() -> None:
+    with pytest.raises(ValidationError, match="bytes as JSON"):
+        RunCreate(project="p", name="r", config={"notes": "x" * 300_000})
+    with pytest.raises(ValidationError, match="a valid dictionary"):
+        RunCreate.model_validate({"project": "p", "name": "r", "config": [1]})
+
+
+def test_the_schema_describes_the_schedule_from_its_dataclass() -> None:
+    """OpenAPI (and so clients and the fuzzer) sees the schedule's parameters and nothing else."""
+    config = RunCreate.model_json_schema()["$defs"]["RunConfig"]
+    schedule = config["properties"]["schedule"]
+    assert set(schedule["properties"]) == {f.name for f in dataclasses.fields(ScheduleConfig)}
+    assert schedule["additionalProperties"] is False and config["additionalProperties"] is True
+    n_layers = config["properties"]["n_layers"]["anyOf"][0]
+    assert (n_layers["type"], n_layers["minimum"], n_layers["maximum"]) == ("integer", 1, MAX_LAYERS)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
+from qkwatch.monitor.scheduling import ScheduleConfig
 from tests.monitor.conftest import report
 
 
@@ -177,13 +180,65 @@ def test_recreating_a_finished_run_sets_it_running(h):
     assert again["status"] == "running" and again["config"] == {"n_layers": 2}
 
 
-def test_invalid_schedule_in_config_is_422_naming_the_key(h):
+BAD_SCHEDULES = [
+    ({"beta": 0}, "config.schedule.beta"),
+    ({"beta": -1}, "config.schedule.beta"),
+    ({"ema": 1}, "config.schedule.ema"),
+    ({"ema": -0.5}, "config.schedule.ema"),
+    ({"h_star": "0.8"}, "config.schedule.h_star"),
+    ({"beta": True}, "config.schedule.beta"),
+    ({"lambda_0": 10**400}, "config.schedule.lambda_0"),
+    ({"lambda_max": -1}, "config.schedule.lambda_max"),
+    ({"gamma": 0.1}, "config.schedule.gamma"),
+    ("fast", "config.schedule must be an object"),
+]
+
+
+@pytest.mark.parametrize(("schedule", "named"), BAD_SCHEDULES)
+def test_invalid_schedule_in_config_is_422_naming_the_key(h, schedule, named):
     r = h.client.post(
         "/v1/runs",
         headers=h.headers("ingest"),
-        json={"project": h.project, "name": "x", "config": {"schedule": {"beta": 0}}},
+        json={"project": h.project, "name": "x", "config": {"schedule": schedule}},
     )
-    assert r.status_code == 422 and "schedule.beta" in r.json()["detail"]
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["detail"]
+    assert error["loc"] == ["body", "config", "schedule"] and named in error["msg"], r.text
+    assert h.get("/v1/runs", project=h.project)["count"] == 0
+
+
+@pytest.mark.parametrize(
+    "config", [{"schedule": {"beta": 0}, "lr": 1.0}, {"schedule": {"ema": 10**400}}, {"n_layers": True}]
+)
+def test_a_refused_config_changes_nothing_already_stored(h, config):
+    good = {"n_layers": 2, "schedule": {"lambda_max": 1.0}, "lr": 3e-4}
+    run = h.create_run("kept", config=good, attempt_key="a1")
+    h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={"1": 0.5}, headers=h.headers("control"))
+    h.send(run["id"], [report(1, {"attn_entropy": [0.9, 0.9]})])
+    before = (h.get(f"/v1/runs/{run['id']}"), h.get(f"/v1/runs/{run['id']}/lambdas"))
+    body = {"project": h.project, "name": "kept", "config": config, "attempt_key": "a2"}
+    r = h.client.post("/v1/runs", json=body, headers=h.headers("ingest"))
+    assert r.status_code == 422, r.text
+    assert (h.get(f"/v1/runs/{run['id']}"), h.get(f"/v1/runs/{run['id']}/lambdas")) == before
+    assert before[0]["config"]["lr"] == 3e-4 and before[1]["overrides"] == {"1": 0.5}
+    assert before[0]["latest_attempt"] == 1 and len(h.get(f"/v1/runs/{run['id']}/lambdas/audit")["data"]) == 1
+
+
+def test_other_config_keys_are_stored_and_served_as_sent(h):
+    """Users put hyperparameters there: any key, any JSON value (a huge integer too), kept as it is."""
+    free = {"lr": 3e-4, "recipe": {"name": "c", "tags": ["a", None, 2]}, "seed": 10**400, "copy": "x", "_raw": True}
+    run = h.create_run(config={"n_layers": 2, **free})
+    assert run["config"] == {"n_layers": 2, **free}
+    assert h.get(f"/v1/runs/{run['id']}")["config"] == {"n_layers": 2, **free}
+    assert h.get("/v1/runs", project=h.project)["data"][0]["config"] == {"n_layers": 2, **free}
+
+
+def test_a_given_schedule_is_stored_with_every_parameter(h):
+    """What the run ran with stays on its record, ``lambda_max`` resolved from ``lambda_0``."""
+    run = h.create_run(config={"schedule": {"lambda_0": 1e-3, "beta": 0.1}})
+    expected = {"lambda_0": 1e-3, "h_star": ScheduleConfig().h_star, "beta": 0.1, "ema": 0.8, "lambda_max": 0.1}
+    assert run["config"]["schedule"] == {**expected, "floor": 0.1}
+    assert h.get(f"/v1/runs/{run['id']}/lambdas")["schedule"] == run["config"]["schedule"]
 
 
 def test_responses_are_strict_json(h):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 
 import pytest
+import sqlalchemy as sa
 
+from qkwatch.monitor.scheduling import ScheduleConfig, entropy_floor
+from qkwatch.monitor.store import models as m
 from tests.monitor.conftest import report
 
 
@@ -128,13 +133,28 @@ def test_a_resume_that_lowers_lambda_max_clips_the_overrides_with_audit_and_even
 
 
 def test_lambdas_never_serve_a_value_above_lambda_max(h):
-    import sqlalchemy as sa
-
-    from qkwatch.monitor.store import models as m
-
     run = h.create_run(config={"n_layers": 2, "schedule": {"lambda_max": 0.1}})
     with h.store.engine.begin() as conn:  # an override stored before clipping existed
         pk = conn.execute(sa.select(m.runs.c.pk).where(m.runs.c.id == run["id"])).scalar_one()
         conn.execute(sa.insert(m.lambda_overrides).values(run_pk=pk, layer=1, value=0.7))
     lam = h.get(f"/v1/runs/{run['id']}/lambdas")
     assert lam["lambdas"] == [0.0, 0.1] and lam["overrides"] == {"1": 0.1}
+
+
+def test_a_run_stored_with_a_schedule_the_api_now_refuses_runs_on_the_default_one(h):
+    """An older collector stored configs unchecked: such a run still ingests and serves lambdas (it was a 500)."""
+    run = h.create_run(config={"n_layers": 2})
+    with h.store.engine.begin() as conn:
+        stored = json.dumps({"schedule": {"beta": 0, "ema": 10**400}, "n_layers": 2, "lr": 0.1})
+        conn.execute(sa.update(m.runs).where(m.runs.c.id == run["id"]).values(config=stored))
+    h.send(run["id"], [report(1, {"attn_entropy": [0.9, 0.5]})])
+    lam = h.get(f"/v1/runs/{run['id']}/lambdas")
+    assert lam["schedule"] == dataclasses.asdict(ScheduleConfig())
+    assert lam["lambdas"] == pytest.approx(entropy_floor([0.9, 0.5], ScheduleConfig()))
+    assert h.get(f"/v1/runs/{run['id']}")["config"] == {"n_layers": 2, "lr": 0.1}  # served as the collector reads it
+    limit = ScheduleConfig().lambda_max
+    ctl = h.headers("control")
+    assert h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={"1": limit}, headers=ctl).status_code == 200
+    assert (
+        h.client.put(f"/v1/runs/{run['id']}/lambdas/overrides", json={"1": 2 * limit}, headers=ctl).status_code == 422
+    )
