@@ -1,9 +1,12 @@
-"""The agent's subcommands: ``qkwatch analyze`` and ``qkwatch sync``. Imports only argparse at the top."""
+"""The agent's subcommands: ``qkwatch analyze`` and ``qkwatch sync``. Imports only argparse and the
+(stdlib-only) thresholds at the top."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds, as_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +24,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", action="store_true", help="add per-head values")
     p.add_argument("--rank", type=int, default=None, metavar="R", help="r for QKAI (default d_head)")
     p.add_argument("--no-spectra", action="store_true", help="skip the projection SVDs (norms, wk_erank)")
+    p.add_argument(
+        "--collapse-threshold",
+        type=float,
+        default=None,
+        metavar="X",
+        help=f"QKAI shown red above this (default: ${ENV['collapse']}, else {as_text(COLLAPSE_THRESHOLD)})",
+    )
     m = p.add_argument_group("mapping, for checkpoints no layout knows ({i} = layer index)")
     m.add_argument("--q-key", metavar="PATTERN", help="query weight key, e.g. 'blocks.{i}.attn.wq.weight'")
     m.add_argument("--k-key", metavar="PATTERN", help="key weight key")
@@ -67,6 +77,11 @@ def run_analyze(args: argparse.Namespace) -> int:
     from qkwatch.agent.offline.analyze import AnalyzeError, analyze
     from qkwatch.agent.offline.render import band, to_csv, to_json, to_table
 
+    try:  # before the model is read: a bad QKWATCH_COLLAPSE_THRESHOLD fails at once
+        threshold = Thresholds.resolve(collapse=args.collapse_threshold).collapse
+    except ValueError as exc:
+        print(f"qkwatch analyze: {exc}", file=sys.stderr)
+        return 2
     err = Console(stderr=True)
     try:
         layout = custom(
@@ -91,8 +106,8 @@ def run_analyze(args: argparse.Namespace) -> int:
         sys.stdout.write(to_csv(result))
     else:
         out = Console()
-        out.print(to_table(result))
-        collapsed = band(result)
+        out.print(to_table(result, threshold))
+        collapsed = band(result, threshold)
         if collapsed:
-            out.print(f"[bold red]QKAI above 0.70 in layers {', '.join(map(str, collapsed))}[/]")
+            out.print(f"[bold red]QKAI above {as_text(threshold)} in layers {', '.join(map(str, collapsed))}[/]")
     return 0

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from qkwatch.monitor.settings import Settings
 from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.thresholds import as_text
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ class RunCollector(Collector):
         yield from self._run_gauges(runs, collapsed)
 
     def _run_gauges(self, runs: list, collapsed: dict) -> Iterator[GaugeMetricFamily]:
-        threshold = f"{self.settings.collapse_threshold:g}"
+        threshold = as_text(self.settings.collapse_threshold)
         n = GaugeMetricFamily(
             "qkwatch_collapsed_layers", f"Layers whose latest qkai exceeds {threshold}.", labels=["project", "run"]
         )

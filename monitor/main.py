@@ -52,7 +52,12 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree th
 
 
 def load_rules(settings: Settings) -> RuleSet:
-    rules = RuleSet.from_file(settings.alert_rules_file) if settings.alert_rules_file else RuleSet.default()
+    collapse = settings.collapse_threshold  # a qkai rule without a threshold takes the setting
+    rules = (
+        RuleSet.from_file(settings.alert_rules_file, collapse)
+        if settings.alert_rules_file
+        else RuleSet.default(collapse)
+    )
     return with_webhooks(rules, settings.webhook_urls)
 
 

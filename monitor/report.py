@@ -35,11 +35,11 @@ from qkwatch.monitor.report_figures import (
     loss_figure,
     step_range,
 )
+from qkwatch.monitor.thresholds import Thresholds, as_text
 
 logger = logging.getLogger(__name__)
 
 BAND_METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda")
-DEFAULT_THRESHOLD = 0.70  # Settings.collapse_threshold's default, for a collector without /ui/config.json
 MAX_STEPS = 1000  # heatmap columns per run; more steps are bucketed by max, as on the live page
 MAX_POINTS = 2000  # loss points per run
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -53,11 +53,14 @@ class ReportClient(Client):
     """The REST client plus the one unversioned read the report needs: the collapse threshold."""
 
     def collapse_threshold(self) -> float:
+        """The collector's setting; from a collector without ``/ui/config.json``, this machine's
+        ``QKWATCH_COLLAPSE_THRESHOLD`` or the default (``monitor.thresholds``)."""
         try:
             return float(self._json("GET", "/ui/config.json")["collapse_threshold"])
         except (CollectorError, KeyError, TypeError, ValueError) as exc:
-            logger.warning("collapse threshold unavailable (%s); using %.2f", exc, DEFAULT_THRESHOLD)
-            return DEFAULT_THRESHOLD
+            fallback = Thresholds.from_env().collapse
+            logger.warning("collapse threshold unavailable (%s); using %s", exc, as_text(fallback))
+            return fallback
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ def render(runs: list[RunData], *, threshold: float, source: str) -> str:
         f'<script type="text/javascript">{get_plotlyjs()}</script>\n</head>\n<body>\n'
         f"<h1>qkwatch report: {html.escape(names)}</h1>\n"
         f'<div class="meta">read from {html.escape(source)} at {generated}; collapse threshold '
-        f"{threshold:.2f}</div>\n<nav>{nav}</nav>\n{''.join(sections)}</body>\n</html>\n"
+        f"{as_text(threshold)}</div>\n<nav>{nav}</nav>\n{''.join(sections)}</body>\n</html>\n"
     )
 
 
@@ -288,7 +291,7 @@ def summary_section(runs: list[RunData], threshold: float) -> str:
         ("last step", lambda d: str(d.run["last_step"])),
         ("created", lambda d: _time(d.run["created_at"])),
         ("last report", lambda d: _time(d.run["last_report_at"])),
-        (f"layers above {threshold:.2f} (latest qkai)", lambda d: _above_cell(d, threshold)),
+        (f"layers above {as_text(threshold)} (latest qkai)", lambda d: _above_cell(d, threshold)),
         ("highest latest qkai", lambda d: _highest_cell(d)),
         ("alerts", _alerts_cell),
         ("final train loss", lambda d: _last(d.loss)),

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from qkwatch.monitor.thresholds import as_text
 from qkwatch.monitor.wire import decode_value
 
 THRESHOLD_METRICS = frozenset({"qkai"})
@@ -80,7 +81,7 @@ def threshold_scale(lo: float, hi: float, t: float) -> dict:
     scale = _ramp(COOL, 0.0, f) + _ramp(HOT, f, 1.0)
     ticks = [v for v in (lo + p * (hi - lo) for p in (0, 0.2, 0.4, 0.6, 0.8, 1)) if abs(v - t) > 0.06 * (hi - lo)]
     tickvals = sorted([*ticks, t])
-    ticktext = [f"<b>{t:.2f} collapse</b>" if v == t else f"{v:.3g}" for v in tickvals]
+    ticktext = [f"<b>{as_text(t)} collapse</b>" if v == t else f"{v:.3g}" for v in tickvals]
     return {
         "zmin": lo,
         "zmax": hi,
@@ -165,9 +166,9 @@ def heatmap_summary(data: RunData, metric: str, threshold: float) -> str:
         above = layers_above(data, threshold)
         parts.append(
             f"<span style='color:#b00020'>{len(above)} layer{'s' if len(above) > 1 else ''} above "
-            f"{threshold:.2f}: {', '.join(map(str, above))}</span>"
+            f"{as_text(threshold)}: {', '.join(map(str, above))}</span>"
             if above
-            else f"no layer above {threshold:.2f}"
+            else f"no layer above {as_text(threshold)}"
         )
     if h["downsampled"]:
         parts.append(f"bucket {h['agg']}")
@@ -362,7 +363,7 @@ def _threshold_marks(t: float) -> dict:
                 "xanchor": "left",
                 "yanchor": "bottom",
                 "showarrow": False,
-                "text": f"collapse {t:.2f}",
+                "text": f"collapse {as_text(t)}",
                 "font": {"color": "#b00020", "size": 11},
             }
         ],

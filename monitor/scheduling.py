@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from qkwatch.monitor.thresholds import Thresholds
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class ScheduleConfig:
 
     lambda_0: float = 1e-4
     """Largest scheduled weight (the sigmoid's ceiling)."""
-    h_star: float = 0.85
+    h_star: float = field(default_factory=lambda: Thresholds.from_env().h_star)  # QKWATCH_H_STAR, else H_STAR
     """Target normalised entropy H*; at H_l = H* a layer gets lambda_0 / 2."""
     beta: float = 0.04
     """Temperature of the sigmoid, > 0; smaller is a sharper switch."""

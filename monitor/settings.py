@@ -13,6 +13,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, H_STAR, Thresholds
+
 DEFAULT_DATABASE_URL = "sqlite:///qkwatch.db"
 
 
@@ -57,13 +59,22 @@ class Settings(BaseSettings):
     """At most this many active runs are exported on /metrics (the most recently updated)."""
     metrics_max_layers: int = Field(default=256, ge=1)
     """Layers above this index are not exported on /metrics (bounded series count)."""
-    collapse_threshold: float = 0.70
-    """A layer whose latest qkai exceeds this counts in ``qkwatch_collapsed_layers``."""
+    collapse_threshold: float = Field(default=COLLAPSE_THRESHOLD, gt=0, lt=1)
+    """QKAI above this is collapse (``monitor.thresholds``): the default alert rules, the layers counted in
+    ``qkwatch_collapsed_layers`` and the band, the live page's colour break and ``qkwatch report``."""
+    h_star: float = Field(default=H_STAR, gt=0, lt=1)
+    """Target normalised attention entropy H* (``monitor.thresholds``), served to the page and report; the
+    schedule's default H* reads the same ``QKWATCH_H_STAR``."""
     sqlite_busy_timeout_ms: int = Field(default=10_000, ge=0)
     background: bool = True
     """Run the maintenance and webhook threads (tests drive them by hand)."""
     external_url: str = "http://127.0.0.1:8000"
     """Base URL used in webhook payloads' links."""
+
+    @property
+    def thresholds(self) -> Thresholds:
+        """The collapse threshold and H* as one validated value."""
+        return Thresholds(self.collapse_threshold, self.h_star)
 
     @field_validator("webhook_urls", mode="before")
     @classmethod

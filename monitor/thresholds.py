@@ -10,15 +10,16 @@
 
 Everything that shows or acts on them derives from here: the collector's settings
 (``QKWATCH_COLLAPSE_THRESHOLD``, ``QKWATCH_H_STAR``), the default alert rules, the schedule's
-default H*, the generated Prometheus rules and Grafana dashboards, the live page, ``qkwatch
-report`` and ``qkwatch analyze``.
+default H*, the generated Prometheus rules and Grafana dashboards (``python -m dashboards.generate``),
+the live page, ``qkwatch report`` and ``qkwatch analyze``. A test (tests/test_thresholds.py) fails
+when either number is written as a literal anywhere else in the code.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 COLLAPSE_THRESHOLD = 0.70
@@ -26,7 +27,7 @@ COLLAPSE_THRESHOLD = 0.70
 H_STAR = 0.85
 """Default target normalised attention entropy of the entropy-floor schedule."""
 ENV = {"collapse": "QKWATCH_COLLAPSE_THRESHOLD", "h_star": "QKWATCH_H_STAR"}
-"""The environment variable that sets each field."""
+"""The environment variable that sets each field (the collector's ``Settings`` reads the same two)."""
 
 
 @dataclass(frozen=True)
@@ -53,18 +54,45 @@ class Thresholds:
         Raises:
             ValueError: naming the variable, for a value that is not a number in (0, 1).
         """
-        environ = os.environ if environ is None else environ
-        values: dict[str, float] = {}
-        for name, variable in ENV.items():
-            raw = environ.get(variable)
-            if raw is None or not raw.strip():
-                continue
-            try:
-                values[name] = float(raw)
-            except ValueError:
-                raise ValueError(f"{variable} must be a number, got {raw!r}") from None
+        return cls.resolve(environ=environ)
+
+    @classmethod
+    def resolve(
+        cls, collapse: float | None = None, h_star: float | None = None, environ: Mapping[str, str] | None = None
+    ) -> Thresholds:
+        """Each value from the argument when given, else its environment variable, else the default.
+
+        Raises:
+            ValueError: naming the variable or the argument, for a value that is not a number in (0, 1).
+        """
+        given = {name: value for name, value in (("collapse", collapse), ("h_star", h_star)) if value is not None}
+        found = _read_environ(os.environ if environ is None else environ, [n for n in ENV if n not in given])
         try:
-            return cls(**values)
+            return cls(**found, **given)
         except ValueError as exc:
             name = str(exc).split(" ", 1)[0]
-            raise ValueError(f"{ENV.get(name, name)}: {exc}") from None
+            raise ValueError(f"{ENV[name] if name in found else name}: {exc}") from None
+
+
+def _read_environ(environ: Mapping[str, str], names: Iterable[str]) -> dict[str, float]:
+    """The fields of ``names`` whose variable is set (and not blank), parsed as numbers."""
+    values: dict[str, float] = {}
+    for name in names:
+        raw = environ.get(ENV[name])
+        if raw is None or not raw.strip():
+            continue
+        try:
+            values[name] = float(raw)
+        except ValueError:
+            raise ValueError(f"{ENV[name]} must be a number, got {raw!r}") from None
+    return values
+
+
+def as_text(value: float) -> str:
+    """A threshold as generated files and messages write it: 0.7 -> "0.70", 0.725 -> "0.725".
+
+    Two decimals where they say it exactly, else Python's shortest repr: never rounded, so a
+    PromQL or SQL comparison built from the text compares with the same number.
+    """
+    text = f"{value:.2f}"
+    return text if float(text) == value else repr(float(value))

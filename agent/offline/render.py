@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict
 
 from qkwatch.agent.offline.analyze import Analysis, random_baseline
+from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, as_text
 from qkwatch.monitor.wire import encode_value
 
 HEADERS = {
@@ -22,9 +23,6 @@ HEADERS = {
     "wk_spec": "|Wk|2",
     "wk_erank": "erank Wk",
 }
-
-ALERT_QKAI = 0.70
-"""Seed 000: above about 0.70 the stable rank drops and mid-layer entropy climbs to uniform."""
 
 
 def to_json(analysis: Analysis) -> str:
@@ -55,8 +53,8 @@ def to_csv(analysis: Analysis) -> str:
     return out.getvalue()
 
 
-def to_table(analysis: Analysis):
-    """A rich renderable: one row per layer, QKAI above the alert threshold in red."""
+def to_table(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD):
+    """A rich renderable: one row per layer, QKAI above the collapse ``threshold`` in red."""
     from rich.table import Table
 
     s = analysis.shape
@@ -68,22 +66,22 @@ def to_table(analysis: Analysis):
         title=f"{analysis.model} ({analysis.layout}): {s.n_layers} layers, {s.n_heads} heads{gqa}, "
         f"d_model {s.d_model}, d_head {s.d_head}, r = {analysis.rank}",
         caption=f"random subspaces give QKAI = r/d_model = {random_baseline(analysis):.4f}; "
-        f"red: QKAI > {ALERT_QKAI:.2f}",
+        f"red: QKAI > {as_text(threshold)}",
     )
     metrics = [k for k in analysis.layers[0] if k != "layer"] if analysis.layers else []
     table.add_column("layer", justify="right")
     for m in metrics:
         table.add_column(HEADERS.get(m, m), justify="right", no_wrap=True)
     for row in analysis.layers:
-        table.add_row(str(row["layer"]), *(_fmt_cell(m, row[m]) for m in metrics))
+        table.add_row(str(row["layer"]), *(_fmt_cell(m, row[m], threshold) for m in metrics))
     if not analysis.heads:
         return table
     from rich.console import Group
 
-    return Group(table, "", heads_table(analysis))
+    return Group(table, "", heads_table(analysis, threshold))
 
 
-def heads_table(analysis: Analysis):
+def heads_table(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD):
     """QKAI per head: values for up to 16 heads, one block character per head beyond."""
     from rich.table import Table
 
@@ -94,32 +92,32 @@ def heads_table(analysis: Analysis):
         for h in range(n):
             table.add_column(f"h{h}", justify="right", no_wrap=True)
         for row, heads in zip(analysis.layers, analysis.heads or [], strict=True):
-            table.add_row(str(row["layer"]), *(_fmt_cell("qkai", v, digits=2) for v in heads["qkai"]))
+            table.add_row(str(row["layer"]), *(_fmt_cell("qkai", v, threshold, digits=2) for v in heads["qkai"]))
     else:
         table.add_column(f"heads 0..{n - 1} (block height = QKAI)", no_wrap=True)
         for row, heads in zip(analysis.layers, analysis.heads or [], strict=True):
-            table.add_row(str(row["layer"]), "".join(_block(v) for v in heads["qkai"]))
+            table.add_row(str(row["layer"]), "".join(_block(v, threshold) for v in heads["qkai"]))
     return table
 
 
-def _block(value: float) -> str:
+def _block(value: float, threshold: float) -> str:
     if not math.isfinite(value):
         return "?"
     char = BLOCKS[min(len(BLOCKS) - 1, max(0, int(value * len(BLOCKS))))]
-    return f"[red]{char}[/]" if value > ALERT_QKAI else char
+    return f"[red]{char}[/]" if value > threshold else char
 
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-def band(analysis: Analysis, threshold: float = ALERT_QKAI) -> list[int]:
-    """Layers whose mean QKAI exceeds the threshold."""
+def band(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD) -> list[int]:
+    """Layers whose mean QKAI exceeds the collapse threshold."""
     return [row["layer"] for row in analysis.layers if row["qkai"] > threshold]
 
 
-def _fmt_cell(metric: str, value: float, digits: int = 3) -> str:
+def _fmt_cell(metric: str, value: float, threshold: float, digits: int = 3) -> str:
     text = _fmt_csv(value) if not math.isfinite(value) else f"{value:.{digits}f}" if abs(value) < 10 else f"{value:.1f}"
-    if metric in ("qkai", "qkai_max") and math.isfinite(value) and value > ALERT_QKAI:
+    if metric in ("qkai", "qkai_max") and math.isfinite(value) and value > threshold:
         return f"[bold red]{text}[/]"
     return text
 

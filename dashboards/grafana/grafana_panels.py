@@ -1,7 +1,6 @@
 """The builders of qkwatch's Grafana dashboards: panels, queries, template variables, plain dicts.
 
-``generate.py`` composes the two dashboards from these (and imports this module after putting the
-repository root on ``sys.path``, for ``monitor.dashboards``). Every SQL query reads the views of
+``boards.py`` composes the two dashboards from these. Every SQL query reads the views of
 migration 0004 (``qkwatch_*_v``); a panel's ``gridPos`` comes from a :class:`Layout`, which places
 panels left to right on Grafana's 24-column grid.
 """

@@ -7,13 +7,15 @@ the first report where it no longer holds. A band rule fires while at least ``mi
 adjacent layers fire a threshold rule (the collapse band of seed 000).
 
 Rules file (YAML); every field is checked by type, and ``rules`` is required (``rules: []``
-switches alerting off: an empty file is an error, not a silent "no alerts")::
+switches alerting off: an empty file is an error, not a silent "no alerts"). A qkai rule without a
+``threshold`` takes the collector's collapse threshold (``QKWATCH_COLLAPSE_THRESHOLD``, 0.70 by default);
+a rule on any other metric must give its own::
 
     rules:
       - name: qkai_high          # a threshold rule
         metric: qkai
         op: ">"                  # > >= < <=
-        threshold: 0.70
+        threshold: 0.70          # optional for a qkai rule: the collapse threshold setting
         for_reports: 3
         severity: warning
       - name: collapse_band      # a band rule over the layers firing qkai_high
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, as_text
 from qkwatch.monitor.wire import METRIC_NAME_PATTERN
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
@@ -67,7 +70,7 @@ class ThresholdRule:
     name: str
     metric: str = "qkai"
     op: str = ">"
-    threshold: float = 0.70
+    threshold: float = COLLAPSE_THRESHOLD
     for_reports: int = 3
     severity: str = "warning"
 
@@ -126,16 +129,20 @@ class RuleSet:
                 raise ValueError(f"rule {band.name!r}: band_of {band.band_of!r} is not a threshold rule")
 
     @classmethod
-    def default(cls) -> RuleSet:
-        """``qkai > 0.70`` on a layer for 3 consecutive reports; a band of >= 3 adjacent such layers."""
-        return cls(thresholds=(ThresholdRule("qkai_high"),), bands=(BandRule("collapse_band", band_of="qkai_high"),))
+    def default(cls, collapse: float = COLLAPSE_THRESHOLD) -> RuleSet:
+        """``qkai > collapse`` on a layer for 3 consecutive reports; a band of >= 3 adjacent such layers."""
+        return cls(
+            thresholds=(ThresholdRule("qkai_high", threshold=collapse),),
+            bands=(BandRule("collapse_band", band_of="qkai_high"),),
+        )
 
     @classmethod
-    def from_mapping(cls, data: Mapping[str, Any]) -> RuleSet:
+    def from_mapping(cls, data: Mapping[str, Any], collapse: float = COLLAPSE_THRESHOLD) -> RuleSet:
         """Parse the rules file's structure; ValueError names the offending rule or key.
 
         ``rules`` is required: ``rules: []`` switches alerting off on purpose, while a file that
-        says nothing is more likely a mistake than a wish for no alerts.
+        says nothing is more likely a mistake than a wish for no alerts. A qkai rule without a
+        ``threshold`` gets ``collapse`` (the collector's setting).
         """
         if not isinstance(data, Mapping):
             raise ValueError("the rules file must be a mapping with 'rules' (and optionally 'webhooks')")
@@ -152,9 +159,10 @@ class RuleSet:
             if not isinstance(item, Mapping) or "name" not in item:
                 raise ValueError(f"rules[{i}] must be a mapping with a 'name'")
             try:
-                (bands if "band_of" in item else thresholds).append(
-                    (BandRule if "band_of" in item else ThresholdRule)(**item)
-                )
+                if "band_of" in item:
+                    bands.append(BandRule(**item))
+                else:
+                    thresholds.append(ThresholdRule(**_with_threshold(item, i, collapse)))
             except TypeError as exc:
                 raise ValueError(f"rules[{i}] ({item.get('name')!r}): {exc}") from None
         webhooks = data.get("webhooks") or []
@@ -165,7 +173,7 @@ class RuleSet:
         return cls(tuple(thresholds), tuple(bands), tuple(webhooks))
 
     @classmethod
-    def from_file(cls, path: Path) -> RuleSet:
+    def from_file(cls, path: Path, collapse: float = COLLAPSE_THRESHOLD) -> RuleSet:
         """Read and validate a rules file; ValueError (one line) for anything wrong, reading it included."""
         import yaml  # only needed when a rules file is configured
 
@@ -179,7 +187,22 @@ class RuleSet:
             raise ValueError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
         if data is None:
             raise ValueError("the rules file is empty; write 'rules: []' to switch alerting off")
-        return cls.from_mapping(data)
+        return cls.from_mapping(data, collapse)
+
+
+def _with_threshold(item: Mapping[str, Any], i: int, collapse: float) -> Mapping[str, Any]:
+    """A threshold rule's fields, a qkai rule's omitted threshold filled with the collapse threshold.
+
+    Any other metric has no threshold to inherit: QKAI's collapse threshold means nothing on its scale.
+    """
+    if "threshold" in item:
+        return item
+    if item.get("metric", "qkai") != "qkai":
+        raise ValueError(
+            f"rules[{i}] ({item.get('name')!r}): threshold is required for metric {item.get('metric')!r} "
+            f"(only a qkai rule defaults to the collapse threshold, {as_text(collapse)})"
+        )
+    return {**item, "threshold": collapse}
 
 
 @dataclass

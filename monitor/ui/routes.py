@@ -39,8 +39,10 @@ def page() -> HTMLResponse:
 
 @router.get("/ui/config.json")
 def config(settings: SettingsDep) -> JSONResponse:
-    """The collapse threshold, where the page's QKAI colour scale breaks from cool to hot."""
-    return JSONResponse({"collapse_threshold": settings.collapse_threshold}, headers={"Cache-Control": "no-store"})
+    """The collector's thresholds: the collapse threshold, where the page's (and ``qkwatch report``'s) QKAI
+    colour scale breaks from cool to hot, and the target entropy H*."""
+    body = {"collapse_threshold": settings.collapse_threshold, "h_star": settings.h_star}
+    return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 
 @router.get("/ui/plotly.min.js")

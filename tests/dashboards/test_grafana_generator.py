@@ -1,34 +1,80 @@
-"""The committed Grafana files are the generator's output, and the dashboards hold together.
+"""The committed dashboard files are the generator's output, and the Grafana dashboards hold together.
 
-What Grafana would only show on screen is checked here on the JSON: every panel's data source is
-one the provisioning defines, the QKAI colours break at the collapse threshold 0.70, SQL reads only
-the qkwatch_*_v views and uses no macro, and panels do not overlap on the grid.
+``python -m dashboards.generate`` writes the Grafana dashboards and provisioning and the Prometheus
+rules; with the default thresholds its output is what is committed. What Grafana would only show on
+screen is checked here on the JSON: every panel's data source is one the provisioning defines, the
+QKAI colours break at the collapse threshold, SQL reads only the qkwatch_*_v views and uses no macro,
+and panels do not overlap on the grid. (tests/test_thresholds.py moves the thresholds.)
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
+from dashboards import generate
+from dashboards.grafana.boards import iter_queries
 from qkwatch.monitor.dashboards import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
-from tests.dashboards.test_grafana_sql import GRAFANA, VIEWS, load_generator
+from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds
+from tests.dashboards.test_grafana_sql import GRAFANA, ROOT, VIEWS
 
 BOARDS = load_dashboards(GRAFANA / "dashboards")
+DASHBOARDS = ROOT / "dashboards"
+
+
+def committed_generated_files() -> set[str]:
+    """Every file the generator owns: Grafana's JSON and YAML, and the Prometheus rules."""
+    grafana = [p for p in GRAFANA.rglob("*") if p.suffix in (".json", ".yml")]
+    rules = (DASHBOARDS / "prometheus" / "rules").glob("*.yml")
+    return {str(p.relative_to(DASHBOARDS)) for p in [*grafana, *rules]}
 
 
 def test_committed_files_are_the_generators_output():
-    rendered = load_generator().render()
-    committed = {str(p.relative_to(GRAFANA)) for p in GRAFANA.rglob("*") if p.suffix in (".json", ".yml")}
-    assert committed == set(rendered), "generate.py and the committed files list different files"
-    stale = [rel for rel, text in rendered.items() if (GRAFANA / rel).read_text() != text]
-    assert not stale, f"stale (run .venv/bin/python dashboards/grafana/generate.py): {stale}"
+    rendered = generate.render(Thresholds())
+    assert committed_generated_files() == set(rendered), "the generator and the committed files list different files"
+    stale = [rel for rel, text in rendered.items() if (DASHBOARDS / rel).read_text() != text]
+    assert not stale, f"stale (run python -m dashboards.generate): {stale}"
 
 
-def test_generator_check_mode_agrees(capsys):
-    assert load_generator().main(["--check"]) == 0
+def test_generator_check_mode_agrees(capsys, monkeypatch):
+    for variable in ENV.values():
+        monkeypatch.delenv(variable, raising=False)
+    assert generate.main(["--check"]) == 0
     assert "up to date" in capsys.readouterr().out
+    assert generate.main(["--check", "--collapse-threshold", "0.65"]) == 1  # other thresholds: other files
+    assert "stale: " in capsys.readouterr().out
+
+
+def test_generator_writes_under_out_and_refuses_a_bad_threshold(tmp_path: Path, capsys):
+    assert generate.main(["--out", str(tmp_path), "--h-star", "0.8"]) == 0
+    assert generate.main(["--out", str(tmp_path), "--h-star", "0.8", "--check"]) == 0
+    assert {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()} == committed_generated_files()
+    with pytest.raises(SystemExit) as exit_:
+        generate.main(["--collapse-threshold", "1.5", "--out", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "collapse must be in (0, 1)" in capsys.readouterr().err
+
+
+def test_the_generator_runs_as_a_module_from_the_repository_root():
+    """No sys.path patching: ``python -m dashboards.generate`` finds dashboards and qkwatch from the root."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV.values() and k != "PYTHONPATH"}
+    done = subprocess.run(
+        [sys.executable, "-m", "dashboards.generate", "--check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "collapse threshold 0.70, h_star 0.85\nup to date" in done.stdout
 
 
 def test_the_two_dashboards_and_their_data_sources():
@@ -37,7 +83,7 @@ def test_the_two_dashboards_and_their_data_sources():
     uids = {d["uid"] for d in provisioned["datasources"]}
     assert uids == {POSTGRES_UID, PROMETHEUS_UID}
     for board in BOARDS:
-        for where, uid, _ in load_generator().iter_queries(board):
+        for where, uid, _ in iter_queries(board):
             assert uid in uids, (board["uid"], where)
         ids = [p["id"] for p in board["panels"]]
         assert len(ids) == len(set(ids)), board["uid"]
@@ -83,7 +129,8 @@ def qkai_colour_steps(panel: dict) -> list[list[dict]]:
 
 @pytest.mark.parametrize("board", BOARDS, ids=lambda b: b["uid"])
 def test_qkai_colours_break_at_the_collapse_threshold(board):
-    """Every QKAI heatmap, bar gauge and table cell changes colour exactly at 0.70, from a blue to a warm colour."""
+    """Every QKAI heatmap, bar gauge and table cell changes colour exactly at the threshold, from a blue to a warm
+    colour."""
     coloured = [
         (p["title"], steps)
         for p in qkai_panels(board)
@@ -93,15 +140,15 @@ def test_qkai_colours_break_at_the_collapse_threshold(board):
     assert len(coloured) >= 2
     for title, steps in coloured:
         values = [s["value"] for s in steps]
-        assert 0.70 in values, title
-        at = values.index(0.70)
+        assert COLLAPSE_THRESHOLD in values, title
+        at = values.index(COLLAPSE_THRESHOLD)
         below, above = steps[at - 1]["color"], steps[at]["color"]
         assert int(below[1:3], 16) < int(below[5:7], 16), (title, below)  # a blue below
         assert int(above[1:3], 16) > int(above[5:7], 16), (title, above)  # yellow to red above
     for p in qkai_panels(board):
         if p["type"] in ("timeseries", "trend"):
             steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
-            assert [s["value"] for s in steps] == [None, 0.70], p["title"]
+            assert [s["value"] for s in steps] == [None, COLLAPSE_THRESHOLD], p["title"]
             assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off", p["title"]
 
 
@@ -111,7 +158,7 @@ CTE = re.compile(r"(?:\bWITH|,)\s*(\w+)\s+AS\s*\(", re.IGNORECASE)
 
 @pytest.mark.parametrize("board", BOARDS, ids=lambda b: b["uid"])
 def test_sql_reads_only_the_views_and_uses_no_macro(board):
-    for where, uid, text in load_generator().iter_queries(board):
+    for where, uid, text in iter_queries(board):
         if uid != POSTGRES_UID:
             continue
         assert "$__" not in text, (where, "a macro the tests would have to imitate")

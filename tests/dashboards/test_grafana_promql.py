@@ -8,10 +8,11 @@ variable queries, run against the collector's database (the views exist on SQLit
 
 from __future__ import annotations
 
+from dashboards.grafana.boards import iter_queries
 from qkwatch.monitor.dashboards import PROMETHEUS_UID, load_dashboards
 from qkwatch.monitor.store.engine import make_engine
 from tests.dashboards.promstack import query, wait_for_result
-from tests.dashboards.test_grafana_sql import GRAFANA, expand, load_generator, resolve_variables
+from tests.dashboards.test_grafana_sql import GRAFANA, expand, resolve_variables
 
 RATE_INTERVAL = "5s"
 """What Grafana makes of ``$__rate_interval`` at a 1 s scrape interval (at least 4 scrapes)."""
@@ -30,10 +31,9 @@ def test_every_promql_expression_returns_data(collector, collapsing_run, start_p
             ]
     finally:
         engine.dispose()
-    generator = load_generator()
     checked = 0
     for board, values in boards:
-        for where, uid, text in generator.iter_queries(board):
+        for where, uid, text in iter_queries(board):
             if uid != PROMETHEUS_UID:
                 continue
             expr = expand_promql(text, values)

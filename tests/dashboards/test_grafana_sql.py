@@ -9,7 +9,6 @@ run as the read-only role ``qkwatch_grafana`` and return rows.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
@@ -21,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
+from dashboards.grafana.boards import iter_queries
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.dashboards import POSTGRES_UID, load_dashboards
 from qkwatch.monitor.store import models as m
@@ -37,14 +37,6 @@ VIEWS = ("qkwatch_runs_v", "qkwatch_points_v", "qkwatch_latest_v", "qkwatch_aler
 ROLE = "qkwatch_grafana"
 N_LAYERS, BAND = 8, (3, 4, 5)
 METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda")
-
-
-def load_generator():
-    """dashboards/grafana/generate.py as a module (dashboards/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("qkwatch_grafana_generate", GRAFANA / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --- the data ------------------------------------------------------------------------------------
@@ -364,8 +356,7 @@ def grafana_db() -> Iterator[tuple[Store, dict[str, m.RunRow]]]:
 @pytest.mark.parametrize("board", load_dashboards(GRAFANA / "dashboards"), ids=lambda b: b["uid"])
 def test_every_sql_query_runs_as_the_grafana_role_and_returns_rows(grafana_db, board):
     store, runs = grafana_db
-    generator = load_generator()
-    queries = [(where, text) for where, uid, text in generator.iter_queries(board) if uid == POSTGRES_UID]
+    queries = [(where, text) for where, uid, text in iter_queries(board) if uid == POSTGRES_UID]
     assert len(queries) >= 8
     with store.engine.connect() as conn:
         conn.execute(sa.text(f"SET ROLE {ROLE}"))

@@ -48,6 +48,19 @@ def test_an_explicit_empty_list_disables_alerting():
     assert rules.thresholds == () and rules.bands == () and rules.webhooks == ("http://hook.example",)
 
 
+def test_a_qkai_rule_without_a_threshold_takes_the_collapse_setting():
+    rule = {"name": "r", "metric": "qkai", "for_reports": 2}
+    assert RuleSet.from_mapping({"rules": [rule]}, collapse=0.65).thresholds[0].threshold == 0.65
+    assert RuleSet.from_mapping({"rules": [{"name": "r"}]}, collapse=0.6).thresholds[0].threshold == 0.6  # metric qkai
+    assert RuleSet.from_mapping({"rules": [{**rule, "threshold": 0.9}]}, collapse=0.65).thresholds[0].threshold == 0.9
+    assert RuleSet.default(0.65).thresholds[0].threshold == 0.65
+
+
+def test_a_rule_on_another_metric_must_give_its_threshold():
+    with pytest.raises(ValueError, match=r"rules\[0\] \('low'\): threshold is required for metric 'attn_entropy'"):
+        RuleSet.from_mapping({"rules": [{"name": "low", "metric": "attn_entropy", "op": "<"}]})
+
+
 def test_an_integer_threshold_is_a_number():
     assert RuleSet.from_mapping({"rules": [{**GOOD, "threshold": 1}]}).thresholds[0].threshold == 1
 

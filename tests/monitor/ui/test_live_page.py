@@ -149,7 +149,7 @@ def compare_dom(page, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_compare_view_draws_one_heatmap_per_run_with_the_threshold_break(page, compare_dom: str) -> None:
     url, vanilla, raa = page
-    assert httpx.get(f"{url}/ui/config.json").json() == {"collapse_threshold": 0.70}
+    assert httpx.get(f"{url}/ui/config.json").json() == {"collapse_threshold": 0.70, "h_star": 0.85}
 
     shown = figures(compare_dom)
 
@@ -260,9 +260,9 @@ def test_the_page_follows_new_reports_without_a_reload(collector: LiveCollector,
 
 
 def test_config_is_served_without_a_token_and_follows_the_settings(sqlite_url: str) -> None:
-    with TestClient(create_app(make_settings(sqlite_url, collapse_threshold=0.65))) as client:
+    with TestClient(create_app(make_settings(sqlite_url, collapse_threshold=0.65, h_star=0.8))) as client:
         assert client.get("/v1/runs").status_code == 401
         r = client.get("/ui/config.json")
     assert r.status_code == 200
-    assert r.json() == {"collapse_threshold": 0.65}
+    assert r.json() == {"collapse_threshold": 0.65, "h_star": 0.8}
     assert r.headers["cache-control"] == "no-store"

@@ -1,10 +1,10 @@
-"""Generate qkwatch's Grafana dashboards and provisioning files (plain dicts, written as stable JSON/YAML).
+"""qkwatch's Grafana dashboards and provisioning files, as plain dicts rendered to stable JSON/YAML.
 
-    .venv/bin/python dashboards/grafana/generate.py            # rewrite the committed files
-    .venv/bin/python dashboards/grafana/generate.py --check    # exit 1 if a committed file is stale
-
-The committed files are what Grafana provisions (docker-compose.yml) and what ``qkwatch dashboards
-push`` uploads; tests/dashboards/test_grafana_generator.py holds them equal to this script's output.
+``python -m dashboards.generate`` writes them (with the Prometheus rules); the committed files are
+what Grafana provisions (docker-compose.yml) and what ``qkwatch dashboards push`` uploads, and
+tests/dashboards/test_grafana_generator.py holds them equal to :func:`render`'s output. The collapse
+threshold and H* (colour breaks, titles, descriptions, the SQL that counts collapsed layers) come from
+the :class:`~qkwatch.monitor.thresholds.Thresholds` given to :func:`render`.
 
 Every SQL query reads the views of migration 0004 (``qkwatch_*_v``), never the tables, and uses
 no Grafana macro: points carry steps, not times, so history panels are by step (table heatmaps
@@ -14,20 +14,13 @@ and the annotations. Template variables are the only substitutions.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))  # the repository root, for monitor.dashboards
-sys.path.insert(0, str(HERE))  # for grafana_panels, the builders (dashboards/ is not a package)
-
-from grafana_panels import (  # noqa: E402
+from dashboards.grafana.grafana_panels import (
     Layout,
     band_matrix,
     colour_cells,
@@ -46,33 +39,36 @@ from grafana_panels import (  # noqa: E402
     time_cells,
     timeseries,
 )
-
-from qkwatch.monitor.dashboards import (  # noqa: E402
+from qkwatch.monitor.dashboards import (
     FOLDER_TITLE,
     FOLDER_UID,
     POSTGRES_UID,
     DataSources,
     datasources,
 )
+from qkwatch.monitor.thresholds import Thresholds, as_text
 
-COLLAPSE = 0.70
-"""The collector's QKWATCH_COLLAPSE_THRESHOLD (default) and the Prometheus rules' threshold."""
-H_STAR = 0.85
-"""The entropy-floor schedule's default h_star (monitor.scheduling.ScheduleConfig)."""
 GRAFANA_DASHBOARDS = "/var/lib/grafana/dashboards/qkwatch"
 """Where docker-compose.yml mounts dashboards/grafana/dashboards inside the Grafana container."""
 
-# Discrete colour steps: blues below the threshold, yellow to red above it, so 0.68 and 0.72 never
-# look alike (the live page's scale breaks at the same place).
-QKAI_STEPS = [
+# Discrete colour steps around a threshold t, as (offset from t, colour): blues below t, yellow to
+# red above it, so 0.68 and 0.72 never look alike around a break at 0.70 (the live page's QKAI
+# scale breaks at the same place). The light blue starts 0.15 below t: "approaching".
+QKAI_COLOURS = [
     (None, "#1f3d7a"),
-    (0.35, "#3274d9"),
-    (0.55, "#8ab8ff"),
-    (COLLAPSE, "#fade2a"),
-    (0.80, "#ff9830"),
-    (0.90, "#e02f44"),
+    (-0.35, "#3274d9"),
+    (-0.15, "#8ab8ff"),
+    (0, "#fade2a"),
+    (0.1, "#ff9830"),
+    (0.2, "#e02f44"),
 ]
-ENTROPY_STEPS = [(None, "#1f3d7a"), (0.5, "#3274d9"), (0.7, "#8ab8ff"), (H_STAR, "#ff9830"), (0.95, "#e02f44")]
+ENTROPY_COLOURS = [(None, "#1f3d7a"), (-0.35, "#3274d9"), (-0.15, "#8ab8ff"), (0, "#ff9830"), (0.1, "#e02f44")]
+
+
+def break_steps(t: float, colours: list[tuple[float | None, str]]) -> list[tuple[float | None, str]]:
+    """Grafana threshold steps breaking exactly at ``t``; steps that would leave (0, 1] are dropped."""
+    steps = [(None if d is None else t if d == 0 else round(t + d, 3), colour) for d, colour in colours]
+    return [(v, colour) for v, colour in steps if v is None or 0 < v <= 1]
 
 
 # --- shared by both dashboards -----------------------------------------------------------------------
@@ -88,7 +84,12 @@ RUNS_BY_ACTIVITY = (
 RUN_LABELS = 'project="$project", run="$run_name"'
 
 
-def run_dashboard() -> dict[str, Any]:
+def qkai_steps(t: Thresholds) -> list[tuple[float | None, str]]:
+    return break_steps(t.collapse, QKAI_COLOURS)
+
+
+def run_dashboard(t: Thresholds) -> dict[str, Any]:
+    c, h = as_text(t.collapse), as_text(t.h_star)
     lay = Layout()
     panels: list[dict] = [lay.row("Run")]
     panels.append(
@@ -145,25 +146,25 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
     panels.append(
         band_matrix(
             lay,
-            "QKAI per layer and step (yellow to red above 0.70)",
+            f"QKAI per layer and step (yellow to red above {c})",
             "$run",
             "qkai",
-            {"color": {"mode": "thresholds"}, "thresholds": thresholds(QKAI_STEPS)},
+            {"color": {"mode": "thresholds"}, "thresholds": thresholds(qkai_steps(t))},
             description=f"Query-key alignment index of each layer (rows) at each step (columns; at most $columns, a "
             f"column is a bucket of steps named by its first step and shows the bucket's maximum, so a band "
-            f"is never averaged away). The colours break at {COLLAPSE:.2f}, the collapse threshold: blues "
+            f"is never averaged away). The colours break at {c}, the collapse threshold: blues "
             f"below, yellow, orange and red above.",
         )
     )
     panels.append(
         band_matrix(
             lay,
-            f"Attention entropy per layer and step (orange above h_star {H_STAR})",
+            f"Attention entropy per layer and step (orange above h_star {h})",
             "$run",
             "attn_entropy",
-            {"color": {"mode": "thresholds"}, "thresholds": thresholds(ENTROPY_STEPS)},
+            {"color": {"mode": "thresholds"}, "thresholds": thresholds(break_steps(t.h_star, ENTROPY_COLOURS))},
             description=f"Normalised attention entropy (1 = uniform attention). A collapsed band climbs toward 1. "
-            f"The break at {H_STAR} is the entropy-floor schedule's default h_star: above it RAA flags the "
+            f"The break at {h} is the entropy-floor schedule's default h_star: above it RAA flags the "
             f"layer.",
         )
     )
@@ -202,9 +203,9 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             "QKAI",
             "$run",
             "qkai",
-            steps=[(None, "transparent"), (COLLAPSE, "red")],
+            steps=[(None, "transparent"), (t.collapse, "red")],
             description="Each layer's QKAI over steps (mean per bucket of at most 400); the "
-            "dashed line is the collapse threshold 0.70.",
+            f"dashed line is the collapse threshold {c}.",
         )
     )
     panels.append(
@@ -213,8 +214,8 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             "Attention entropy",
             "$run",
             "attn_entropy",
-            steps=[(None, "transparent"), (H_STAR, "orange")],
-            description="Each layer's normalised attention entropy; the dashed line is h_star.",
+            steps=[(None, "transparent"), (t.h_star, "orange")],
+            description=f"Each layer's normalised attention entropy; the dashed line is h_star ({h}).",
         )
     )
     panels.append(
@@ -241,7 +242,7 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
     panels.append(
         stat(
             lay,
-            "Layers above 0.70",
+            f"Layers above {c}",
             promql(f"qkwatch_collapsed_layers{{{RUN_LABELS}}}", "layers"),
             steps=[(None, "green"), (1, "orange"), (3, "red")],
             description="Layers whose latest QKAI exceeds the collapse threshold.",
@@ -253,7 +254,7 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             "Collapse band (adjacent layers)",
             promql(f"qkwatch_collapse_band_layers{{{RUN_LABELS}}}", "band"),
             steps=[(None, "green"), (2, "orange"), (3, "red")],
-            description="The widest run of adjacent layers above 0.70; 3 or more is the collapse band "
+            description=f"The widest run of adjacent layers above {c}; 3 or more is the collapse band "
             "(Prometheus alert QkwatchCollapseBand).",
         )
     )
@@ -304,13 +305,13 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             24,
             6,
             [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "{{layer}}", instant=True)],
-            description="Each layer's latest QKAI; the colours are the heatmap's, breaking at 0.70.",
+            description=f"Each layer's latest QKAI; the colours are the heatmap's, breaking at {c}.",
             defaults={
                 "min": 0,
                 "max": 1,
                 "decimals": 2,
                 "color": {"mode": "thresholds"},
-                "thresholds": thresholds(QKAI_STEPS),
+                "thresholds": thresholds(qkai_steps(t)),
             },
             options={
                 "displayMode": "basic",
@@ -328,9 +329,9 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             lay,
             "QKAI per layer",
             [promql(f"qkwatch_qkai_ratio{{{RUN_LABELS}}}", "layer {{layer}}")],
-            steps=[(None, "transparent"), (COLLAPSE, "red")],
+            steps=[(None, "transparent"), (t.collapse, "red")],
             min_value=0,
-            description="Latest QKAI of each layer over time; above the dashed line (0.70) the "
+            description=f"Latest QKAI of each layer over time; above the dashed line ({c}) the "
             "area is red. Alert onsets are annotations.",
         )
     )
@@ -339,7 +340,7 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             lay,
             "Attention entropy per layer",
             [promql(f"qkwatch_attn_entropy{{{RUN_LABELS}}}", "layer {{layer}}")],
-            steps=[(None, "transparent"), (H_STAR, "orange")],
+            steps=[(None, "transparent"), (t.h_star, "orange")],
             description="Normalised attention entropy of each layer over time.",
         )
     )
@@ -484,14 +485,17 @@ FROM qkwatch_events_v WHERE run_id = '$run' ORDER BY time""",
 
 # --- qkwatch / runs ---------------------------------------------------------------------------
 
-RUNS_TABLE = f"""WITH q AS (
+
+def runs_table(t: Thresholds) -> str:
+    """Every run with its worst layer and widest band of adjacent layers above the collapse threshold."""
+    return f"""WITH q AS (
   SELECT run_id, layer, value FROM qkwatch_latest_v WHERE metric = 'qkai' AND layer >= 0
 ), worst AS (
   SELECT DISTINCT ON (run_id) run_id, layer AS worst_layer, value AS worst_qkai
   FROM q WHERE value IS NOT NULL ORDER BY run_id, value DESC, layer
 ), islands AS (
   SELECT run_id, layer, layer - row_number() OVER (PARTITION BY run_id ORDER BY layer) AS island
-  FROM q WHERE value > {COLLAPSE:.2f}
+  FROM q WHERE value > {as_text(t.collapse)}
 ), band AS (
   SELECT DISTINCT ON (run_id) run_id, count(*) AS band_width, min(layer) || '-' || max(layer) AS band_layers
   FROM islands GROUP BY run_id, island ORDER BY run_id, count(*) DESC, min(layer)
@@ -551,7 +555,8 @@ GROUP BY step ORDER BY step"""
     )
 
 
-def runs_dashboard() -> dict[str, Any]:
+def runs_dashboard(t: Thresholds) -> dict[str, Any]:
+    c = as_text(t.collapse)
     lay = Layout()
     panels: list[dict] = [lay.row("All runs")]
     panels.append(
@@ -571,13 +576,13 @@ def runs_dashboard() -> dict[str, Any]:
             sql(f"""SELECT count(DISTINCT run_id) AS runs FROM (
   SELECT run_id FROM (
     SELECT run_id, layer - row_number() OVER (PARTITION BY run_id ORDER BY layer) AS island
-    FROM qkwatch_latest_v WHERE metric = 'qkai' AND layer >= 0 AND value > {COLLAPSE:.2f}
+    FROM qkwatch_latest_v WHERE metric = 'qkai' AND layer >= 0 AND value > {c}
   ) i GROUP BY run_id, island HAVING count(*) >= 3
 ) b"""),
             w=8,
             h=3,
             steps=[(None, "green"), (1, "red")],
-            description="Runs whose latest QKAI exceeds 0.70 on 3 or more adjacent layers.",
+            description=f"Runs whose latest QKAI exceeds {c} on 3 or more adjacent layers.",
         )
     )
     panels.append(
@@ -595,16 +600,16 @@ def runs_dashboard() -> dict[str, Any]:
         table(
             lay,
             "Runs",
-            RUNS_TABLE,
+            runs_table(t),
             h=10,
             description="Every run, latest activity first. worst_layer and worst_qkai: the layer with "
             "the highest latest QKAI; band_width: the most adjacent layers whose latest "
-            "QKAI is above 0.70 (3 or more is a collapse band), band_layers which ones. "
+            f"QKAI is above {c} (3 or more is a collapse band), band_layers which ones. "
             "The run name links to qkwatch / run.",
             overrides=[
                 status_cells(),
                 *time_cells("last_report"),
-                colour_cells("worst_qkai", QKAI_STEPS),
+                colour_cells("worst_qkai", qkai_steps(t)),
                 colour_cells("band_width", [(None, "green"), (1, "orange"), (3, "red")]),
                 {
                     "matcher": {"id": "byName", "options": "run_name"},
@@ -692,8 +697,8 @@ GROUP BY l.layer ORDER BY l.layer""")
             },
         )
     )
-    qkai = {"color": {"mode": "thresholds"}, "thresholds": thresholds(QKAI_STEPS)}
-    description = "QKAI per layer (rows) and step (columns, at most $columns); the colours break at 0.70."
+    qkai = {"color": {"mode": "thresholds"}, "thresholds": thresholds(qkai_steps(t))}
+    description = f"QKAI per layer (rows) and step (columns, at most $columns); the colours break at {c}."
     panels.append(band_matrix(lay, "A: QKAI per layer and step", "$run_a", "qkai", qkai, description=description, w=12))
     panels.append(band_matrix(lay, "B: QKAI per layer and step", "$run_b", "qkai", qkai, description=description, w=12))
 
@@ -751,12 +756,12 @@ def provisioning() -> dict[str, dict[str, Any]]:
     }
 
 
-YAML_HEADER = "# Generated by dashboards/grafana/generate.py; edit that, then run it.\n"
+YAML_HEADER = "# Generated by `python -m dashboards.generate` (dashboards/grafana/boards.py); edit that, then run it.\n"
 
 
-def render() -> dict[str, str]:
+def render(thresholds: Thresholds) -> dict[str, str]:
     """Relative path (under dashboards/grafana) -> the file's exact text."""
-    out = {f"dashboards/{name}": json.dumps(make(), indent=2) + "\n" for name, make in DASHBOARDS.items()}
+    out = {f"dashboards/{name}": json.dumps(make(thresholds), indent=2) + "\n" for name, make in DASHBOARDS.items()}
     for path, data in provisioning().items():
         out[path] = YAML_HEADER + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=100)
     return out
@@ -774,25 +779,3 @@ def iter_queries(board: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
         for t in p.get("targets", []):
             uid = t["datasource"]["uid"]
             yield f"panel {p['title']!r} {t['refId']}", uid, t["rawSql"] if uid == POSTGRES_UID else t["expr"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare with the committed files")
-    args = parser.parse_args(argv)
-    stale = []
-    for rel, text in render().items():
-        path = HERE / rel
-        if path.exists() and path.read_text() == text:
-            continue
-        stale.append(rel)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    verb = "stale" if args.check else "written"
-    print("\n".join(f"{verb}: dashboards/grafana/{rel}" for rel in stale) or "up to date")
-    return 1 if args.check and stale else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

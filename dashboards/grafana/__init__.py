@@ -1,0 +1,1 @@
+"""The Grafana dashboards and provisioning: ``boards`` composes them from the ``grafana_panels`` builders."""
