@@ -7,10 +7,15 @@ import io
 import json
 import math
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from qkwatch.agent.offline.analyze import Analysis, random_baseline
 from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, as_text
 from qkwatch.monitor.wire import encode_value
+
+if TYPE_CHECKING:  # rich loads only when a table is drawn
+    from rich.console import RenderableType
+    from rich.table import Table
 
 HEADERS = {
     "qkai": "qkai",
@@ -53,7 +58,7 @@ def to_csv(analysis: Analysis) -> str:
     return out.getvalue()
 
 
-def to_table(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD):
+def to_table(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD) -> RenderableType:
     """A rich renderable: one row per layer, QKAI above the collapse ``threshold`` in red."""
     from rich.table import Table
 
@@ -81,7 +86,7 @@ def to_table(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD):
     return Group(table, "", heads_table(analysis, threshold))
 
 
-def heads_table(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD):
+def heads_table(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD) -> Table:
     """QKAI per head: values for up to 16 heads, one block character per head beyond."""
     from rich.table import Table
 

@@ -91,7 +91,7 @@ def qkai_steps(t: Thresholds) -> list[tuple[float | None, str]]:
 def run_dashboard(t: Thresholds) -> dict[str, Any]:
     c, h = as_text(t.collapse), as_text(t.h_star)
     lay = Layout()
-    panels: list[dict] = [lay.row("Run")]
+    panels: list[dict[str, Any]] = [lay.row("Run")]
     panels.append(
         table(
             lay,
@@ -558,7 +558,7 @@ GROUP BY step ORDER BY step"""
 def runs_dashboard(t: Thresholds) -> dict[str, Any]:
     c = as_text(t.collapse)
     lay = Layout()
-    panels: list[dict] = [lay.row("All runs")]
+    panels: list[dict[str, Any]] = [lay.row("All runs")]
     panels.append(
         stat(
             lay,
