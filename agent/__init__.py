@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Agent", "AgentConfig", "Layout", "Mapping", "ScheduleConfig", "attach"]
+__all__ = ["Agent", "AgentConfig", "Layout", "Mapping", "ScheduleConfig", "attach", "exception_reason"]
 
 
 def attach(model: Any, **kwargs: Any) -> Any:
@@ -22,6 +22,13 @@ def attach(model: Any, **kwargs: Any) -> Any:
     from qkwatch.agent.agent import attach as _attach
 
     return _attach(model, **kwargs)
+
+
+def exception_reason(exc: BaseException) -> str:
+    """See :func:`qkwatch.agent.agent.exception_reason`: the status reason a run that raised reports."""
+    from qkwatch.agent.agent import exception_reason as _exception_reason
+
+    return _exception_reason(exc)
 
 
 def __getattr__(name: str) -> Any:
