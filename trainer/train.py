@@ -1,6 +1,6 @@
-"""Training: ``run()`` is a loop of named steps (the command line is ``trainer.cli``).
+"""Training: ``run()`` is a loop of named steps (the command line is ``qkwatch.trainer.cli``).
 
-    torchrun --nproc_per_node 2 -m trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
+    torchrun --nproc_per_node 2 -m qkwatch.trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
 
 Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``interventions.before_step``
 -> ``train_step`` (forward, loss with the RAA penalty and any intervention's term, backward, clip,
@@ -481,11 +481,3 @@ def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, star
     )
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     metrics.truncate(start)
-
-
-if __name__ == "__main__":  # the entry point of old command lines: `python -m trainer` is the one now
-    import sys
-
-    from qkwatch.trainer.cli import main
-
-    sys.exit(main())
