@@ -6,8 +6,7 @@ them: the store imports alerting, never the reverse. The API lists the same :cla
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -38,4 +37,3 @@ class PendingNotification:
     attempts: int
     status: str
     alert: AlertRow
-    extra: dict[str, Any] = field(default_factory=dict)

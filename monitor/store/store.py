@@ -65,10 +65,6 @@ class Store:
         with self.engine.connect() as conn, conn.begin():
             yield conn
 
-    def ping(self) -> None:
-        with self._read() as conn:
-            conn.execute(sa.text("SELECT 1"))
-
     def schema_revision(self) -> str | None:
         """The Alembic revision the database is at; None when it has none (an empty database)."""
         with self._read() as conn:
@@ -97,10 +93,6 @@ class Store:
         """
         with self._read() as conn:
             return runs.by_name(conn, project, name)
-
-    def compare_runs(self, run_ids: Sequence[str]) -> list[m.RunRow]:
-        with self._read() as conn:
-            return runs.compare(conn, run_ids)
 
     def list_runs(
         self,
