@@ -219,6 +219,15 @@ def test_scripts_run_as_modules_without_path_hacks(path: Path) -> None:
     assert not hacks, f"{path.relative_to(ROOT)} touches sys.path on lines {hacks}"
 
 
+def test_bench_modules_import_as_a_package_from_the_repository_root() -> None:
+    """What ``python -m bench.<name>`` does first: every benchmark's imports resolve with no ``sys.path`` patch."""
+    assert (ROOT / "bench" / "__init__.py").is_file(), "bench/ is a regular package"
+    names = sorted(f"bench.{p.stem}" for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
+    code = f"import importlib\nfor n in {names!r}:\n    importlib.import_module(n)\n"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the modules of ours it imports (``from a import b`` counts ``a.b`` when that is a module).
 
