@@ -99,7 +99,7 @@ class Agent:
         self._overhead = Overhead()
         self._suffix = suffix
         self._drops = DropNotes(self.spool.dropped, suffix)
-        self._spooler: HostCopyWriter | None = None
+        self._host_copy: HostCopyWriter | None = None
         if self.rank == 0 and cfg.url:
             self._fetch_first_lambdas()
         self.sender.start()
@@ -192,8 +192,8 @@ class Agent:
         finally:
             self.probe.close()
             self._spool_status(status, reason, deadline)
-            if self._spooler is not None:
-                self._spooler.close(max(0.0, deadline - time.monotonic()))
+            if self._host_copy is not None:
+                self._host_copy.close(max(0.0, deadline - time.monotonic()))
             if self.poller is not None:
                 self.poller.close(0.1)
             # offline (no URL) nothing can be delivered: do not spend the timeout trying
@@ -270,9 +270,9 @@ class Agent:
         if packed.ready is None:
             self._write_report(packed)
             return
-        if self._spooler is None:
-            self._spooler = HostCopyWriter(self._write_report, self._append_status)
-        if not self._spooler.put(packed):
+        if self._host_copy is None:
+            self._host_copy = HostCopyWriter(self._write_report, self._append_status)
+        if not self._host_copy.put(packed):
             self.spool.count_dropped(1)  # the step never waits: counted like the spool caps' drops
 
     def _take_logged(self, logged: dict[str, tuple[int, Any]], step: int) -> list[tuple[str, Any]]:
@@ -285,7 +285,7 @@ class Agent:
         return taken
 
     def _write_report(self, packed: Packed) -> None:
-        """Host side: encode the report, spool it, feed the local schedule (the training or spooler thread).
+        """Host side: encode the report, spool it, feed the local schedule (the training or host-copy thread).
 
         Room is made in the spool before the report's own count of dropped reports is set, so the
         count it carries includes every drop made to fit it.
@@ -330,15 +330,15 @@ class Agent:
         return events
 
     def _spool_status(self, status: str | None, reason: str | None, deadline: float) -> None:
-        """Spool how the run ended as the record after the last report (in order through the GPU spooler)."""
+        """Spool how the run ended as the record after the last report (in order through the GPU host-copy thread)."""
         if status is None or (status == "finished" and self.rank != 0):
             return
         end: dict[str, Any] = {"status": status}
         if reason and reason.strip():
             end["reason"] = _bounded(reason.strip())
         record = {"attempt_key": self.attempt_key, "status": end}
-        if self._spooler is not None:
-            self._spooler.put_status(record, deadline - time.monotonic())
+        if self._host_copy is not None:
+            self._host_copy.put_status(record, deadline - time.monotonic())
         else:
             self._append_status(record)
 

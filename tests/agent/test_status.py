@@ -145,8 +145,8 @@ def test_on_a_gpu_the_status_is_spooled_after_the_report_still_on_its_way(tmp_pa
             time.sleep(0.3)
 
     a = attach(TinyGPT(), None, tmp_path / "s", "gpu")
-    a._spooler = HostCopyWriter(a._write_report, a._append_status)
-    assert a._spooler.put(Packed(7, 1.0, [], torch.zeros(0), {}, [], SlowCopy()))
+    a._host_copy = HostCopyWriter(a._write_report, a._append_status)
+    assert a._host_copy.put(Packed(7, 1.0, [], torch.zeros(0), {}, [], SlowCopy()))
     a.close(timeout=2.0, status="crashed", reason="RuntimeError: CUDA error")
     spool = Spool(a.spool_path)
     *_, last_report, status = [r.payload for r in spool.pending(100)]
@@ -175,12 +175,12 @@ def test_a_full_host_copy_queue_drops_and_counts_and_never_blocks_the_step(tmp_p
     monkeypatch.setattr(lifecycle, "start_host_copy", lambda values: (values, StuckCopy()))
     model = TinyGPT()
     a = attach(model, None, tmp_path / "s", "full")
-    a._spooler = HostCopyWriter(a._write_report, a._append_status, maxsize=2)
+    a._host_copy = HostCopyWriter(a._write_report, a._append_status, maxsize=2)
     start = time.monotonic()
     train(a, model, 6)  # reports of steps 0-4 meet a host-copy writer stuck on the first copy
     assert time.monotonic() - start < 10  # no step waited for the copy (it would have waited 30 s)
     release.set()
-    while not a._spooler.queue.empty():
+    while not a._host_copy.queue.empty():
         time.sleep(0.01)
     a.close(timeout=5.0)  # step 5's report, then the status
     spool = Spool(a.spool_path)
