@@ -7,7 +7,8 @@ without ever blocking a step or losing a report, and read the per-layer lambdas 
             a.step(step)
             ...
 
-The heavy modules load on first use, so ``import agent`` (and the ``qkwatch`` command) stay light.
+The heavy modules load on first use, so ``import qkwatch.agent`` (and the ``qkwatch`` command) stay light.
+The trainer meets the agent here and in :mod:`qkwatch.agent.metrics` only (``trainer/monitoring.py``).
 """
 
 from __future__ import annotations
@@ -48,4 +49,4 @@ def __getattr__(name: str) -> Any:
         from qkwatch.agent.layouts import Layout
 
         return Layout
-    raise AttributeError(f"module 'agent' has no attribute {name!r}")
+    raise AttributeError(f"module 'qkwatch.agent' has no attribute {name!r}")
