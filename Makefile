@@ -29,7 +29,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: $(STAMP)
-	$(BIN)/python bench/metrics.py
+	$(BIN)/python -m bench.metrics
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -7,14 +7,15 @@ without ever blocking a step or losing a report, and read the per-layer lambdas 
             a.step(step)
             ...
 
-The heavy modules load on first use, so ``import agent`` (and the ``qkwatch`` command) stay light.
+The heavy modules load on first use, so ``import qkwatch.agent`` (and the ``qkwatch`` command) stay light.
+The trainer meets the agent here and in :mod:`qkwatch.agent.metrics` only (``trainer/monitoring.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Agent", "AgentConfig", "Layout", "Mapping", "ScheduleConfig", "attach"]
+__all__ = ["Agent", "AgentConfig", "Layout", "Mapping", "ScheduleConfig", "attach", "exception_reason"]
 
 
 def attach(model: Any, **kwargs: Any) -> Any:
@@ -22,6 +23,13 @@ def attach(model: Any, **kwargs: Any) -> Any:
     from qkwatch.agent.agent import attach as _attach
 
     return _attach(model, **kwargs)
+
+
+def exception_reason(exc: BaseException) -> str:
+    """See :func:`qkwatch.agent.agent.exception_reason`: the status reason a run that raised reports."""
+    from qkwatch.agent.agent import exception_reason as _exception_reason
+
+    return _exception_reason(exc)
 
 
 def __getattr__(name: str) -> Any:
@@ -41,4 +49,4 @@ def __getattr__(name: str) -> Any:
         from qkwatch.agent.layouts import Layout
 
         return Layout
-    raise AttributeError(f"module 'agent' has no attribute {name!r}")
+    raise AttributeError(f"module 'qkwatch.agent' has no attribute {name!r}")

@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from qkwatch.agent.layouts import Layout
@@ -356,7 +355,3 @@ def _numbered(model: nn.Module):
     """Named modules in natural order of their layer numbers (``layers.10`` after ``layers.9``)."""
     named = list(model.named_modules())
     return sorted(named, key=lambda item: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", item[0])])
-
-
-def devices_of(sites: list[Site]) -> set[torch.device]:
-    return {p.device for s in sites for p in s.module.parameters(recurse=True)}

@@ -14,12 +14,12 @@ Per optimizer step the loop calls, in this order::
 On a report step, the forward fills the probe; the next ``step`` call (or ``close``) packs every
 value of the report into one tensor and copies it to the host once (``agent.report``). On the
 CPU the report is written to the spool right there (a few microseconds, one ``write``); on a GPU
-a spooler thread waits for the copy and writes it (``agent.spooler``), so the step never waits
+a host-copy thread waits for the copy and writes it (``agent.host_copy``), so the step never waits
 for the device. A sender thread delivers the spool (``agent.shipper``); the step never waits for
 the network either.
 
 The parts, each configured by its own section of :class:`qkwatch.agent.config.AgentConfig`: the probe
-(``agent.probe``), the spool (``agent.spool``), the sender, the lambdas and their poller
+(``agent.probe``), the spool (``agent.disk_spool``), the sender, the lambdas and their poller
 (``agent.lambdas``); the run's identity is ``agent.identity``'s, the health counters
 ``agent.health``'s.
 """
@@ -40,12 +40,12 @@ from qkwatch.agent.adapters import Site, find_sites
 from qkwatch.agent.config import AgentConfig
 from qkwatch.agent.forks import track as track_forks
 from qkwatch.agent.health import DropNotes, Health, Overhead, health_scalars
+from qkwatch.agent.host_copy import HostCopyWriter, start_host_copy
 from qkwatch.agent.identity import RunIdentity
 from qkwatch.agent.lambdas import fetch_first
 from qkwatch.agent.layouts import Layout
 from qkwatch.agent.probe import Capture, Plan
 from qkwatch.agent.report import Packed, Packer, encode, missing_layers_event
-from qkwatch.agent.spooler import Spooler, start_host_copy
 from qkwatch.agent.transport import HttpTransport, transports
 from qkwatch.monitor.wire import STATUS_REASON_MAX, RunConfig
 
@@ -98,7 +98,7 @@ class Agent:
         self._overhead = Overhead()
         self._suffix = suffix
         self._drops = DropNotes(self.spool.dropped, suffix)
-        self._spooler: Spooler | None = None
+        self._host_copy: HostCopyWriter | None = None
         if self.rank == 0 and cfg.url:
             self._fetch_first_lambdas()
         self.sender.start()
@@ -191,8 +191,8 @@ class Agent:
         finally:
             self.probe.close()
             self._spool_status(status, reason, deadline)
-            if self._spooler is not None:
-                self._spooler.close(max(0.0, deadline - time.monotonic()))
+            if self._host_copy is not None:
+                self._host_copy.close(max(0.0, deadline - time.monotonic()))
             if self.poller is not None:
                 self.poller.close(0.1)
             # offline (no URL) nothing can be delivered: do not spend the timeout trying
@@ -269,9 +269,9 @@ class Agent:
         if packed.ready is None:
             self._write_report(packed)
             return
-        if self._spooler is None:
-            self._spooler = Spooler(self._write_report, self._append_status)
-        if not self._spooler.put(packed):
+        if self._host_copy is None:
+            self._host_copy = HostCopyWriter(self._write_report, self._append_status)
+        if not self._host_copy.put(packed):
             self.spool.count_dropped(1)  # the step never waits: counted like the spool caps' drops
 
     def _take_logged(self, logged: dict[str, tuple[int, Any]], step: int) -> list[tuple[str, Any]]:
@@ -284,7 +284,7 @@ class Agent:
         return taken
 
     def _write_report(self, packed: Packed) -> None:
-        """Host side: encode the report, spool it, feed the local schedule (the training or spooler thread).
+        """Host side: encode the report, spool it, feed the local schedule (the training or host-copy thread).
 
         Room is made in the spool before the report's own count of dropped reports is set, so the
         count it carries includes every drop made to fit it.
@@ -329,15 +329,15 @@ class Agent:
         return events
 
     def _spool_status(self, status: str | None, reason: str | None, deadline: float) -> None:
-        """Spool how the run ended as the record after the last report (in order through the GPU spooler)."""
+        """Spool how the run ended as the record after the last report (in order through the GPU host-copy thread)."""
         if status is None or (status == "finished" and self.rank != 0):
             return
         end: dict[str, Any] = {"status": status}
         if reason and reason.strip():
             end["reason"] = _bounded(reason.strip())
         record = {"attempt_key": self.attempt_key, "status": end}
-        if self._spooler is not None:
-            self._spooler.put_status(record, deadline - time.monotonic())
+        if self._host_copy is not None:
+            self._host_copy.put_status(record, deadline - time.monotonic())
         else:
             self._append_status(record)
 

@@ -4,7 +4,7 @@
 ``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the six the environment may give
 (:class:`AgentEnvironment`, ``QKWATCH_URL``... as the collector reads its own with
 pydantic-settings) and hands each remaining keyword to the component that owns it: the probe
-(:class:`qkwatch.agent.probe.ProbeConfig`), the spool (:class:`qkwatch.agent.spool.SpoolConfig`), the sender
+(:class:`qkwatch.agent.probe.ProbeConfig`), the spool (:class:`qkwatch.agent.disk_spool.SpoolConfig`), the sender
 (:class:`qkwatch.agent.shipper.SenderConfig`) and the lambdas (:class:`qkwatch.agent.lambdas.LambdasConfig`).
 """
 
@@ -19,10 +19,10 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qkwatch.agent.checks import SettingError, cadences, positive_ints, positive_seconds
+from qkwatch.agent.disk_spool import SpoolConfig
 from qkwatch.agent.lambdas import LambdasConfig
 from qkwatch.agent.probe import ProbeConfig
 from qkwatch.agent.shipper import SenderConfig
-from qkwatch.agent.spool import SpoolConfig
 
 NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,200}$")
 COMPONENTS = {"probe": ProbeConfig, "spooling": SpoolConfig, "sender": SenderConfig, "lambdas": LambdasConfig}

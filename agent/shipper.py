@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from qkwatch.agent.checks import positive_ints, positive_seconds
+from qkwatch.agent.disk_spool import Position, Record, Spool
 from qkwatch.agent.health import Health
 from qkwatch.agent.identity import RunIdentity
-from qkwatch.agent.spool import Position, Record, Spool
 from qkwatch.agent.transport import Transport, TransportError
 
 logger = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from qkwatch.agent.disk_spool import Spool, SpoolLocked
 from qkwatch.agent.health import Health
 from qkwatch.agent.shipper import Sender
-from qkwatch.agent.spool import Spool, SpoolLocked
 from qkwatch.agent.transport import HttpTransport
 
 logger = logging.getLogger(__name__)

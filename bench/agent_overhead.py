@@ -1,6 +1,6 @@
 """Benchmark: what the agent costs a training step, A/B interleaved in one process.
 
-    .venv/bin/python bench/agent_overhead.py [--steps 400] [--every 50] [--device cpu|cuda]
+    .venv/bin/python -m bench.agent_overhead [--steps 400] [--every 50] [--device cpu|cuda]
 
 Two identical small GPTs (same init, same batches) train side by side, one step each in turn;
 one has the agent attached at the default cadence, the other none. Measured in the same run:
@@ -20,15 +20,12 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qkwatch import agent
 from qkwatch.launch import CollectorProcess, free_port
@@ -101,7 +98,9 @@ def ab(label, url, args, device, sync):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.agent_overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--every", type=int, default=50)

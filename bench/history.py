@@ -14,8 +14,8 @@ round by round on the same machine and database kind, the whole run is read back
 Each side is checked to return every point. MLflow runs from ``bench/.venvs/mlflow`` (see
 bench/ingest.py, or pass ``--setup-mlflow``). Usage::
 
-    .venv/bin/python bench/history.py                 # SQLite and PostgreSQL, 500 steps
-    .venv/bin/python bench/history.py --db sqlite --steps 2000
+    .venv/bin/python -m bench.history                 # SQLite and PostgreSQL, 500 steps
+    .venv/bin/python -m bench.history --db sqlite --steps 2000
 """
 
 from __future__ import annotations
@@ -34,20 +34,17 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest import (  # the workload, the databases, the MLflow server and its read of bench/ingest.py
+from bench.ingest import (  # the workload, the databases, the MLflow server and its read of bench/ingest.py
     METRICS,
     MLFLOW_VENV,
     ROOT,
-    _mlflow_history,
     database,
+    mlflow_history,
     reports,
     server,
     setup_mlflow,
     value,
 )
-
-sys.path.insert(0, str(ROOT))
 from qkwatch.launch import CollectorProcess, free_port
 from qkwatch.monitor.client import Client, HistoryGrid
 
@@ -101,7 +98,7 @@ def qkwatch_heatmaps(client: Client, run_id: str, steps: int) -> int:
 
 
 def mlflow_loop(c: httpx.Client, api: str, run_id: str, keys: list[str]) -> int:
-    return sum(len(_mlflow_history(c, api, run_id, key)) for key in keys)
+    return sum(len(mlflow_history(c, api, run_id, key)) for key in keys)
 
 
 def timed(fn: Callable[[], int]) -> tuple[float, int]:
@@ -200,7 +197,7 @@ def table(results: dict) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.history", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=500, help="reports in the run (default 500: 72,000 points)")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--rounds", type=int, default=5, help="timed rounds, each arm once per round, interleaved")

@@ -17,7 +17,7 @@ MLflow runs in ``bench/.venvs/mlflow`` (git-ignored); create it with::
 or pass ``--setup-mlflow``. PostgreSQL: ``--pg-url`` (default: the local server); each server gets
 a fresh database, dropped afterwards. Usage::
 
-    .venv/bin/python bench/ingest.py --steps 2000            # both databases, both servers
+    .venv/bin/python -m bench.ingest --steps 2000            # both databases, both servers
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from pathlib import Path
 import httpx
 import sqlalchemy as sa
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from qkwatch.launch import CollectorProcess, free_port  # noqa: E402
+from qkwatch.launch import CollectorProcess, free_port
 
+ROOT = Path(__file__).resolve().parents[1]
 MLFLOW_VENV = ROOT / "bench" / ".venvs" / "mlflow"
 METRICS = ("qkai", "qkai_max", "stable_rank", "attn_entropy", "attn_top1", "pr_gap")
 
@@ -233,7 +232,7 @@ def mlflow_ingest(url: str, steps: int, layers: int) -> dict:
         n = 0
         for name in METRICS:
             for la in range(layers):
-                n += len(_mlflow_history(c, api, run_id, f"{name}/layer_{la:02d}"))
+                n += len(mlflow_history(c, api, run_id, f"{name}/layer_{la:02d}"))
         read_s = time.perf_counter() - t0
     assert n == len(points), (n, len(points))
     return {
@@ -245,7 +244,7 @@ def mlflow_ingest(url: str, steps: int, layers: int) -> dict:
     }
 
 
-def _mlflow_history(c: httpx.Client, api: str, run_id: str, key: str) -> list:
+def mlflow_history(c: httpx.Client, api: str, run_id: str, key: str) -> list:
     out, token = [], None
     while True:
         params = {"run_id": run_id, "metric_key": key, "max_results": 25000, **({"page_token": token} if token else {})}
@@ -289,7 +288,7 @@ def setup_mlflow() -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.ingest", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--batch-reports", type=int, default=10, help="reports per qkwatch batch")

@@ -1,6 +1,6 @@
 """Benchmark: the weight and activation metrics at seed 000's 1.3B shape, side by side.
 
-    .venv/bin/python bench/metrics.py [--device cpu|cuda] [--naive-layers 1] [--no-weightwatcher]
+    .venv/bin/python -m bench.metrics [--device cpu|cuda] [--naive-layers 1] [--no-weightwatcher]
 
 Weights: 24 layers x 16 heads, d_model 2048, d_head 128, float32 (random; the cost does not
 depend on the values). Compared in one run, on the same weights:
@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qkwatch.agent.metrics import attention_stats, participation_ratio
 from qkwatch.agent.metrics.summary import weight_metrics
@@ -96,7 +92,9 @@ def weightwatcher_seconds(wq: torch.Tensor, wk: torch.Tensor) -> float | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.metrics", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--naive-layers", type=int, default=1)

@@ -1,6 +1,6 @@
 """Step time of RAA with scheduling, RAA on every layer every step, and vanilla, interleaved on the CPU.
 
-    .venv/bin/python bench/raa_overhead.py [--model gpt24|collapse_cpu] [--rounds 6] [--steps 3] [--threads 1]
+    .venv/bin/python -m bench.raa_overhead [--model gpt24|collapse_cpu] [--rounds 6] [--steps 3] [--threads 1]
 
 One process builds the GPTs of the variants from the same seed and trains them in turn, a few full
 optimizer steps each per round (forward, loss, backward, clipping, AdamW: ``trainer.train.train_step``),
@@ -158,7 +158,7 @@ def attention_par_fn(r):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.raa_overhead", description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=sorted(BANDS), default="gpt24")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant per round")

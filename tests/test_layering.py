@@ -14,6 +14,7 @@ and ``qkwatch.trainer`` (``qkwatch/agent`` is a link to ``agent/``, and so on). 
 * ``qkwatch.agent.metrics`` is pure math: tensors in, tensors out; no threads, sockets, files or hooks.
 * ``qkwatch.trainer`` meets the agent through its public API only: the ``qkwatch.agent`` package
   itself and the geometry functions of ``qkwatch.agent.metrics``. It does not import the glue.
+  Only its seam, ``qkwatch.trainer.monitoring``, imports the ``qkwatch.agent`` package itself.
 * nothing imports ``qkwatch.trainer`` but the trainer itself and the glue (the ``qkwatch`` command).
 * no two modules of ours import each other, directly or around a circle (imports inside functions
   count; so does a script's ``if __name__ == "__main__":`` block).
@@ -176,6 +177,16 @@ def test_trainer_meets_the_agent_through_its_public_api(name: str, path: Path) -
     assert not glue, f"{name} imports the glue {glue}"
 
 
+TRAINER_SEAM = "qkwatch.trainer.monitoring"
+"""The one trainer module that uses the agent's runtime; the others use only its geometry functions."""
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.trainer")))
+def test_trainer_meets_the_agent_runtime_only_in_its_seam(name: str, path: Path) -> None:
+    runtime = [n for n in imports_of(path) if within(n, "qkwatch.agent") and not within(n, "qkwatch.agent.metrics")]
+    assert name == TRAINER_SEAM or not runtime, f"{name} imports {runtime}: go through {TRAINER_SEAM}"
+
+
 @pytest.mark.parametrize("package", ["qkwatch.agent", "qkwatch.monitor"])
 def test_nothing_imports_the_trainer(package: str) -> None:
     for name, path in modules(package).items():
@@ -206,6 +217,15 @@ def test_scripts_run_as_modules_without_path_hacks(path: Path) -> None:
         and node.value.id == "sys"
     ]
     assert not hacks, f"{path.relative_to(ROOT)} touches sys.path on lines {hacks}"
+
+
+def test_bench_modules_import_as_a_package_from_the_repository_root() -> None:
+    """What ``python -m bench.<name>`` does first: every benchmark's imports resolve with no ``sys.path`` patch."""
+    assert (ROOT / "bench" / "__init__.py").is_file(), "bench/ is a regular package"
+    names = sorted(f"bench.{p.stem}" for p in (ROOT / "bench").glob("*.py") if p.stem != "__init__")
+    code = f"import importlib\nfor n in {names!r}:\n    importlib.import_module(n)\n"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -5,6 +5,6 @@ the model and initialises its weights, seed 001's regimes), ``interventions`` (s
 ``data``, ``parallelize`` (FSDP2, activation checkpointing, compile), ``optim``, ``checkpoint``
 (DCP and the qkwatch-gpt export), ``monitoring`` (the agent seam), ``config`` and ``recipes``,
 ``train`` (the loop), ``metrics_log`` (``metrics.jsonl``), ``evals``, ``cli`` (``qkwatch train``
-and ``eval``, ``python -m trainer``). Nothing imports ``trainer`` but the ``qkwatch`` command; it
+and ``eval``, ``python -m qkwatch.trainer``). Nothing imports ``trainer`` but the ``qkwatch`` command; it
 may import ``agent``.
 """

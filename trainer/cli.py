@@ -1,7 +1,7 @@
-"""The trainer's command line: ``qkwatch train``, ``qkwatch eval`` and ``python -m trainer``.
+"""The trainer's command line: ``qkwatch train``, ``qkwatch eval`` and ``python -m qkwatch.trainer``.
 
-    python -m trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
-    torchrun --nproc_per_node 2 -m trainer --recipe debug_cpu ...      # FSDP2, one process per rank
+    python -m qkwatch.trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
+    torchrun --nproc_per_node 2 -m qkwatch.trainer --recipe debug_cpu ...      # FSDP2, one process per rank
 
 Only argparse at import time (``qkwatch --help`` stays fast): torch loads in the handlers.
 """
@@ -26,8 +26,8 @@ logger = logging.getLogger(__name__)
 def register(subparsers) -> None:
     train = subparsers.add_parser(
         "train",
-        help="train a GPT recipe (one process; use torchrun -m trainer for several)",
-        description="Train a recipe. For several processes: torchrun --nproc_per_node N -m trainer "
+        help="train a GPT recipe (one process; use torchrun -m qkwatch.trainer for several)",
+        description="Train a recipe. For several processes: torchrun --nproc_per_node N -m qkwatch.trainer "
         "--recipe NAME [...]. The agent is attached when QKWATCH_URL (or --collector) is set.",
     )
     add_train_arguments(train, verbose=False)
@@ -72,8 +72,11 @@ def add_train_arguments(parser: argparse.ArgumentParser, verbose: bool = True) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m trainer`` (and ``torchrun ... -m trainer``): logging set up per rank, then :func:`train_command`."""
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train a qkwatch GPT recipe.")
+    """``python -m qkwatch.trainer`` (and ``torchrun ... -m qkwatch.trainer``).
+
+    Logging is set up per rank, then :func:`train_command` runs.
+    """
+    parser = argparse.ArgumentParser(prog="python -m qkwatch.trainer", description="Train a qkwatch GPT recipe.")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     rank = os.environ.get("RANK", "0")
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_command(args: argparse.Namespace) -> int:
-    """``qkwatch train`` / ``python -m trainer``: 0 on success, 2 on a bad config."""
+    """``qkwatch train`` / ``python -m qkwatch.trainer``: 0 on success, 2 on a bad config."""
     if args.list:
         print_recipes()
         return 0

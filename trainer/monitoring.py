@@ -1,14 +1,17 @@
 """The monitoring seam between the training loop and the in-process agent.
 
-``train.py`` talks to a monitor through :class:`Monitor`. The agent provides one with
-``agent.attach(model, config=..., run=..., project=...)``; :func:`open_monitor` attaches it when
-``QKWATCH_URL`` is set, or offline when RAA's entropy-floor schedule needs the entropies it
-measures, and falls back to :class:`NullMonitor` otherwise.
+The one trainer module that uses the agent's runtime (``qkwatch.agent``'s public API); the
+others import only the geometry functions of ``qkwatch.agent.metrics``. ``train.py`` talks to a
+monitor through :class:`Monitor`; ``raa.py`` takes the entropy-floor schedule's parameters,
+:class:`ScheduleConfig`, from here (the agent and the collector compute the lambdas with them).
+The agent provides a monitor with ``qkwatch.agent.attach(model, config=..., run=..., project=...)``;
+:func:`open_monitor` attaches it when ``QKWATCH_URL`` is set, or offline when RAA's entropy-floor
+schedule needs the entropies it measures, and falls back to :class:`NullMonitor` otherwise.
 
 Per optimizer step the loop calls, in this order: ``step(step)`` before the forward,
 ``lambdas()`` (RAA only), then ``log(step, ...)`` and ``log_layers(step, ...)`` with device
 tensors it does not synchronise; ``close(timeout, status=..., reason=...)`` once at the end
-(idempotent), saying how the run ended.
+(idempotent), saying how the run ended (:func:`crash_reason` words an exception).
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
+
+from qkwatch.agent import ScheduleConfig
+
+__all__ = ["Monitor", "NullMonitor", "ScheduleConfig", "crash_reason", "open_monitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,3 +122,12 @@ def open_monitor(
             offline_spool,
         )
     return attach(model, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def crash_reason(exc: BaseException) -> str:
+    """The status reason of a run that raised (the agent cuts it to what the collector keeps)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted: KeyboardInterrupt; continue from the last checkpoint with --resume"
+    from qkwatch.agent import exception_reason
+
+    return exception_reason(exc)

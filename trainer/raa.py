@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkwatch.agent import ScheduleConfig
 from qkwatch.agent.metrics import effective_key_map, principal_overlap, split_heads
 from qkwatch.trainer.model import effective_weight
+from qkwatch.trainer.monitoring import ScheduleConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Training: ``run()`` is a loop of named steps (the command line is ``trainer.cli``).
+"""Training: ``run()`` is a loop of named steps (the command line is ``qkwatch.trainer.cli``).
 
-    torchrun --nproc_per_node 2 -m trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
+    torchrun --nproc_per_node 2 -m qkwatch.trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
 
 Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``interventions.before_step``
 -> ``train_step`` (forward, loss with the RAA penalty and any intervention's term, backward, clip,
@@ -29,7 +29,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from qkwatch.agent.agent import exception_reason
 from qkwatch.agent.metrics import qkai, split_heads
 from qkwatch.trainer.checkpoint import Checkpointer, export_model
 from qkwatch.trainer.config import RunConfig
@@ -37,7 +36,7 @@ from qkwatch.trainer.data import TrainData
 from qkwatch.trainer.init import build_model, full_tensor
 from qkwatch.trainer.interventions import Interventions
 from qkwatch.trainer.metrics_log import MetricsLog
-from qkwatch.trainer.monitoring import Monitor, open_monitor
+from qkwatch.trainer.monitoring import Monitor, crash_reason, open_monitor
 from qkwatch.trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from qkwatch.trainer.parallelize import Env, close_distributed, init_distributed, parallelize
 from qkwatch.trainer.raa import RAAController
@@ -171,13 +170,6 @@ def end_status(r: Run, steps_done: int, stop_after: int | None) -> tuple[str, st
     if r.stop_requested:
         return "crashed", f"preempted: SIGTERM at step {steps_done}, checkpointed; continue with --resume"
     return "crashed", f"stopped: stop_after={stop_after} at step {steps_done}, checkpointed; continue with --resume"
-
-
-def crash_reason(exc: BaseException) -> str:
-    """The status reason of a run that raised (the agent cuts it to what the collector keeps)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted: KeyboardInterrupt; continue from the last checkpoint with --resume"
-    return exception_reason(exc)
 
 
 def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monitor | None) -> Run:
@@ -489,11 +481,3 @@ def write_run_files(cfg: RunConfig, out_dir: Path, env: Env, run_name: str, star
     )
     (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
     metrics.truncate(start)
-
-
-if __name__ == "__main__":  # the entry point of old command lines: `python -m trainer` is the one now
-    import sys
-
-    from qkwatch.trainer.cli import main
-
-    sys.exit(main())

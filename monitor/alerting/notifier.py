@@ -5,8 +5,9 @@ none is lost when the process dies; a replica claims a due one with a lease befo
 so several replicas do not send it twice. A failed delivery is retried with exponential backoff
 up to ``webhook_max_attempts`` times, then given up and logged.
 
-The notifier needs two things of the store, the :class:`Outbox` protocol; it does not import the
-store (which imports :mod:`qkwatch.monitor.alerting` to evaluate the rules on ingest).
+The notifier needs two things of the store, the :class:`Outbox` protocol, and the rows it hands
+up (:mod:`qkwatch.monitor.alerting.records`); it does not import the store (which imports
+:mod:`qkwatch.monitor.alerting` to evaluate the rules on ingest).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Protocol
 
 import httpx
 
-from qkwatch.monitor.store.models import AlertRow, PendingNotification
+from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, computed_field
 
-from qkwatch.monitor.store.models import AlertRow, AuditRow, EventRow, RunRow
+from qkwatch.monitor.alerting.records import AlertRow
+from qkwatch.monitor.store.models import AuditRow, EventRow, RunRow
 from qkwatch.monitor.wire import RunStatus
 
 Value = float | str | None

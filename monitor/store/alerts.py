@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from qkwatch.monitor.alerting.evaluator import StateKey, StoredState
+from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
 from qkwatch.monitor.alerting.rules import Transition
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store import sql
@@ -104,8 +105,8 @@ class AlertRows:
         self.conn.execute(sa.update(m.alerts).where(m.alerts.c.id == alert_id).values(**values))
 
 
-def alert_row(r: sa.Row) -> m.AlertRow:
-    return m.AlertRow(
+def alert_row(r: sa.Row) -> AlertRow:
+    return AlertRow(
         id=r.id,
         run_id=r.run_id,
         run_name=r.run_name,
@@ -125,7 +126,7 @@ def alert_row(r: sa.Row) -> m.AlertRow:
 
 def select(
     conn: sa.Connection, projects: Sequence[str] | None, run_id: str | None, state: str | None, limit: int
-) -> list[m.AlertRow]:
+) -> list[AlertRow]:
     """Alerts of ``projects`` (None = all), of one run, in one state; newest first."""
     q = sa.select(m.alerts, m.runs.c.id.label("run_id"), m.runs.c.name.label("run_name"), m.runs.c.project).join(
         m.runs, m.runs.c.pk == m.alerts.c.run_pk
@@ -143,7 +144,7 @@ def select(
 # --- the notification outbox ------------------------------------------------------------------
 
 
-def claim_notifications(conn: sa.Connection, now: float, lease_s: float, limit: int) -> list[m.PendingNotification]:
+def claim_notifications(conn: sa.Connection, now: float, lease_s: float, limit: int) -> list[PendingNotification]:
     """Claim due notifications for delivery (a lease, so replicas do not send one twice)."""
     n = m.notifications
     due = sa.and_(
@@ -174,7 +175,7 @@ def claim_notifications(conn: sa.Connection, now: float, lease_s: float, limit: 
         .where(n.c.id.in_(claimed))
         .order_by(n.c.id)
     ).all()
-    return [m.PendingNotification(id=r.nid, attempts=r.attempts, status=r.nstatus, alert=alert_row(r)) for r in rows]
+    return [PendingNotification(id=r.nid, attempts=r.attempts, status=r.nstatus, alert=alert_row(r)) for r in rows]
 
 
 def finish_notification(

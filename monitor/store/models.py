@@ -1,5 +1,8 @@
 """Database tables (SQLAlchemy Core) and the row classes the store hands upwards.
 
+The alert rows (:class:`qkwatch.monitor.alerting.records.AlertRow` and ``PendingNotification``)
+live in ``alerting``, which formats them and must not import the store.
+
 Points carry no surrogate key: their natural key (run, metric id, head, layer, step, attempt) is
 the primary key, ordered so that a series (one layer) and a heatmap (all layers of one metric)
 are index range scans. ``head`` is -1 for a layer value; ``layer`` is -1 for a run-level scalar.
@@ -9,7 +12,7 @@ A NaN value is stored as SQL NULL on both databases (SQLite turns a bound NaN in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -324,24 +327,6 @@ class EventRow:
 
 
 @dataclass(frozen=True)
-class AlertRow:
-    id: int
-    run_id: str
-    run_name: str
-    project: str
-    rule: str
-    severity: str
-    state: str
-    metric: str
-    layers: list[int]
-    summary: str
-    onset_step: int
-    resolved_step: int | None
-    starts_at: float
-    ends_at: float | None
-
-
-@dataclass(frozen=True)
 class LatestRow:
     run_id: str
     run_name: str
@@ -351,12 +336,3 @@ class LatestRow:
     step: int
     value: float | None
     last_report_at: float | None = None
-
-
-@dataclass
-class PendingNotification:
-    id: int
-    attempts: int
-    status: str
-    alert: AlertRow
-    extra: dict[str, Any] = field(default_factory=dict)

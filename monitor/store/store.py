@@ -23,6 +23,7 @@ import sqlalchemy as sa
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 
+from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, reads, runs, tokens
 from qkwatch.monitor.store import models as m
@@ -64,10 +65,6 @@ class Store:
         with self.engine.connect() as conn, conn.begin():
             yield conn
 
-    def ping(self) -> None:
-        with self._read() as conn:
-            conn.execute(sa.text("SELECT 1"))
-
     def schema_revision(self) -> str | None:
         """The Alembic revision the database is at; None when it has none (an empty database)."""
         with self._read() as conn:
@@ -95,10 +92,6 @@ class Store:
         """
         with self._read() as conn:
             return runs.by_name(conn, project, name)
-
-    def compare_runs(self, run_ids: Sequence[str]) -> list[m.RunRow]:
-        with self._read() as conn:
-            return runs.compare(conn, run_ids)
 
     def list_runs(
         self,
@@ -209,11 +202,11 @@ class Store:
 
     def list_alerts(
         self, *, projects: Sequence[str] | None, run_id: str | None = None, state: str | None = None, limit: int = 500
-    ) -> list[m.AlertRow]:
+    ) -> list[AlertRow]:
         with self._read() as conn:
             return alerts.select(conn, projects, run_id, state, limit)
 
-    def claim_notifications(self, now: float, lease_s: float = 60.0, limit: int = 50) -> list[m.PendingNotification]:
+    def claim_notifications(self, now: float, lease_s: float = 60.0, limit: int = 50) -> list[PendingNotification]:
         """Claim due notifications for delivery (a lease, so replicas do not send one twice)."""
         with self._write() as conn:
             return alerts.claim_notifications(conn, now, lease_s, limit)

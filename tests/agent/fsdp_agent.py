@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from qkwatch import agent
-from qkwatch.agent.spool import Spool
+from qkwatch.agent.disk_spool import Spool
 from tests.agent.tiny import TinyGPT, batch
 
 

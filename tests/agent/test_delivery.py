@@ -312,7 +312,7 @@ def test_shuffled_and_repeated_deliveries_store_each_report_once(tmp_path: Path,
     """A spool's reports delivered out of order, in random batches, several times over."""
     import random
 
-    from qkwatch.agent.spool import Spool
+    from qkwatch.agent.disk_spool import Spool
 
     model = TinyGPT()
     a = agent.attach(

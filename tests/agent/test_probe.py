@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from qkwatch import agent
 from qkwatch.agent.adapters import AdapterError, find_sites
+from qkwatch.agent.disk_spool import Spool
 from qkwatch.agent.offline.analyze import analyze
 from qkwatch.agent.probe import ProbeConfig
-from qkwatch.agent.spool import Spool
 from tests.agent.tiny import TinyGPT, batch, train
 
 OFFLINE = {"spectra_every": 0, "flush_seconds": 0.05}

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from qkwatch.agent.disk_spool import Spool
 from qkwatch.agent.health import Health
 from qkwatch.agent.shipper import Sender
-from qkwatch.agent.spool import Spool
 from qkwatch.agent.transport import HttpTransport, TransportError, parse_retry_after
 from tests.live import LiveCollector
 

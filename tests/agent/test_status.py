@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qkwatch import agent
-from qkwatch.agent.spool import Spool
+from qkwatch.agent.disk_spool import Spool
 from tests.agent.test_delivery import FAST, assert_exactly_once, points
 from tests.agent.tiny import TinyGPT, train
 from tests.live import ROOT, LiveCollector
@@ -131,22 +131,22 @@ def test_who_says_what(tmp_path: Path) -> None:
 
 
 def test_on_a_gpu_the_status_is_spooled_after_the_report_still_on_its_way(tmp_path: Path) -> None:
-    """The spooler thread (CUDA only) writes reports once their copy lands; the status queues behind them.
+    """The host-copy thread (CUDA only) writes reports once their copy lands; the status queues behind them.
 
     Run on the CPU with a slow stand-in for the CUDA event (no GPU here).
     """
     import torch
 
+    from qkwatch.agent.host_copy import HostCopyWriter
     from qkwatch.agent.report import Packed
-    from qkwatch.agent.spooler import Spooler
 
     class SlowCopy:
         def synchronize(self) -> None:
             time.sleep(0.3)
 
     a = attach(TinyGPT(), None, tmp_path / "s", "gpu")
-    a._spooler = Spooler(a._write_report, a._append_status)
-    assert a._spooler.put(Packed(7, 1.0, [], torch.zeros(0), {}, [], SlowCopy()))
+    a._host_copy = HostCopyWriter(a._write_report, a._append_status)
+    assert a._host_copy.put(Packed(7, 1.0, [], torch.zeros(0), {}, [], SlowCopy()))
     a.close(timeout=2.0, status="crashed", reason="RuntimeError: CUDA error")
     spool = Spool(a.spool_path)
     *_, last_report, status = [r.payload for r in spool.pending(100)]
@@ -155,8 +155,8 @@ def test_on_a_gpu_the_status_is_spooled_after_the_report_still_on_its_way(tmp_pa
     assert status["status"] == {"status": "crashed", "reason": "RuntimeError: CUDA error"}
 
 
-def test_a_full_spooler_queue_drops_and_counts_and_never_blocks_the_step(tmp_path: Path, monkeypatch) -> None:
-    """The spooler's queue is bounded: a report that finds it full is dropped at once and counted with
+def test_a_full_host_copy_queue_drops_and_counts_and_never_blocks_the_step(tmp_path: Path, monkeypatch) -> None:
+    """The host-copy queue is bounded: a report that finds it full is dropped at once and counted with
     the spool's drops (``agent_dropped_total``, a ``dropped`` event); every report is kept or counted.
 
     Run on the CPU with a stand-in for the CUDA copy that lands only when released (no GPU here).
@@ -164,7 +164,7 @@ def test_a_full_spooler_queue_drops_and_counts_and_never_blocks_the_step(tmp_pat
     import threading
 
     import qkwatch.agent.agent as lifecycle
-    from qkwatch.agent.spooler import Spooler
+    from qkwatch.agent.host_copy import HostCopyWriter
 
     release = threading.Event()
 
@@ -175,12 +175,12 @@ def test_a_full_spooler_queue_drops_and_counts_and_never_blocks_the_step(tmp_pat
     monkeypatch.setattr(lifecycle, "start_host_copy", lambda values: (values, StuckCopy()))
     model = TinyGPT()
     a = attach(model, None, tmp_path / "s", "full")
-    a._spooler = Spooler(a._write_report, a._append_status, maxsize=2)
+    a._host_copy = HostCopyWriter(a._write_report, a._append_status, maxsize=2)
     start = time.monotonic()
-    train(a, model, 6)  # reports of steps 0-4 meet a spooler stuck on the first copy
+    train(a, model, 6)  # reports of steps 0-4 meet a host-copy writer stuck on the first copy
     assert time.monotonic() - start < 10  # no step waited for the copy (it would have waited 30 s)
     release.set()
-    while not a._spooler.queue.empty():
+    while not a._host_copy.queue.empty():
         time.sleep(0.01)
     a.close(timeout=5.0)  # step 5's report, then the status
     spool = Spool(a.spool_path)

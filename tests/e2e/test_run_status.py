@@ -3,7 +3,7 @@ operator's override above the trainer's lambda_max reaches it clipped while the 
 
 The debug_cpu recipe, shortened with ``train.steps``. A mid-training failure and a collector
 outage are injected through the loop's ``maybe_intervene`` step (the trainer runs in this
-process); the preemption is a real SIGTERM to a real ``python -m trainer``.
+process); the preemption is a real SIGTERM to a real ``python -m qkwatch.trainer``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Writes a JSON report to ``argv[1]`` (rank 0); ``test_trainer_distributed.py`` as
   global batch (averaged over ranks, not summed: pytorch#162338), and PAR's alone too;
 * a run stopped after 3 steps and resumed from its sharded DCP checkpoint has the loss curve of an
   uninterrupted one;
-* ``debug_cpu`` runs to the end through ``python -m trainer``'s ``main``.
+* ``debug_cpu`` runs to the end through ``python -m qkwatch.trainer``'s ``main``.
 """
 
 from __future__ import annotations

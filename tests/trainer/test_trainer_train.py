@@ -18,7 +18,7 @@ from qkwatch.trainer.checkpoint import FORMAT, export_model, load_exported
 from qkwatch.trainer.init import init_weights
 from qkwatch.trainer.metrics_log import MetricsLog
 from qkwatch.trainer.model import GPT
-from qkwatch.trainer.monitoring import NullMonitor, open_monitor
+from qkwatch.trainer.monitoring import NullMonitor, crash_reason, open_monitor
 from qkwatch.trainer.raa import ScheduleConfig
 from qkwatch.trainer.train import run
 
@@ -240,14 +240,20 @@ def test_qkwatch_train_and_eval_from_the_command_line(tmp_path, capsys, monkeypa
     assert "unknown config key 'model.n_layerz'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["qkwatch.trainer", "qkwatch.trainer.train"])
-def test_python_dash_m_trains_from_the_command_line(module):
-    """``python -m trainer`` (what torchrun runs) and the older ``python -m trainer.train`` are one command."""
+def test_python_dash_m_trains_from_the_command_line():
+    """``python -m qkwatch.trainer`` is the command (what torchrun runs); ``train.py`` is a module, not a script."""
     done = subprocess.run(
-        [sys.executable, "-m", module, "--list"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "qkwatch.trainer", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[0] == "debug_cpu" and "collapse_cpu" in done.stdout
+
+
+def test_crash_reason_names_the_exception_and_says_how_to_continue_after_an_interrupt():
+    assert (
+        crash_reason(RuntimeError("CUDA out of memory\nTried to allocate 2 GiB")) == "RuntimeError: CUDA out of memory"
+    )
+    assert crash_reason(KeyboardInterrupt()).startswith("interrupted: KeyboardInterrupt; continue")
 
 
 def test_metrics_log_appends_records_and_a_resume_cuts_it_back(tmp_path):

@@ -17,7 +17,7 @@ fsync: they survive the process being killed (``kill -9``), not a power cut.
 Acknowledged segments are deleted. Beyond ``max_bytes`` of undelivered data, or for segments
 older than ``max_age``, the oldest segments are dropped whole and their records counted in
 ``cursor.json``'s ``dropped``; that count travels to the collector with the next reports (so do
-reports the agent's spooler could not take: :meth:`Spool.count_dropped`).
+reports the agent's GPU host-copy writer could not take: :meth:`Spool.count_dropped`).
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ class Spool:
             return dropped
 
     def count_dropped(self, count: int) -> None:
-        """``count`` reports never appended (the spooler could not take them) join the dropped count."""
+        """``count`` reports never appended (the GPU host-copy writer could not take them) join the dropped count."""
         with self._lock:
             self.dropped += count
             self._save_cursor()

@@ -1,9 +1,10 @@
 """GPU only: the thread that waits for each report's host copy, so the training step never does.
 
 The training thread starts the report's one device-to-host copy (:func:`start_host_copy`) and
-hands the report to the :class:`Spooler`; its thread waits for the copy and calls the writer it
-was given. The queue is bounded (:data:`QUEUE_REPORTS`) and a report that finds it full is not
-queued: :meth:`Spooler.put` says so, and the caller counts it with the reports the spool's caps
+hands the report to the :class:`HostCopyWriter`; its thread waits for the copy's CUDA event and
+calls the writer it was given (the agent's, which appends the report to the disk spool). The
+queue is bounded (:data:`QUEUE_REPORTS`) and a report that finds it full is not queued:
+:meth:`HostCopyWriter.put` says so, and the caller counts it with the reports the spool's caps
 drop, as the training step must never wait. The copies land a few steps behind the step at most
 (the GPU runs that far behind the host), so the queue holds one or two reports; it fills only if
 the writer itself stalls (a hung disk). The run's status record, put at close, waits for room.
@@ -40,7 +41,7 @@ def start_host_copy(values: Tensor) -> tuple[Tensor, Any]:
     return host, ready
 
 
-class Spooler:
+class HostCopyWriter:
     """A named daemon thread writing reports once their copy lands, in the order they were put."""
 
     def __init__(
@@ -54,7 +55,7 @@ class Spooler:
         self.write_status = write_status
         self.queue: queue.Queue[Packed | dict[str, Any] | None] = queue.Queue(maxsize)
         self._warned = False
-        self.thread = threading.Thread(target=self._run, name="qkwatch-spooler", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="qkwatch-host-copy", daemon=True)
         self.thread.start()
 
     def put(self, report: Packed) -> bool:
@@ -65,7 +66,7 @@ class Spooler:
             if not self._warned:
                 self._warned = True
                 logger.warning(
-                    "qkwatch: the spooler's queue is full (%d reports): dropping the report of step %d "
+                    "qkwatch: the host-copy queue is full (%d reports): dropping the report of step %d "
                     "(counted in agent_dropped_total; further drops are counted, not logged)",
                     self.queue.maxsize,
                     report.step,
@@ -78,7 +79,9 @@ class Spooler:
         try:
             self.queue.put(record, timeout=max(0.0, timeout))
         except queue.Full:
-            logger.warning("qkwatch: could not spool the run's status %s: the spooler is stuck", record["status"])
+            logger.warning(
+                "qkwatch: could not spool the run's status %s: the host-copy writer is stuck", record["status"]
+            )
             return False
         return True
 
