@@ -26,6 +26,7 @@ The parts, each configured by its own section of :class:`qkwatch.agent.config.Ag
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -67,8 +68,10 @@ class Agent:
         shared = _distributed() if cfg.distributed is None else cfg.distributed and _distributed()
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if shared else (0, 1)
         self._group = dist.new_group(backend="gloo") if self.world > 1 else None
-        sent = {**cfg.config, "n_layers": self.n_layers}
-        run_config = RunConfig.model_validate(sent)  # the collector's parser: the same schedule on both sides
+        run_config = RunConfig.model_validate({**cfg.config, "n_layers": self.n_layers})  # the collector's parser
+        # Sent in full: the collector then schedules with exactly the parameters the local fallback
+        # uses, whatever defaults (QKWATCH_H_STAR) either process was started with.
+        sent = {**cfg.config, "n_layers": self.n_layers, "schedule": dataclasses.asdict(run_config.schedule)}
         self.identity = RunIdentity.agree(cfg.project, cfg.run, sent, self._group)
         self.owned = {s.layer for s in sites if s.layer % self.world == self.rank}
         suffix = f"_rank{self.rank}" if self.world > 1 else ""

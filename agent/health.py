@@ -75,7 +75,7 @@ class DropNotes:
         report.setdefault("events", []).append(
             {
                 "kind": f"dropped{self.suffix}",
-                "message": f"{count} report(s) dropped by the spool's caps or a full spooler queue",
+                "message": f"{count} report(s) dropped by the spool's caps or a full host-copy queue",
                 "data": {"count": count},
             }
         )

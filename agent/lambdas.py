@@ -37,7 +37,6 @@ from qkwatch.monitor.wire import decode_value, encode_value
 
 logger = logging.getLogger(__name__)
 
-SOURCES = ("collector", "local")
 LOCAL = -1.0
 """In the exchanged vector, a collector value that gave way to the local schedule (valid ones are >= 0)."""
 

@@ -9,8 +9,6 @@ from qkwatch.agent.metrics.heads import effective_key_map
 from qkwatch.agent.metrics.spectra import projection_norms
 from qkwatch.agent.metrics.subspace import geometry
 
-WEIGHT_METRICS = ("qkai", "qkai_max", "stable_rank", "qk_cos")
-SPECTRAL_METRICS = ("wq_fro", "wk_fro", "wq_spec", "wk_spec", "wk_erank")
 HEAD_METRICS = ("qkai", "stable_rank", "qk_cos")
 
 

@@ -110,15 +110,6 @@ def locked_by_name(conn: sa.Connection, project: str, name: str) -> m.RunRow | N
     return run_row(r) if r else None
 
 
-def compare(conn: sa.Connection, run_ids: Sequence[str]) -> list[m.RunRow]:
-    """The runs of ``run_ids``, in that order; NotFound names the first unknown one."""
-    rows = {r.id: run_row(r) for r in conn.execute(sa.select(m.runs).where(m.runs.c.id.in_(list(run_ids))))}
-    missing = [i for i in run_ids if i not in rows]
-    if missing:
-        raise NotFound(f"run {missing[0]} not found")
-    return [rows[i] for i in run_ids]
-
-
 def page(
     conn: sa.Connection, where: list[sa.ColumnElement[bool]], limit: int, offset: int
 ) -> tuple[list[m.RunRow], int]:
