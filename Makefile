@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test check lint typecheck bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,15 +21,22 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/qkwatch demo
 
-test: $(STAMP)
-	$(BIN)/ruff check .
+# make test = make check, then the tests; CI runs exactly this (.ci/run).
+test: check
 	$(BIN)/pytest -q
 
+# What pre-commit runs (.pre-commit-config.yaml): format, lint, and mypy strict on the package.
+check: lint typecheck
+
 lint: $(STAMP)
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.metrics
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
