@@ -18,13 +18,14 @@ import logging
 import re
 import shutil
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -32,6 +33,14 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+
+# DCP's save and load where they are defined (``torch.distributed.checkpoint`` re-exports them
+# without marking them as exported, which a strict type checker refuses)
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+if TYPE_CHECKING:
+    from qkwatch.trainer.model import GPT
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +78,7 @@ def _is_main() -> bool:
 
 
 @contextmanager
-def _single_process_ok():
+def _single_process_ok() -> Iterator[None]:
     """DCP warns that it assumes a single process when there is no process group: that is intended."""
     with warnings.catch_warnings():
         if not dist.is_initialized():
@@ -98,7 +107,7 @@ class Checkpointer:
         return self.config.enabled and (last or (self.config.every > 0 and step % self.config.every == 0))
 
     def save(
-        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, local_state: dict | None = None
+        self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, local_state: dict[str, Any] | None = None
     ) -> Path:
         """Collective: every rank calls it. Returns the checkpoint folder.
 
@@ -113,7 +122,7 @@ class Checkpointer:
         _barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         with _single_process_ok():
-            dcp.save({"model": model_sd, "optim": optim_sd, "train": {"step": step}}, checkpoint_id=str(tmp))
+            dcp_save({"model": model_sd, "optim": optim_sd, "train": {"step": step}}, checkpoint_id=str(tmp))
         if local_state is not None:
             rank = dist.get_rank() if dist.is_initialized() else 0
             (tmp / f"local-rank{rank}.json").write_text(json.dumps(local_state))
@@ -130,15 +139,15 @@ class Checkpointer:
     def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Load model and optimizer state in place (collective); returns the step it was saved at."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
+        state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
         with _single_process_ok():
-            dcp.load(state, checkpoint_id=str(path))
+            dcp_load(state, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         logger.info("resumed from %s (step %d)", path, state["train"]["step"])
         return int(state["train"]["step"])
 
     @staticmethod
-    def local_states(path: Path) -> list[dict]:
+    def local_states(path: Path) -> list[dict[str, Any]]:
         """Every rank's ``local_state`` saved in checkpoint ``path`` (none for an older checkpoint)."""
         return [json.loads(p.read_text()) for p in sorted(Path(path).glob("local-rank*.json"))]
 
@@ -146,14 +155,14 @@ class Checkpointer:
 def load_model_state(path: Path, model: nn.Module) -> int:
     """Load only the model weights of a DCP checkpoint into an unsharded model; returns its step."""
     model_sd = get_model_state_dict(model)
-    state = {"model": model_sd, "train": {"step": -1}}
+    state: dict[str, Any] = {"model": model_sd, "train": {"step": -1}}
     with _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path))
+        dcp_load(state, checkpoint_id=str(path))
     model.load_state_dict(state["model"])
     return int(state["train"]["step"])
 
 
-def export_model(model: nn.Module, path: str | Path, *, meta: dict | None = None) -> None:
+def export_model(model: GPT, path: str | Path, *, meta: dict[str, Any] | None = None) -> None:
     """Write the qkwatch-gpt file: full, unsharded tensors on the CPU (collective under FSDP2).
 
     ``meta`` (optional: step, run, recipe...) is stored under an extra ``"meta"`` key.
@@ -172,7 +181,7 @@ def export_model(model: nn.Module, path: str | Path, *, meta: dict | None = None
     _barrier()
 
 
-def load_exported(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+def load_exported(path: str | Path, device: str | torch.device = "cpu") -> GPT:
     """The GPT of a qkwatch-gpt file, in eval mode."""
     from qkwatch.trainer.model import GPT, ModelConfig
 

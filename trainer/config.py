@@ -13,7 +13,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from qkwatch.trainer.checkpoint import CheckpointConfig
 from qkwatch.trainer.data import DataConfig
@@ -23,6 +23,8 @@ from qkwatch.trainer.model import ModelConfig
 from qkwatch.trainer.optim import OptimConfig
 from qkwatch.trainer.parallelize import ParallelConfig
 from qkwatch.trainer.raa import RAAConfig
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -105,10 +107,10 @@ class RunConfig:
             bad = [i for i in layers or [] if i >= m.n_layers]
             if bad:
                 raise ValueError(f"{key} has layers {bad} beyond model.n_layers={m.n_layers}")
-        if self.init.qk_regime == "disjoint_support_xavier" and m.d_head > m.d_model // 2:
+        if self.init.qk_regime == "disjoint_support_xavier" and m.head_dim > m.d_model // 2:
             raise ValueError(
                 f"init.qk_regime=disjoint_support_xavier needs model.d_head <= d_model/2 "
-                f"({m.d_head} > {m.d_model // 2})"
+                f"({m.head_dim} > {m.d_model // 2})"
             )
         if self.intervention.kind == "qk_decouple" and self.init.qk_regime != "qk_identical":
             raise ValueError("intervention.kind=qk_decouple starts from equal Q/K: set init.qk_regime=qk_identical")
@@ -118,8 +120,8 @@ class RunConfig:
             raise ValueError(
                 f"raa.fallback_lambdas has {len(self.raa.fallback_lambdas)} values for model.n_layers={m.n_layers}"
             )
-        if self.raa.rank is not None and self.raa.rank > m.d_head:
-            raise ValueError(f"raa.rank={self.raa.rank} exceeds model.d_head={m.d_head}")
+        if self.raa.rank is not None and self.raa.rank > m.head_dim:
+            raise ValueError(f"raa.rank={self.raa.rank} exceeds model.d_head={m.head_dim}")
         if self.model.vocab_size < 256:
             raise ValueError(f"model.vocab_size={self.model.vocab_size} is below the byte tokenizer's 256")
 
@@ -166,7 +168,7 @@ def _tree(obj: Any) -> dict[str, Any]:
     }
 
 
-def _rebuild(obj: Any, tree: dict[str, Any]) -> Any:
+def _rebuild(obj: T, tree: dict[str, Any]) -> T:
     """The dataclasses of ``obj``'s shape from ``tree``, innermost first (each ``__post_init__`` runs)."""
     values = {
         name: _rebuild(getattr(obj, name), value)
@@ -200,8 +202,10 @@ def _first(section: Any) -> str:
 
 
 def parse_value(raw: str, tp: Any, key: str) -> Any:
-    """Parse ``raw`` as type ``tp`` (int, float, bool, str, lists, ``X | None``)."""
+    """Parse ``raw`` as type ``tp`` (int, float, bool, str, a ``Literal`` choice, lists, ``X | None``)."""
     args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Literal:  # a choice: the section's __post_init__ names the allowed values
+        return raw
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         if raw.lower() in ("none", "null") and type(None) in args:
             return None

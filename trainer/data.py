@@ -21,8 +21,10 @@ needles, variable binding) so that a small model can learn what the evaluations 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import SupportsInt
 
 import numpy as np
 import torch
@@ -70,7 +72,7 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[SupportsInt]) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
@@ -129,7 +131,7 @@ def passkey(rng: random.Random, length: int, needles: int = 1, digits: int = 5) 
     # one context (the same needle depths) for every query; queries of a context have equal length
     query_len = len(_passkey_query(names[0], keys[0], needles))
     budget = length - query_len - sum(len(s) for s in inserts)
-    sentences = []
+    sentences: list[str] = []
     while True:  # whole filler sentences, then spaces up to the exact length
         sentence = FILLER_SENTENCES[len(sentences) % len(FILLER_SENTENCES)]
         if len(sentence) > budget:

@@ -20,11 +20,15 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from qkwatch.trainer.data import DataConfig, TaskSample, TrainData, binding, passkey, passkey_min_length
+
+if TYPE_CHECKING:
+    from qkwatch.trainer.model import GPT
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ class EvalResult:
 
 @dataclass
 class Loaded:
-    model: torch.nn.Module
+    model: GPT
     step: int | None
     run: str | None
     project: str | None
@@ -94,7 +98,7 @@ def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:
     return path, latest
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -125,7 +129,7 @@ def accuracies(model: torch.nn.Module, samples: list[TaskSample], batch_size: in
     return correct / max(1, len(samples)), hits / max(1, tokens_scored)
 
 
-def passkey_eval(model, lengths: list[int], samples: int, seed: int) -> list[EvalResult]:
+def passkey_eval(model: torch.nn.Module, lengths: list[int], samples: int, seed: int) -> list[EvalResult]:
     out = []
     for needles in (1, 5):
         for length in lengths:
@@ -146,7 +150,9 @@ def passkey_eval(model, lengths: list[int], samples: int, seed: int) -> list[Eva
     return out
 
 
-def binding_eval(model, lengths: list[int], samples: int, seed: int, hops: int = 2) -> list[EvalResult]:
+def binding_eval(
+    model: torch.nn.Module, lengths: list[int], samples: int, seed: int, hops: int = 2
+) -> list[EvalResult]:
     out = []
     for length in lengths:
         rng = random.Random(f"binding:{seed}:{hops}:{length}")
@@ -160,7 +166,7 @@ def binding_eval(model, lengths: list[int], samples: int, seed: int, hops: int =
 
 
 @torch.no_grad()
-def perplexity_eval(model, corpus: str, lengths: list[int], windows: int) -> list[EvalResult]:
+def perplexity_eval(model: torch.nn.Module, corpus: str, lengths: list[int], windows: int) -> list[EvalResult]:
     """Perplexity on the held-out tail of the corpus (the training run's validation split)."""
     device = next(model.parameters()).device
     data = TrainData(DataConfig(corpus=corpus), seq_len=max(lengths), global_batch=1, seed=0)
@@ -168,7 +174,7 @@ def perplexity_eval(model, corpus: str, lengths: list[int], windows: int) -> lis
     for length in lengths:
         rows = data.val_windows(windows, length).to(device)
         nll, count = 0.0, 0
-        for chunk in rows.split(8):
+        for chunk in torch.split(rows, 8):
             logits = model(chunk[:, :-1]).logits
             nll += F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
             count += chunk[:, 1:].numel()

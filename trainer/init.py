@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from qkwatch.trainer.model import GPT, ModelConfig
+from qkwatch.trainer.model import GPT, ModelConfig, SigmaReparamLinear
 
 POWER_ITERATIONS_AT_INIT = 50
 """sigma-Reparam's estimate at initialisation; training then adds one iteration per step."""
@@ -126,7 +126,7 @@ def build_model(
     init: InitConfig,
     seed: int,
     device: torch.device,
-    parallelize: Callable[[nn.Module], object] | None = None,
+    parallelize: Callable[[GPT], object] | None = None,
 ) -> GPT:
     """A GPT built on the meta device, materialised on ``device`` and initialised.
 
@@ -147,19 +147,18 @@ def build_model(
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, init: InitConfig, seed: int) -> None:
+def init_weights(model: GPT, init: InitConfig, seed: int) -> None:
     """Initialise every parameter and buffer of a :class:`qkwatch.trainer.model.GPT` (sharded or not)."""
     c = model.config
     regime_layers = set(range(c.n_layers) if init.qk_layers is None else init.qk_layers)
     done: set[str] = set()
-    for i, block in enumerate(model.blocks):
+    for i, attn in enumerate(model.attentions()):
         if init.qk_regime != "default" and i in regime_layers:
-            attn = block.attn
             prefix = f"blocks.{i}.attn."
             wq, wk = qk_regime_weights(
                 init.qk_regime,
-                tuple(attn.q_proj.weight.shape),
-                tuple(attn.k_proj.weight.shape),
+                (attn.q_proj.out_features, attn.q_proj.in_features),  # the weights' (out, in)
+                (attn.k_proj.out_features, attn.k_proj.in_features),
                 attn.n_heads,
                 attn.n_kv_heads,
                 seed,
@@ -177,11 +176,11 @@ def init_weights(model: nn.Module, init: InitConfig, seed: int) -> None:
             assign(buf, nn.functional.normalize(torch.randn(tuple(buf.shape), generator=gen), dim=0))
     model.reset_buffers()
     for module in model.modules():
-        if hasattr(module, "power_iteration"):
+        if isinstance(module, SigmaReparamLinear):
             _settle_power_iteration(module)
 
 
-def _default(name: str, shape: tuple[int, ...], c, seed: int) -> Tensor:
+def _default(name: str, shape: tuple[int, ...], c: ModelConfig, seed: int) -> Tensor:
     leaf = name.rsplit(".", 1)[-1]
     gen = generator(seed, name)
     if leaf == "vectors":  # Householder pairs: H(v) H(v) = I
@@ -202,7 +201,7 @@ def _default(name: str, shape: tuple[int, ...], c, seed: int) -> Tensor:
     return torch.randn(shape, generator=gen) * std
 
 
-def _settle_power_iteration(module: nn.Module) -> None:
+def _settle_power_iteration(module: SigmaReparamLinear) -> None:
     """Converge sigma-Reparam's estimate at initialisation (on the full weight)."""
     weight = module.weight
     if isinstance(weight, DTensor):

@@ -51,6 +51,7 @@ so under RAA the band's entropy stays high and the entropy-floor schedule keeps 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -61,7 +62,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from qkwatch.agent.metrics import column_alignment, principal_overlap, split_heads
 from qkwatch.trainer.init import full_tensor, generator
-from qkwatch.trainer.model import effective_weight
+from qkwatch.trainer.model import GPT, Attention, effective_weight
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class InterventionConfig:
         return min(1.0, max(0.0, (step - self.collapse_start) / self.collapse_ramp))
 
 
-def qk_align_penalty(attn) -> Tensor:
+def qk_align_penalty(attn: Attention) -> Tensor:
     """``qk_cos`` of one attention module's effective weights, differentiable (keys repeated for GQA)."""
     wq, wk = effective_weight(attn.q_proj), effective_weight(attn.k_proj)
     n_heads, n_kv_heads = attn.n_heads, attn.n_kv_heads
@@ -164,11 +165,11 @@ class CollapsePressure:
     target: float
     ramp: float = 0.0
 
-    def __call__(self, attn) -> Tensor:
+    def __call__(self, attn: Attention) -> Tensor:
         return qk_collapse_penalty(attn, align=self.align, target=self.target * self.ramp)
 
 
-def qk_collapse_penalty(attn, *, align: float, target: float) -> Tensor:
+def qk_collapse_penalty(attn: Attention, *, align: float, target: float) -> Tensor:
     """``align * sum_h ReLU(target r - sum_i c_i^2)^2``, ``r = d_head``: differentiable in ``W_Q`` and ``W_K``."""
     wq = split_heads(effective_weight(attn.q_proj), attn.n_heads)  # (nh, D, hs)
     wk = split_heads(effective_weight(attn.k_proj), attn.n_kv_heads)  # (nkv, D, hs)
@@ -183,13 +184,14 @@ class Interventions:
     function of the seed, so a resumed run rebuilds the same ones before loading its checkpoint).
     """
 
-    def __init__(self, config: InterventionConfig, model, steps_per_epoch: int, seed: int) -> None:
+    def __init__(self, config: InterventionConfig, model: GPT, steps_per_epoch: int, seed: int) -> None:
         self.config = config
         self.seed = seed
         self.steps_per_epoch = max(1, steps_per_epoch)
         n_layers = len(model.blocks)
         self.layers = list(range(n_layers)) if config.layers is None else list(config.layers)
-        self.attentions = [model.blocks[i].attn for i in self.layers]
+        attentions = model.attentions()
+        self.attentions = [attentions[i] for i in self.layers]
         self.refs: list[Tensor] = []
         self.spectra: list[Tensor] = []
         kind = config.kind
@@ -240,7 +242,7 @@ class Interventions:
             return kind
         if kind == "k_spectrum_clamp" and steps_done % c.every == 0 and steps_done >= self._epoch_start(c.start_epoch):
             for attn, s0 in zip(self.attentions, self.spectra, strict=True):
-                _replace(attn.k_proj.weight, lambda w, s0=s0: _with_spectrum(w, lambda s: s0.to(s)))
+                _replace(attn.k_proj.weight, partial(_with_singular_values, s0=s0))
             return kind
         if kind == "forced_k_contraction" and steps_done % c.every == 0:
             for attn in self.attentions:
@@ -259,7 +261,7 @@ class Interventions:
         if kind == "qk_decouple" and steps_done == self._epoch_start(c.decouple_epoch):
             for layer, attn in zip(self.layers, self.attentions, strict=True):
                 rotation = haar_rotation(attn.k_proj.weight.shape[1], generator(self.seed, f"qk_decouple.{layer}"))
-                _replace(attn.k_proj.weight, lambda w, o=rotation: w @ o.to(w))
+                _replace(attn.k_proj.weight, partial(_rotate_inputs, rotation=rotation))
             logger.info("qk_decouple: rotated W_K of layers %s at step %d", self.layers, steps_done)
             return kind
         return None
@@ -272,12 +274,24 @@ class Interventions:
 def haar_rotation(n: int, gen: torch.Generator) -> Tensor:
     """A Haar-random ``n x n`` orthogonal matrix (QR of a Gaussian with the sign fix)."""
     q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
-    return (q * torch.sign(torch.diagonal(r))).float()
+    rotation: Tensor = (q * torch.sign(torch.diagonal(r))).float()  # typed here: torch.linalg's results are not
+    return rotation
 
 
-def _with_spectrum(w: Tensor, new_spectrum) -> Tensor:
+def _with_spectrum(w: Tensor, new_spectrum: Callable[[Tensor], Tensor]) -> Tensor:
     u, s, vh = torch.linalg.svd(w.float(), full_matrices=False)
-    return (u * new_spectrum(s)) @ vh
+    out: Tensor = (u * new_spectrum(s)) @ vh
+    return out
+
+
+def _with_singular_values(w: Tensor, s0: Tensor) -> Tensor:
+    """``w`` with its singular values set to ``s0`` (k_spectrum_clamp)."""
+    return _with_spectrum(w, lambda s: s0.to(s))
+
+
+def _rotate_inputs(w: Tensor, rotation: Tensor) -> Tensor:
+    """``W O``: the projection of the residual stream rotated by ``O`` (qk_decouple)."""
+    return w @ rotation.to(w)
 
 
 def _contract(w: Tensor, rank: int, factor: float) -> Tensor:
@@ -287,7 +301,8 @@ def _contract(w: Tensor, rank: int, factor: float) -> Tensor:
         return s
 
     out = _with_spectrum(w, shrink)
-    return out * (w.float().norm() / out.norm())
+    scale: Tensor = w.float().norm() / out.norm()
+    return out * scale
 
 
 def _contract_heads(w: Tensor, n_heads: int, top: float, rest: float) -> Tensor:
@@ -296,10 +311,11 @@ def _contract_heads(w: Tensor, n_heads: int, top: float, rest: float) -> Tensor:
     u, s, vh = torch.linalg.svd(heads, full_matrices=False)
     scale = torch.full_like(s, rest)
     scale[:, 0] = top
-    return ((u * (s * scale)[:, None, :]) @ vh).reshape_as(w)
+    contracted: Tensor = (u * (s * scale)[:, None, :]) @ vh  # (nkv, hs, D)
+    return contracted.reshape_as(w)
 
 
-def _replace(param: Tensor, fn) -> None:
+def _replace(param: Tensor, fn: Callable[[Tensor], Tensor]) -> None:
     """``param <- fn(full param)``, on the full tensor, each rank keeping its shard of rank 0's result."""
     full = full_tensor(param.detach()).float()
     new = fn(full)

@@ -41,7 +41,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -105,10 +105,9 @@ class ModelConfig:
         _choice("model.variant", self.variant, VARIANTS)
         _choice("model.attention", self.attention, ATTENTION_PATHS)
         _choice("model.position", self.position, POSITIONS)
-        n_kv = self.n_kv_heads or self.n_heads
+        n_kv, d_head = self.kv_heads, self.head_dim
         if self.n_heads % n_kv:
             raise ValueError(f"model.n_kv_heads={n_kv} must divide model.n_heads={self.n_heads}")
-        d_head = self.d_head or self.d_model // self.n_heads
         if self.d_head is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"model.d_model={self.d_model} is not a multiple of model.n_heads={self.n_heads}; set d_head"
@@ -130,29 +129,40 @@ class ModelConfig:
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
             raise ValueError("model.norm_eps, model.init_std and model.rope_theta must be positive")
 
+    @property
+    def kv_heads(self) -> int:
+        """``n_kv_heads``, derived where it is None."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        """``d_head``, derived where it is None."""
+        return self.d_head or self.d_model // self.n_heads
+
+    @property
+    def mlp_dim(self) -> int:
+        """``d_mlp``, derived where it is None."""
+        return self.d_mlp or 4 * self.d_model
+
     def resolved(self) -> ModelConfig:
         """A copy with every derived field filled in (what ``GPT.config`` holds)."""
         attention = self.attention
         if attention == "auto":
             attention = "explicit" if self.variant == "outlier_removed" else "sdpa"
         return dataclasses.replace(
-            self,
-            n_kv_heads=self.n_kv_heads or self.n_heads,
-            d_head=self.d_head or self.d_model // self.n_heads,
-            d_mlp=self.d_mlp or 4 * self.d_model,
-            attention=attention,
+            self, n_kv_heads=self.kv_heads, d_head=self.head_dim, d_mlp=self.mlp_dim, attention=attention
         )
 
     def num_params(self) -> int:
         """Parameter count without building the model (tied embeddings once; the few scalars and
         norm gains that qk_norm, sigma_reparam and rezero add are left out)."""
-        c = self.resolved()
-        d, hs, b = c.d_model, c.d_head, int(c.bias)
-        width = hs * (2 * c.n_heads + 2 * c.n_kv_heads)  # q, k, v and o projections
-        attn = d * width + b * (hs * (c.n_heads + 2 * c.n_kv_heads) + d)
-        mlp = 2 * d * c.d_mlp + b * (c.d_mlp + d)
+        c = self
+        d, hs, b = c.d_model, c.head_dim, int(c.bias)
+        width = hs * (2 * c.n_heads + 2 * c.kv_heads)  # q, k, v and o projections
+        attn = d * width + b * (hs * (c.n_heads + 2 * c.kv_heads) + d)
+        mlp = 2 * d * c.mlp_dim + b * (c.mlp_dim + d)
         norms = 2 * d * (1 + b)
-        block = attn + mlp + norms + c.n_kv_heads * c.key_rotation * hs
+        block = attn + mlp + norms + c.kv_heads * c.key_rotation * hs
         emb = c.vocab_size * d * (1 if c.tie_embeddings else 2) + (c.max_seq_len * d if c.position == "learned" else 0)
         return c.n_layers * block + emb + d * (1 + b)
 
@@ -186,6 +196,9 @@ class SigmaReparamLinear(nn.Linear):
     gradient through ``W`` in ``sigma`` is kept). One iteration per training forward; ``u`` is a
     persistent buffer so a resumed run continues the same estimate.
     """
+
+    u: Tensor
+    """``(out,)`` power-iteration vector (a buffer)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
@@ -285,7 +298,7 @@ class KeyRotation(nn.Module):
         return (kt - torch.einsum("btgp,gpd->btgd", coef, w.to(k.dtype))).transpose(1, 2)  # (B, G, T, d)
 
 
-def rope_cache(seq_len: int, d_head: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
+def rope_cache(seq_len: int, d_head: int, theta: float, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     inv_freq = 1.0 / theta ** (torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
     freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, d/2)
     angles = torch.cat([freqs, freqs], dim=-1)  # (T, d)
@@ -308,17 +321,17 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
-        self.n_heads, self.n_kv_heads, self.d_head = c.n_heads, c.n_kv_heads, c.d_head
+        self.n_heads, self.n_kv_heads, self.d_head = c.n_heads, c.kv_heads, c.head_dim
         self.path = c.attention
         self.remove_outlier = c.variant == "outlier_removed"
         linear = SigmaReparamLinear if c.variant == "sigma_reparam" else nn.Linear
-        self.q_proj = linear(c.d_model, c.n_heads * c.d_head, bias=c.bias)
-        self.k_proj = linear(c.d_model, c.n_kv_heads * c.d_head, bias=c.bias)
-        self.v_proj = linear(c.d_model, c.n_kv_heads * c.d_head, bias=c.bias)
-        self.o_proj = linear(c.n_heads * c.d_head, c.d_model, bias=c.bias)
-        self.q_norm = RMSNorm(c.d_head, c.norm_eps) if c.variant == "qk_norm" else None
-        self.k_norm = RMSNorm(c.d_head, c.norm_eps) if c.variant == "qk_norm" else None
-        self.key_rotation = KeyRotation(c.n_kv_heads, c.key_rotation, c.d_head) if c.key_rotation else None
+        self.q_proj = linear(c.d_model, self.n_heads * self.d_head, bias=c.bias)
+        self.k_proj = linear(c.d_model, self.n_kv_heads * self.d_head, bias=c.bias)
+        self.v_proj = linear(c.d_model, self.n_kv_heads * self.d_head, bias=c.bias)
+        self.o_proj = linear(self.n_heads * self.d_head, c.d_model, bias=c.bias)
+        self.q_norm = RMSNorm(self.d_head, c.norm_eps) if c.variant == "qk_norm" else None
+        self.k_norm = RMSNorm(self.d_head, c.norm_eps) if c.variant == "qk_norm" else None
+        self.key_rotation = KeyRotation(self.n_kv_heads, c.key_rotation, self.d_head) if c.key_rotation else None
         self.qk_tap = QKTap()
         self.weight_penalties: dict[str, WeightPenalty] = {}
 
@@ -332,7 +345,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, nh, T, hs)
         k = self._keys(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, nkv, T, hs)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.d_head).transpose(1, 2)  # (B, nkv, T, hs)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
@@ -348,7 +361,8 @@ class Attention(nn.Module):
     def _keys(self, x: Tensor) -> Tensor:
         """``k = R_g W_k x`` (before RoPE): RAA's rotation folded into the projection's weights."""
         if self.key_rotation is None:
-            return self.k_proj(x)
+            keys: Tensor = self.k_proj(x)  # (B, T, nkv*hs)
+            return keys
         if isinstance(self.k_proj, SigmaReparamLinear) and self.training and torch.is_grad_enabled():
             self.k_proj.power_iteration()  # what its own forward would have done
         weight, bias = self.key_rotation.fold(effective_weight(self.k_proj), self.k_proj.bias)
@@ -378,11 +392,12 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         linear = SigmaReparamLinear if config.variant == "sigma_reparam" else nn.Linear
-        self.fc_in = linear(config.d_model, config.d_mlp, bias=config.bias)
-        self.fc_out = linear(config.d_mlp, config.d_model, bias=config.bias)
+        self.fc_in = linear(config.d_model, config.mlp_dim, bias=config.bias)
+        self.fc_out = linear(config.mlp_dim, config.d_model, bias=config.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc_out(F.gelu(self.fc_in(x)))
+        out: Tensor = self.fc_out(F.gelu(self.fc_in(x)))
+        return out
 
 
 class Block(nn.Module):
@@ -441,7 +456,7 @@ class GPT(nn.Module):
         """(Re)compute the non-persistent buffers, e.g. after ``to_empty`` from the meta device."""
         c = self.config
         if c.position == "rope":
-            cos, sin = rope_cache(c.max_seq_len, c.d_head, c.rope_theta, self.tok_emb.weight.device)
+            cos, sin = rope_cache(c.max_seq_len, c.head_dim, c.rope_theta, self.tok_emb.weight.device)
             self.rope_cos, self.rope_sin = cos, sin
 
     def tie_weights(self) -> None:
@@ -450,7 +465,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.tok_emb.weight
 
     def attentions(self) -> list[Attention]:
-        return [block.attn for block in self.blocks]
+        # nn.ModuleList types its items as nn.Module: they are the Blocks built above
+        return [cast(Block, block).attn for block in self.blocks]
 
     def forward(self, idx: Tensor) -> GPTOutput:
         T = idx.shape[1]
@@ -460,7 +476,7 @@ class GPT(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(T, device=idx.device))
         rope = (self.rope_cos[:T], self.rope_sin[:T]) if self.config.position == "rope" else None
-        penalties = []
+        penalties: list[dict[str, Tensor]] = []
         for block in self.blocks:
             x, pen = block(x, rope)
             penalties.append(pen)

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from qkwatch.agent import ScheduleConfig
 
@@ -91,7 +91,7 @@ class NullMonitor:
 
 
 def open_monitor(
-    model,
+    model: nn.Module,
     *,
     config: dict[str, Any],
     run: str | None,
@@ -121,7 +121,8 @@ def open_monitor(
             offline_spool,
             offline_spool,
         )
-    return attach(model, **{k: v for k, v in kwargs.items() if v is not None})
+    agent: Monitor = attach(model, **{k: v for k, v in kwargs.items() if v is not None})
+    return agent
 
 
 def crash_reason(exc: BaseException) -> str:

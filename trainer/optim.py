@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +55,8 @@ class OptimConfig:
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
     """AdamW with weight decay on the matrices only."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
@@ -80,14 +82,15 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm: float) -> Tensor:
+def clip_grad_norm_(parameters: Iterable[nn.Parameter], max_norm: float) -> Tensor:
     """Global gradient norm over all shards, and clipping to ``max_norm`` (0: report only).
 
     With FSDP2 the gradients are DTensor shards: the norm of the whole model needs their partial
     norms reduced over the ranks (``full_tensor``), as torchtitan does.
     """
     params = [p for p in parameters if p.grad is not None]
-    total = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0)
+    grads = [p.grad for p in params if p.grad is not None]  # all of them; the test narrows the type
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     if max_norm > 0:

@@ -16,12 +16,17 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from qkwatch.trainer.model import GPT
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +77,7 @@ class Env:
     rank: int
     world_size: int
     device: torch.device
-    mesh: object | None
+    mesh: DeviceMesh | None
     """The 1-D data-parallel DeviceMesh, or None when not distributed."""
     param_dtype: torch.dtype
     reduce_dtype: torch.dtype
@@ -87,7 +92,7 @@ class Env:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def autocast(self):
+    def autocast(self) -> AbstractContextManager[object]:
         """bf16 autocast for a single unsharded process on a GPU (FSDP2 handles precision otherwise)."""
         if not self.distributed and self.device.type == "cuda" and self.param_dtype == torch.bfloat16:
             return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -130,10 +135,10 @@ def close_distributed(env: Env) -> None:
         dist.destroy_process_group()
 
 
-def parallelize(model: nn.Module, config: ParallelConfig, env: Env) -> nn.Module:
+def parallelize(model: GPT, config: ParallelConfig, env: Env) -> GPT:
     """Activation checkpointing, compile and FSDP2 on a :class:`qkwatch.trainer.model.GPT`; returns it."""
     if config.activation_checkpointing:
-        from torch.distributed._composable import checkpoint
+        from torch.distributed._composable.checkpoint_activation import checkpoint
 
         for block in model.blocks:
             checkpoint(block)
@@ -145,7 +150,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, env: Env) -> nn.Module
     return model
 
 
-def apply_fsdp(model: nn.Module, env: Env, reshard_after_forward: bool = True) -> None:
+def apply_fsdp(model: GPT, env: Env, reshard_after_forward: bool = True) -> None:
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=env.param_dtype, reduce_dtype=env.reduce_dtype)

@@ -29,19 +29,22 @@ import logging
 import math
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from qkwatch.agent.metrics import effective_key_map, principal_overlap, split_heads
-from qkwatch.trainer.model import effective_weight
-from qkwatch.trainer.monitoring import ScheduleConfig
+from qkwatch.trainer.model import Attention, effective_weight
+from qkwatch.trainer.monitoring import Monitor, ScheduleConfig
 
 logger = logging.getLogger(__name__)
 
 PAR = "par"
 """The name of the PAR term in ``Attention.weight_penalties`` and in the model's penalties."""
+OverlapMethod = Literal["auto", "exact", "randomized"]
+"""``principal_overlap``'s methods."""
 
 
 @dataclass
@@ -70,7 +73,7 @@ class RAAConfig:
     """tau = tau_factor * r (seed 000: 0.45)."""
     rank: int | None = None
     """r, the subspace rank of the overlap; None = d_head."""
-    method: str = "auto"
+    method: OverlapMethod = "auto"
     """principal_overlap method: exact, randomized (svd_lowrank) or auto."""
     every: int = 1
     """Compute PAR every k steps on flagged layers, weighted by k (k > 1 trades accuracy for time)."""
@@ -114,7 +117,7 @@ def par_penalty(
     n_kv_heads: int,
     rank: int | None,
     tau_factor: float,
-    method: str = "auto",
+    method: OverlapMethod = "auto",
 ) -> Tensor:
     """``sum_h ReLU(sum_i c_i^2 - tau)^2`` of one layer, differentiable in ``wq``, ``wk`` and the rotation.
 
@@ -139,7 +142,7 @@ def par_penalty(
     return excess.square().sum()
 
 
-def attention_par(attn, *, rank: int | None, tau_factor: float, method: str) -> Tensor:
+def attention_par(attn: Attention, *, rank: int | None, tau_factor: float, method: OverlapMethod) -> Tensor:
     """PAR of one attention module from its effective weights (what ``Attention.weight_penalties`` calls).
 
     The key rotation is left out on purpose: ``Wk R^T`` spans the same subspace as ``Wk`` for an
@@ -162,14 +165,14 @@ def attention_par(attn, *, rank: int | None, tau_factor: float, method: str) -> 
 class RAAController:
     """Per-run RAA state: reads lambdas, flags layers, and turns penalties into the loss term."""
 
-    def __init__(self, config: RAAConfig, attentions: list) -> None:
+    def __init__(self, config: RAAConfig, attentions: list[Attention]) -> None:
         self.config = config
         self.attentions = attentions
         self.n_layers = len(attentions)
         self._flags = [False] * self.n_layers
         self._warned = False
 
-    def lambdas(self, monitor) -> list[float]:
+    def lambdas(self, monitor: Monitor) -> list[float]:
         """This step's per-layer lambdas: the schedule's (through the monitor), else the fallback.
 
         With scheduling on, the monitor (the agent) serves the collector's lambdas or, without a
@@ -214,7 +217,9 @@ class RAAController:
         self._flags = flags
         return flags
 
-    def loss(self, penalties: list[dict[str, Tensor]], lambdas: list[float]) -> tuple[Tensor | None, list]:
+    def loss(
+        self, penalties: list[dict[str, Tensor]], lambdas: list[float]
+    ) -> tuple[Tensor | None, list[Tensor | float]]:
         """``sum_l k * lambda_l * P_l`` over the layers that computed PAR, and each layer's term.
 
         ``k = every`` keeps the expected weight when PAR runs every k-th step. The per-layer terms are

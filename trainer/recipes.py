@@ -34,9 +34,10 @@ from qkwatch.trainer.data import DataConfig
 from qkwatch.trainer.init import InitConfig
 from qkwatch.trainer.interventions import InterventionConfig
 from qkwatch.trainer.model import ModelConfig
+from qkwatch.trainer.monitoring import ScheduleConfig
 from qkwatch.trainer.optim import OptimConfig
 from qkwatch.trainer.parallelize import ParallelConfig
-from qkwatch.trainer.raa import RAAConfig, ScheduleConfig
+from qkwatch.trainer.raa import RAAConfig
 
 
 def debug_cpu() -> RunConfig:

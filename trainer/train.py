@@ -23,11 +23,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributed.fsdp import FSDPModule
 
 from qkwatch.agent.metrics import qkai, split_heads
 from qkwatch.trainer.checkpoint import Checkpointer, export_model
@@ -36,6 +38,7 @@ from qkwatch.trainer.data import TrainData
 from qkwatch.trainer.init import build_model, full_tensor
 from qkwatch.trainer.interventions import Interventions
 from qkwatch.trainer.metrics_log import MetricsLog
+from qkwatch.trainer.model import GPT
 from qkwatch.trainer.monitoring import Monitor, crash_reason, open_monitor
 from qkwatch.trainer.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from qkwatch.trainer.parallelize import Env, close_distributed, init_distributed, parallelize
@@ -85,7 +88,7 @@ class Run:
     env: Env
     out_dir: Path
     run_name: str
-    model: torch.nn.Module
+    model: GPT
     optimizer: torch.optim.Optimizer
     data: TrainData
     raa: RAAController
@@ -201,7 +204,7 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
     )
     if latest is not None:
         monitor.load_state_dict(checkpointer.local_states(latest))
-    raa = RAAController(cfg.raa, [block.attn for block in model.blocks])
+    raa = RAAController(cfg.raa, model.attentions())
     logger.info(
         "%s: %s params, %d layers, variant %s, RAA %s, %d steps of %d x %d tokens on %d rank(s), out %s",
         cfg.recipe,
@@ -267,7 +270,7 @@ def train_step(r: Run, step: int, lambdas: list[float]) -> StepStats:
     ce_sum = torch.zeros((), device=env.device)
     par, par_layers = None, None
     for micro in range(r.accumulation):
-        if env.distributed:
+        if isinstance(model, FSDPModule):  # env.distributed: reduce the gradients after the last micro-batch only
             model.set_requires_gradient_sync(micro == r.accumulation - 1)
         if micro == 1:  # the weight penalties are the same for every micro-batch: once per step
             for a in attentions:
@@ -286,13 +289,14 @@ def train_step(r: Run, step: int, lambdas: list[float]) -> StepStats:
             extra = r.interventions.loss(out.penalties)
             if extra is not None:
                 loss = loss + extra
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         ce_sum += ce.detach()
     for a, pens in zip(attentions, installed, strict=True):
         a.weight_penalties.update(pens)
     grad_norm = clip_grad_norm_(model.parameters(), r.cfg.optim.grad_clip)
     r.optimizer.step()
     r.optimizer.zero_grad(set_to_none=True)
+    assert par_layers is not None  # micro-batch 0 always runs (accumulation >= 1)
     par_value = par.detach() if par is not None else ce_sum.new_zeros(())
     return StepStats(ce_sum / r.accumulation, par_value, par_layers, grad_norm, lr)
 
@@ -374,11 +378,10 @@ def maybe_log_qkai(r: Run, steps_done: int) -> None:
 
 
 @torch.no_grad()
-def layer_qkai(model) -> Tensor:
+def layer_qkai(model: GPT) -> Tensor:
     """``(n_layers,)`` mean QKAI over heads (the key rotation and sigma-Reparam leave the subspaces unchanged)."""
     values = []
-    for block in model.blocks:
-        attn = block.attn
+    for attn in model.attentions():
         wq = split_heads(full_tensor(attn.q_proj.weight).float(), attn.n_heads)  # (nh, D, hs)
         wk = split_heads(full_tensor(attn.k_proj.weight).float(), attn.n_kv_heads)  # (nkv, D, hs)
         values.append(qkai(wq, wk).mean())
@@ -404,7 +407,7 @@ def validation_loss(r: Run) -> float:
     windows = r.data.val_windows(r.cfg.train.val_batches * r.env.world_size, r.cfg.seq_len)
     mine = windows[r.env.rank :: r.env.world_size].to(r.env.device)
     total = torch.zeros(2, device=r.env.device)
-    for row in mine.split(r.micro_batch):
+    for row in torch.split(mine, r.micro_batch):
         with r.env.autocast():
             logits = r.model(row[:, :-1]).logits
         total[0] += F.cross_entropy(logits.float().flatten(0, 1), row[:, 1:].flatten(), reduction="sum")
@@ -441,7 +444,7 @@ class Preemption:
         if install and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
 
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
 
     def close(self) -> None:
