@@ -14,15 +14,21 @@ import os
 import re
 import socket
 import sys
+from typing import TYPE_CHECKING, Any
 
 from qkwatch.monitor import dashboards
+
+if TYPE_CHECKING:  # for annotations only: the handlers import these when they run
+    from qkwatch.monitor.client import Client
+    from qkwatch.monitor.settings import Settings
+    from qkwatch.monitor.store.store import Store
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _serve(subparsers)
     _token(subparsers)
     _db(subparsers)
@@ -47,7 +53,7 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=os.environ.get("QKWATCH_TOKEN"), help="bearer token (default: $QKWATCH_TOKEN)")
 
 
-def _serve(sub: argparse._SubParsersAction) -> None:
+def _serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the collector (migrates the database first)")
     p.add_argument(
         "--host",
@@ -128,7 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked_settings(args: argparse.Namespace):
+def _checked_settings(args: argparse.Namespace) -> Settings:
     """The effective settings (flags over ``QKWATCH_*`` over defaults), validated with the rules file.
 
     Raises:
@@ -140,7 +146,7 @@ def _checked_settings(args: argparse.Namespace):
     from qkwatch.monitor.main import load_rules
     from qkwatch.monitor.settings import Settings
 
-    overrides: dict = {"open_access": True} if args.open else {}
+    overrides: dict[str, Any] = {"open_access": True} if args.open else {}
     if args.database_url:
         overrides["database_url"] = args.database_url
     if args.rules:
@@ -163,7 +169,7 @@ def _checked_settings(args: argparse.Namespace):
     return settings
 
 
-def _prepare_database(settings) -> None:
+def _prepare_database(settings: Settings) -> None:
     """Connect and migrate; StartupError (one line, no password) when the URL or the database is unusable."""
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
@@ -204,13 +210,13 @@ def _redact(url: str) -> str:
         return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 
-def _settings(args: argparse.Namespace):
+def _settings(args: argparse.Namespace) -> Settings:
     from qkwatch.monitor.settings import Settings
 
     return Settings(database_url=args.database_url) if args.database_url else Settings()
 
 
-def _store(args: argparse.Namespace):
+def _store(args: argparse.Namespace) -> Store:
     from qkwatch.monitor.store.engine import make_engine
     from qkwatch.monitor.store.migrate import upgrade
     from qkwatch.monitor.store.store import Store
@@ -221,7 +227,7 @@ def _store(args: argparse.Namespace):
     return Store(engine)
 
 
-def _token(sub: argparse._SubParsersAction) -> None:
+def _token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("token", help="mint, list or revoke API tokens")
     tsub = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
     c = tsub.add_parser("create", help="mint a token (printed once; only its hash is stored)")
@@ -282,7 +288,7 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _db(sub: argparse._SubParsersAction) -> None:
+def _db(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("db", help="database maintenance")
     dsub = p.add_subparsers(dest="db_command", metavar="ACTION", required=True)
     up = dsub.add_parser("upgrade", help="apply the migrations")
@@ -296,7 +302,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
-def _runs(sub: argparse._SubParsersAction) -> None:
+def _runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "runs",
         help="list, search, show or delete runs (through the collector's API)",
@@ -350,7 +356,7 @@ def _runs(sub: argparse._SubParsersAction) -> None:
     rm.set_defaults(handler=cmd_runs_delete)
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace) -> Client:
     from qkwatch.monitor.client import Client
 
     return Client(args.url, token=args.token)
@@ -429,7 +435,7 @@ def cmd_runs_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def _alerts(sub: argparse._SubParsersAction) -> None:
+def _alerts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "alerts",
         help="list alerts (through the collector's API)",
@@ -462,7 +468,7 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(sub: argparse._SubParsersAction) -> None:
+def _report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("report", help="write one self-contained HTML report of a run (opens with no network)")
     p.add_argument("run", help="run id or project/name")
     p.add_argument("--out", required=True, help="the HTML file to write")

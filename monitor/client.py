@@ -27,7 +27,7 @@ import os
 import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -54,6 +54,7 @@ from qkwatch.monitor.results import (
 from qkwatch.monitor.wire import Report
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+C = TypeVar("C", bound="Client")
 
 
 class CollectorError(Exception):
@@ -79,7 +80,7 @@ def _message(response: httpx.Response) -> str:
 # ---- the client ------------------------------------------------------------------------------------
 
 
-def _ref(run: str | Result | dict) -> str:
+def _ref(run: str | Result | dict[str, Any]) -> str:
     """A run argument -> the id or ``project/name`` it names."""
     return run["id"] if isinstance(run, (Result, dict)) else str(run)
 
@@ -118,7 +119,7 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self: C) -> C:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -142,11 +143,11 @@ class Client:
         return self._request(method, path, **kwargs).json()
 
     @staticmethod
-    def _path(run: str | Run | dict, suffix: str = "") -> str:
+    def _path(run: str | Run | dict[str, Any], suffix: str = "") -> str:
         """``/v1/runs/<run>``: ``project/name`` travels with its slash encoded (``%2F``)."""
         return f"/v1/runs/{quote(_ref(run), safe='')}{suffix}"
 
-    def _id(self, run: str | Run | dict) -> str:
+    def _id(self, run: str | Run | dict[str, Any]) -> str:
         """The run's id; ``project/name`` is looked up (the ingest and lambda routes take ids only)."""
         ref = _ref(run)
         return self.run(ref).id if "/" in ref else ref
@@ -251,36 +252,40 @@ class Client:
             out[key] = value
         return out
 
-    def run(self, run: str | Run | dict) -> Run:
+    def run(self, run: str | Run | dict[str, Any]) -> Run:
         return Run.of(self._json("GET", self._path(run)))
 
     def set_status(
-        self, run: str | Run | dict, status: str, reason: str | None = None, attempt: int | None = None
+        self, run: str | Run | dict[str, Any], status: str, reason: str | None = None, attempt: int | None = None
     ) -> Run:
         """Say how the run ended ("finished", "crashed"); ``reason`` is stored as ``status_reason``."""
         body = {"status": status, "reason": reason, "attempt": attempt}
         return Run.of(self._json("PATCH", self._path(run), json={k: v for k, v in body.items() if v is not None}))
 
-    def delete_run(self, run: str | Run | dict) -> None:
+    def delete_run(self, run: str | Run | dict[str, Any]) -> None:
         self._request("DELETE", self._path(run))
 
     def events(
-        self, run: str | Run | dict, kind: str | None = None, attempt: int | None = None, limit: int | None = None
+        self,
+        run: str | Run | dict[str, Any],
+        kind: str | None = None,
+        attempt: int | None = None,
+        limit: int | None = None,
     ) -> Page[Event]:
         return Page.of(
             self._json("GET", self._path(run, "/events"), params={"kind": kind, "attempt": attempt, "limit": limit}),
             Event,
         )
 
-    def metrics(self, run: str | Run | dict) -> RunMetrics:
+    def metrics(self, run: str | Run | dict[str, Any]) -> RunMetrics:
         """The metrics the run reported, each with its layers."""
         return RunMetrics.of(self._json("GET", self._path(run, "/metrics")))
 
     # ingest
     def send_reports(
         self,
-        run: str | Run | dict,
-        reports: Iterable[Report | dict],
+        run: str | Run | dict[str, Any],
+        reports: Iterable[Report | dict[str, Any]],
         batch_id: str | None = None,
         attempt: int | None = None,
     ) -> Ingested:
@@ -293,24 +298,26 @@ class Client:
         return Ingested.of(self._json("POST", self._path(self._id(run), "/reports"), json=body))
 
     # queries
-    def series(self, run: str | Run | dict, metric: str, layer: int = -1, **params: Any) -> Series:
+    def series(self, run: str | Run | dict[str, Any], metric: str, layer: int = -1, **params: Any) -> Series:
         """One layer's values over steps (``layer`` -1: a run-level scalar). params: head, start, end,
         max_points, attempt."""
         return Series.of(
             self._json("GET", self._path(run, "/series"), params={"metric": metric, "layer": layer, **params})
         )
 
-    def heatmap(self, run: str | Run | dict, metric: str = "qkai", **params: Any) -> Heatmap:
+    def heatmap(self, run: str | Run | dict[str, Any], metric: str = "qkai", **params: Any) -> Heatmap:
         """params: start, end, max_steps, agg ("max", "min", "mean"), head, attempt."""
         return Heatmap.of(self._json("GET", self._path(run, "/heatmap"), params={"metric": metric, **params}))
 
-    def compare(self, runs: Iterable[str | Run | dict], metric: str, layer: int = -1, **params: Any) -> Compare:
+    def compare(
+        self, runs: Iterable[str | Run | dict[str, Any]], metric: str, layer: int = -1, **params: Any
+    ) -> Compare:
         query = [("run", _ref(r)) for r in runs] + [("metric", metric), ("layer", layer), *params.items()]
         return Compare.of(self._json("GET", "/v1/compare", params=query))
 
     def history(
         self,
-        run: str | Run | dict,
+        run: str | Run | dict[str, Any],
         metrics: Iterable[str] | None = None,
         *,
         start: int | None = None,
@@ -337,16 +344,16 @@ class Client:
         body = self._json("GET", self._path(run, "/history"), params=params)
         if frame is None:
             try:
-                import pandas  # noqa: F401
+                import pandas  # type: ignore[import-untyped]  # noqa: F401  # pandas ships no type information
             except ImportError:
                 frame = False
             else:
                 frame = True
         return history_frame(body) if frame else history_columns(body)
 
-    def export(self, run: str | Run | dict, format: str = "csv", attempt: int | None = None) -> Iterator[str]:
+    def export(self, run: str | Run | dict[str, Any], format: str = "csv", attempt: int | None = None) -> Iterator[str]:
         """Stream the run's points as lines of CSV (with a header) or JSON."""
-        params = {"format": format, **({"attempt": attempt} if attempt else {})}
+        params: dict[str, str | int] = {"format": format, **({"attempt": attempt} if attempt else {})}
         with self._http.stream("GET", self._path(run, "/export"), params=params) as response:
             if response.status_code >= 400:
                 response.read()
@@ -355,15 +362,15 @@ class Client:
 
     # alerts and lambdas
     def alerts(
-        self, run: str | Run | dict | None = None, state: str | None = None, limit: int | None = None
+        self, run: str | Run | dict[str, Any] | None = None, state: str | None = None, limit: int | None = None
     ) -> Page[Alert]:
         params = {"run": _ref(run) if run is not None else None, "state": state, "limit": limit}
         return Page.of(self._json("GET", "/v1/alerts", params=params), Alert)
 
-    def lambdas(self, run: str | Run | dict) -> Lambdas:
+    def lambdas(self, run: str | Run | dict[str, Any]) -> Lambdas:
         return Lambdas.of(self._json("GET", self._path(self._id(run), "/lambdas")))
 
-    def set_overrides(self, run: str | Run | dict, overrides: dict[int | str, float | None]) -> Lambdas:
+    def set_overrides(self, run: str | Run | dict[str, Any], overrides: dict[int | str, float | None]) -> Lambdas:
         """Set per-layer overrides (None removes one); needs the control scope."""
         return Lambdas.of(
             self._json(
@@ -371,7 +378,7 @@ class Client:
             )
         )
 
-    def lambdas_audit(self, run: str | Run | dict) -> Page[AuditEntry]:
+    def lambdas_audit(self, run: str | Run | dict[str, Any]) -> Page[AuditEntry]:
         return Page.of(self._json("GET", self._path(self._id(run), "/lambdas/audit")), AuditEntry)
 
 

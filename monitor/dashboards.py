@@ -15,10 +15,13 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from grafana_client import GrafanaApi  # the grafana extra; imported at run time only by the push
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +87,7 @@ def load_dashboards(directory: Path) -> list[dict[str, Any]]:
 
 
 def push(
-    api, dashboards: Iterable[dict[str, Any]], sources: Iterable[dict[str, Any]] = (), force: bool = False
+    api: GrafanaApi, dashboards: Iterable[dict[str, Any]], sources: Iterable[dict[str, Any]] = (), force: bool = False
 ) -> list[tuple[str, str]]:
     """Write what differs; returns (object, "created" | "updated" | "unchanged") in the order pushed.
 
@@ -100,7 +103,7 @@ def push(
     return done
 
 
-def _get(call, *args) -> dict[str, Any] | None:
+def _get(call: Callable[..., dict[str, Any]], *args: str) -> dict[str, Any] | None:
     """A GET that answers None for 404."""
     from grafana_client.client import GrafanaClientError
 
@@ -112,7 +115,7 @@ def _get(call, *args) -> dict[str, Any] | None:
         raise
 
 
-def _push_folder(api) -> str:
+def _push_folder(api: GrafanaApi) -> str:
     current = _get(api.folder.get_folder, FOLDER_UID)
     if current is None:
         api.folder.create_folder(FOLDER_TITLE, uid=FOLDER_UID)
@@ -127,7 +130,7 @@ def _comparable(dashboard: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in dashboard.items() if k not in ("id", "version")}
 
 
-def _push_dashboard(api, dashboard: dict[str, Any], force: bool) -> str:
+def _push_dashboard(api: GrafanaApi, dashboard: dict[str, Any], force: bool) -> str:
     current = _get(api.dashboard.get_dashboard, dashboard["uid"])
     if (
         not force
@@ -161,7 +164,7 @@ def _same_datasource(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
     return True
 
 
-def _push_datasource(api, source: dict[str, Any], force: bool) -> str:
+def _push_datasource(api: GrafanaApi, source: dict[str, Any], force: bool) -> str:
     current = _get(api.datasource.get_datasource_by_uid, source["uid"])
     if current is None:
         api.datasource.create_datasource(source)
@@ -175,7 +178,7 @@ def _push_datasource(api, source: dict[str, Any], force: bool) -> str:
 # --- command line ----------------------------------------------------------------------------
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``qkwatch dashboards push``."""
     p = sub.add_parser("dashboards", help="Grafana dashboards and data sources")
     dsub = p.add_subparsers(dest="dashboards_command", metavar="ACTION", required=True)

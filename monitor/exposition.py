@@ -19,10 +19,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from qkwatch.monitor.settings import Settings
+from qkwatch.monitor.store.models import RunRow
 from qkwatch.monitor.store.store import Store
 from qkwatch.monitor.thresholds import as_text
 
@@ -84,10 +85,10 @@ class RunCollector(Collector):
         self.settings = settings
         self.projects = projects
 
-    def describe(self) -> list:
+    def describe(self) -> list[Metric]:
         return []  # values are only known at scrape time; skip the registration-time collect()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         try:
             names = [*LAYER_GAUGES, *SCALAR_GAUGES, *SCALAR_COUNTERS]
             runs, rows = self.store.latest_snapshot(
@@ -104,7 +105,7 @@ class RunCollector(Collector):
             metric: GaugeMetricFamily(name, doc, labels=["project", "run", "layer"])
             for metric, (name, doc) in LAYER_GAUGES.items()
         }
-        scalars = {
+        scalars: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             metric: GaugeMetricFamily(name, doc, labels=_scalar_labels(metric))
             for metric, (name, doc) in SCALAR_GAUGES.items()
         }
@@ -131,7 +132,7 @@ class RunCollector(Collector):
         yield from scalars.values()
         yield from self._run_gauges(runs, collapsed)
 
-    def _run_gauges(self, runs: list, collapsed: dict) -> Iterator[GaugeMetricFamily]:
+    def _run_gauges(self, runs: list[RunRow], collapsed: dict[tuple[str, str], list[int]]) -> Iterator[Metric]:
         threshold = as_text(self.settings.collapse_threshold)
         n = GaugeMetricFamily(
             "qkwatch_collapsed_layers", f"Layers whose latest qkai exceeds {threshold}.", labels=["project", "run"]
@@ -230,6 +231,6 @@ class Scrape:
         self.registry = registry
         self.runs = RunCollector(store, settings, projects)
 
-    def collect(self) -> Iterator:
+    def collect(self) -> Iterator[Metric]:
         yield from self.runs.collect()
         yield from self.registry.collect()

@@ -18,11 +18,14 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from qkwatch.monitor.client import Client, CollectorError
 from qkwatch.monitor.report_figures import (
+    Figure,
+    Json,
     RunData,
     colour_scale,
     finite,
@@ -79,16 +82,16 @@ def endpoint(url: str | None = None, token: str | None = None) -> tuple[str, str
     return url, token
 
 
-def resolve_run(client: Client, ref: str) -> dict:
-    """The run ``ref`` names: a run id, or ``project/name``."""
+def resolve_run(client: Client, ref: str) -> Json:
+    """The run ``ref`` names (a run id, or ``project/name``), as the collector sent it."""
     if "/" in ref:
         project, name = ref.split("/", 1)
-        found = client.runs(project=project, name=name, limit=1)["data"]
+        found = client.runs(project=project, name=name, limit=1).data
         if found:
-            return found[0]
+            return found[0].raw
     else:
         try:
-            return client.run(ref)
+            return client.run(ref).raw
         except CollectorError as exc:
             if exc.status != 404:
                 raise
@@ -97,16 +100,17 @@ def resolve_run(client: Client, ref: str) -> dict:
     )
 
 
-def fetch_run(client: Client, run: dict) -> RunData:
+def fetch_run(client: Client, run: Json) -> RunData:
     rid = run["id"]
     # The collector answers 404 for a metric the run never reported (a vanilla run has no lambda),
     # so ask only for those it has; the others are drawn empty.
     have = client.metrics(rid).metrics
     heatmaps = {
-        m: client.heatmap(rid, m, max_steps=MAX_STEPS) if m in have else _empty_heatmap(m) for m in BAND_METRICS
+        m: client.heatmap(rid, m, max_steps=MAX_STEPS).raw if m in have else _empty_heatmap(m) for m in BAND_METRICS
     }
     loss, val_loss = (
-        client.series(rid, m, max_points=MAX_POINTS) if m in have else _empty_series(m) for m in ("loss", "val_loss")
+        client.series(rid, m, max_points=MAX_POINTS).raw if m in have else _empty_series(m)
+        for m in ("loss", "val_loss")
     )
     return RunData(
         run=run,
@@ -115,12 +119,12 @@ def fetch_run(client: Client, run: dict) -> RunData:
         loss=loss,
         val_loss=val_loss,
         alerts=client.alerts(run=rid)["data"],
-        lambdas=client.lambdas(rid),
+        lambdas=client.lambdas(rid).raw,
         audit=client.lambdas_audit(rid)["data"],
     )
 
 
-def _empty_heatmap(metric: str) -> dict:
+def _empty_heatmap(metric: str) -> Json:
     return {
         "metric": metric,
         "agg": "max",
@@ -132,7 +136,7 @@ def _empty_heatmap(metric: str) -> dict:
     }
 
 
-def _empty_series(metric: str) -> dict:
+def _empty_series(metric: str) -> Json:
     return {
         "metric": metric,
         "layer": -1,
@@ -146,16 +150,16 @@ def _empty_series(metric: str) -> dict:
     }
 
 
-def latest_values(client: Client, run_id: str, h: dict) -> dict[int, tuple[float, int]]:
+def latest_values(client: Client, run_id: str, h: Json) -> dict[int, tuple[float, int]]:
     """Each layer's last finite value; a downsampled heatmap's last bucket is its max, so it is re-read unbucketed."""
     values = _last_values(h)
     if h["downsampled"] and h["steps"]:
-        values.update(_last_values(client.heatmap(run_id, h["metric"], start=h["steps"][-1], max_steps=20_000)))
+        values.update(_last_values(client.heatmap(run_id, h["metric"], start=h["steps"][-1], max_steps=20_000).raw))
     return values
 
 
-def _last_values(h: dict) -> dict[int, tuple[float, int]]:
-    out = {}
+def _last_values(h: Json) -> dict[int, tuple[float, int]]:
+    out: dict[int, tuple[float, int]] = {}
     for j, layer in enumerate(h["layers"]):
         for step, row in zip(reversed(h["steps"]), reversed(h["values"]), strict=True):
             v = finite(row[j])
@@ -269,10 +273,10 @@ NAV = (
 )
 
 
-def plot(figure: dict, div_id: str, height: int = 380) -> str:
+def plot(figure: Figure, div_id: str, height: int = 380) -> str:
     import plotly.io as pio
 
-    return pio.to_html(
+    html_div: str = pio.to_html(
         figure,
         include_plotlyjs=False,
         full_html=False,
@@ -281,10 +285,11 @@ def plot(figure: dict, div_id: str, height: int = 380) -> str:
         default_height=f"{height}px",
         div_id=div_id,
     )
+    return html_div
 
 
 def summary_section(runs: list[RunData], threshold: float) -> str:
-    rows = [
+    rows: list[tuple[str, Callable[[RunData], str]]] = [
         ("run id", lambda d: f"<code>{html.escape(d.run['id'])}</code>"),
         ("status", _status_cell),
         ("attempt", lambda d: str(d.run["latest_attempt"])),
@@ -478,7 +483,7 @@ def _alerts_cell(d: RunData) -> str:
     return "; ".join(parts)
 
 
-def _last(series: dict) -> str:
+def _last(series: Json) -> str:
     for step, v in zip(reversed(series["steps"]), reversed(series["values"]), strict=True):
         if finite(v) is not None:
             return f"{finite(v):.4f} (step {step})"

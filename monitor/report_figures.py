@@ -37,19 +37,25 @@ LAYER_COLORS = (
 STATUS_COLORS = {"running": "#1b7f3b", "crashed": "#b00020", "finished": "#666"}
 
 
+Json = dict[str, Any]
+"""A JSON object as the collector sent it: wire values ("nan" strings), times in epoch seconds."""
+Figure = dict[str, Any]
+"""A plotly figure (or part of one) as a dict."""
+
+
 @dataclass
 class RunData:
     """Everything the report shows of one run, as the API returned it (wire values)."""
 
-    run: dict
-    heatmaps: dict[str, dict]
+    run: Json
+    heatmaps: dict[str, Json]
     latest: dict[int, tuple[float, int]]
     """Each layer's last finite QKAI and its step."""
-    loss: dict
-    val_loss: dict
-    alerts: list[dict]
-    lambdas: dict
-    audit: list[dict]
+    loss: Json
+    val_loss: Json
+    alerts: list[Json]
+    lambdas: Json
+    audit: list[Json]
 
     @property
     def label(self) -> str:
@@ -65,7 +71,7 @@ def finite(value: Any) -> float | None:
 # ---- colour scales ------------------------------------------------------------------------------
 
 
-def colour_scale(metric: str, heatmaps: list[dict], threshold: float) -> dict:
+def colour_scale(metric: str, heatmaps: list[Json], threshold: float) -> Figure:
     """One scale for a metric across runs: [0, 1] for unit metrics, else the data's extent."""
     lo, hi = (0.0, 1.0) if metric in UNIT_RANGE else _extent(heatmaps)
     if metric == "lambda":
@@ -75,7 +81,7 @@ def colour_scale(metric: str, heatmaps: list[dict], threshold: float) -> dict:
     return {"zmin": lo, "zmax": hi, "colorscale": "Viridis", "colorbar": {}}
 
 
-def threshold_scale(lo: float, hi: float, t: float) -> dict:
+def threshold_scale(lo: float, hi: float, t: float) -> Figure:
     """The live page's scale: a sharp break at ``t`` (two stops at one position), ``t`` labelled on the bar."""
     f = (t - lo) / (hi - lo)
     scale = _ramp(COOL, 0.0, f) + _ramp(HOT, f, 1.0)
@@ -90,12 +96,12 @@ def threshold_scale(lo: float, hi: float, t: float) -> dict:
     }
 
 
-def _ramp(colors: tuple[str, ...], a: float, b: float) -> list[list]:
+def _ramp(colors: tuple[str, ...], a: float, b: float) -> list[list[float | str]]:
     n = len(colors) - 1
     return [[a + (b - a) * i / n, c] for i, c in enumerate(colors)]
 
 
-def _extent(heatmaps: list[dict]) -> tuple[float, float]:
+def _extent(heatmaps: list[Json]) -> tuple[float, float]:
     values = [v for h in heatmaps for row in h["values"] for v in map(finite, row) if v is not None]
     if not values:
         return 0.0, 1.0
@@ -128,8 +134,8 @@ def layer_range(runs: list[RunData]) -> list[float]:
 
 
 def heatmap_figure(
-    data: RunData, metric: str, scale: dict, axes: tuple[list[float] | None, list[float]], threshold: float
-) -> dict:
+    data: RunData, metric: str, scale: Figure, axes: tuple[list[float] | None, list[float]], threshold: float
+) -> Figure:
     h = data.heatmaps[metric]
     x_range, y_range = axes
     z = [[finite(row[j]) for row in h["values"]] for j in range(len(h["layers"]))]  # (layers, steps)
@@ -180,7 +186,7 @@ def layers_above(data: RunData, threshold: float) -> list[int]:
     return sorted(layer for layer, (v, _) in data.latest.items() if v > threshold)
 
 
-def layer_curves_figure(data: RunData, threshold: float, x_range: list[float] | None) -> dict:
+def layer_curves_figure(data: RunData, threshold: float, x_range: list[float] | None) -> Figure:
     """QKAI of each layer over steps; the layers above the threshold at the end drawn heavier."""
     h = data.heatmaps["qkai"]
     above = set(layers_above(data, threshold))
@@ -214,7 +220,7 @@ def layer_curves_figure(data: RunData, threshold: float, x_range: list[float] | 
     return {"data": traces, "layout": layout}
 
 
-def latest_figure(runs: list[RunData], threshold: float) -> dict:
+def latest_figure(runs: list[RunData], threshold: float) -> Figure:
     """Each run's latest QKAI per layer, one line per run, the region above the threshold shaded."""
     traces = []
     for i, data in enumerate(runs):
@@ -242,7 +248,7 @@ def latest_figure(runs: list[RunData], threshold: float) -> dict:
     return {"data": traces, "layout": layout}
 
 
-def loss_figure(runs: list[RunData]) -> dict:
+def loss_figure(runs: list[RunData]) -> Figure:
     """Train loss solid, validation loss dashed with markers, in each run's colour (one legend entry per run)."""
     traces = []
     for i, data in enumerate(runs):
@@ -277,7 +283,7 @@ def loss_figure(runs: list[RunData]) -> dict:
     return {"data": traces, "layout": layout}
 
 
-def lambdas_figure(data: RunData) -> dict:
+def lambdas_figure(data: RunData) -> Figure:
     """The lambdas the collector serves now, one bar per layer (overrides orange), the flag floor dashed."""
     lam = data.lambdas
     values, overrides = lam["lambdas"], lam["overrides"]
@@ -331,7 +337,7 @@ def lambdas_figure(data: RunData) -> dict:
     return {"data": [trace], "layout": layout}
 
 
-def _threshold_marks(t: float) -> dict:
+def _threshold_marks(t: float) -> Figure:
     return {
         "shapes": [
             {
@@ -370,7 +376,7 @@ def _threshold_marks(t: float) -> dict:
     }
 
 
-def _note(text: str) -> dict:
+def _note(text: str) -> Figure:
     return {
         "xref": "paper",
         "yref": "paper",

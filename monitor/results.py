@@ -16,12 +16,14 @@ import base64
 import math
 import sys
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
 from qkwatch.monitor.wire import decode_value
+
+R = TypeVar("R", bound="Result")
 
 
 def _time(seconds: float | None) -> datetime | None:
@@ -34,7 +36,7 @@ def _time(seconds: float | None) -> datetime | None:
         return None
 
 
-def _floats(values: Iterable) -> list[float | None]:
+def _floats(values: Iterable[Any]) -> list[float | None]:
     return [decode_value(v) for v in values]
 
 
@@ -43,7 +45,7 @@ class Result:
     """Base of the typed results: attributes are typed; ``result["key"]`` is the JSON as sent
     (``dict(result)`` too)."""
 
-    raw: dict = field(repr=False, compare=False)
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     def __getitem__(self, key: str) -> Any:
         return self.raw[key]
@@ -66,7 +68,7 @@ class Result:
         return self.raw.keys()
 
     @classmethod
-    def of(cls, raw: dict) -> Any:
+    def of(cls: type[R], raw: dict[str, Any]) -> R:
         """The typed result of a JSON answer: fields named as in the answer, times and values decoded."""
         names = {f.name for f in fields(cls)} - {"raw"}
         return cls(raw=raw, **{k: cls._decode(k, v) for k, v in raw.items() if k in names})
@@ -93,7 +95,7 @@ class Run(Result):
     attempt: int
     """From ``create_run``: the attempt to report under; otherwise the latest attempt."""
     latest_attempt: int
-    config: dict
+    config: dict[str, Any]
     created_at: datetime
     updated_at: datetime
     last_report_at: datetime | None
@@ -133,7 +135,7 @@ class Event(Result):
     step: int
     kind: str
     message: str
-    data: dict
+    data: dict[str, Any]
     time: datetime | None
     """The trainer's time of the report that carried it."""
 
@@ -257,7 +259,7 @@ class Page(Generic[T]):
 
     data: list[T]
     count: int
-    raw: dict = field(repr=False, compare=False)
+    raw: dict[str, Any] = field(repr=False, compare=False)
 
     def __iter__(self) -> Iterator[T]:
         return iter(self.data)
@@ -273,7 +275,7 @@ class Page(Generic[T]):
     __hash__ = None  # type: ignore[assignment]
 
     @classmethod
-    def of(cls, raw: dict, item: type[T]) -> Page[T]:
+    def of(cls, raw: dict[str, Any], item: type[T]) -> Page[T]:
         return cls(data=[item.of(d) for d in raw["data"]], count=raw["count"], raw=raw)
 
 
@@ -286,12 +288,12 @@ class HistoryGrid:
 
     steps: list[int]
     layers: list[int]
-    values: array
+    values: array[float]
     measured: bytes | None
     """One byte per value, 1 = measured; None when all were."""
 
     @classmethod
-    def of(cls, g: dict) -> HistoryGrid:
+    def of(cls, g: dict[str, Any]) -> HistoryGrid:
         if g.get("values_f64") is not None:  # encoding=f64
             values = array("d")
             values.frombytes(base64.b64decode(g["values_f64"]))
@@ -301,11 +303,14 @@ class HistoryGrid:
         flat = [v for row in g["values"] for v in row]
         measured = bytes(v is not None for v in flat) if None in flat else None
         return cls(
-            g["steps"], g["layers"], array("d", (math.nan if v is None else decode_value(v) for v in flat)), measured
+            g["steps"],
+            g["layers"],
+            array("d", (math.nan if v is None else v for v in map(decode_value, flat))),
+            measured,
         )
 
 
-def _grids(body: dict) -> tuple[dict[str, HistoryGrid], list[int], list[int]]:
+def _grids(body: dict[str, Any]) -> tuple[dict[str, HistoryGrid], list[int], list[int]]:
     """The metrics of a history answer, and the steps and layers of them all."""
     grids = {name: HistoryGrid.of(g) for name, g in body["metrics"].items()}
     steps = sorted(set().union(*(g.steps for g in grids.values())))
@@ -313,9 +318,9 @@ def _grids(body: dict) -> tuple[dict[str, HistoryGrid], list[int], list[int]]:
     return grids, steps, layers
 
 
-def _on(grid: HistoryGrid, steps: list[int], layers: list[int]) -> list[float | None]:
+def _on(grid: HistoryGrid, steps: list[int], layers: list[int]) -> Sequence[float | None]:
     """A metric's values laid out on the (steps x layers) of all metrics, step-major; None: not measured."""
-    flat = grid.values.tolist()
+    flat: Sequence[float | None] = grid.values.tolist()
     if grid.measured is not None:
         flat = [v if m else None for v, m in zip(flat, grid.measured, strict=True)]
     if grid.steps == steps and grid.layers == layers:
@@ -330,7 +335,7 @@ def _on(grid: HistoryGrid, steps: list[int], layers: list[int]) -> list[float | 
     return out
 
 
-def history_columns(body: dict) -> dict[str, list]:
+def history_columns(body: dict[str, Any]) -> dict[str, list[int] | list[float | None]]:
     """A history answer (either encoding) as plain columns: ``step``, ``layer`` and one per metric, a row
     per (step, layer) that any metric measured, ordered by step and layer; None where not measured."""
     grids, steps, layers = _grids(body)
@@ -338,15 +343,18 @@ def history_columns(body: dict) -> dict[str, list]:
     cells = zip(*flats.values(), strict=True)
     keep = [i for i, cell in enumerate(cells) if any(v is not None for v in cell)] if flats else []
     n = len(layers)
-    out: dict[str, list] = {"step": [steps[i // n] for i in keep], "layer": [layers[i % n] for i in keep]}
+    out: dict[str, list[int] | list[float | None]] = {
+        "step": [steps[i // n] for i in keep],
+        "layer": [layers[i % n] for i in keep],
+    }
     for name, flat in flats.items():
         out[name] = [flat[i] for i in keep]
     return out
 
 
-def history_frame(body: dict) -> Any:
+def history_frame(body: dict[str, Any]) -> Any:
     """A history answer (either encoding) as a pandas DataFrame (see :meth:`Client.history`)."""
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type information
 
     grids, steps, layers = _grids(body)
     if not grids:

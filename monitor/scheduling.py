@@ -67,6 +67,7 @@ class ScheduleConfig:
             value = getattr(self, f.name)
             if not _number(value):
                 raise ValueError(f"schedule.{f.name} must be a finite number, got {_show(value)}")
+        assert self.lambda_max is not None  # resolved above; the loop refuses a None
         if self.beta <= 0:
             raise ValueError(f"schedule.beta must be > 0, got {self.beta!r}")
         if not 0 <= self.ema < 1:
@@ -193,5 +194,6 @@ def check_override(layer: int, value: float, cfg: ScheduleConfig, n_layers: int 
         raise ValueError(f"layer {layer} is negative")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"override for layer {layer} must be a finite number, got {value!r}")
+    assert cfg.lambda_max is not None  # __post_init__ resolves it
     if not 0 <= value <= cfg.lambda_max:
         raise ValueError(f"override for layer {layer} must be in [0, lambda_max={cfg.lambda_max}], got {value!r}")

@@ -62,8 +62,8 @@ MAX_EVENT_DATA_BYTES = 64 * 1024
 """Largest ``data`` of one event, as compact JSON."""
 
 
-def decode_value(value: float | str | None) -> float | None:
-    """Wire value -> float (non-finite allowed) or None ("not measured")."""
+def decode_value(value: float | int | str | None) -> float | None:
+    """Wire value (a JSON number may arrive as an int) -> float (non-finite allowed) or None ("not measured")."""
     if value is None or isinstance(value, float):
         return value
     if isinstance(value, str):

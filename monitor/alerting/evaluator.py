@@ -121,6 +121,7 @@ def end_of_run(ledger: AlertLedger, step: int | None, status: str) -> int:
 
 def _record(ledger: AlertLedger, t: Transition, alert_ids: dict[StateKey, int | None]) -> int:
     """Record one transition through the ledger; returns the notifications queued (0 or 1)."""
+    alert_id: int | None
     if t.kind == "firing":
         alert_id = alert_ids[t.state_key] = ledger.open_alert(t)
     else:

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -59,7 +59,7 @@ def alert_labels(alert: AlertRow) -> dict[str, str]:
     }
 
 
-def alertmanager_payload(n: PendingNotification, external_url: str, receiver: str = "qkwatch") -> dict:
+def alertmanager_payload(n: PendingNotification, external_url: str, receiver: str = "qkwatch") -> dict[str, Any]:
     """The body Alertmanager posts to a webhook receiver (version 4), for one alert."""
     a = n.alert
     labels = alert_labels(a)

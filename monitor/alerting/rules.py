@@ -119,7 +119,7 @@ class RuleSet:
     webhooks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        names = [r.name for r in (*self.thresholds, *self.bands)]
+        names = [r.name for r in self.thresholds] + [b.name for b in self.bands]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"rule name {dupes[0]!r} is used twice")
@@ -272,7 +272,9 @@ def _threshold(rule: ThresholdRule, state: dict[tuple[str, int], LayerState], re
             continue
         st.attempt, st.step = report.attempt, report.step
         if rule.holds(value):
-            st.streak, st.since_step = st.streak + 1, st.since_step if st.streak else report.step
+            if not st.streak or st.since_step is None:  # the streak starts at this report
+                st.since_step = report.step
+            st.streak += 1
             if st.streak >= rule.for_reports and not st.firing:
                 st.firing = True
                 out.append(

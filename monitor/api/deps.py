@@ -12,6 +12,7 @@ import hmac
 import math
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -88,11 +89,13 @@ class RateLimiter:
 # The dependencies are ``async def`` on purpose: FastAPI runs a sync dependency in the thread
 # pool, and each such hop costs more than these functions do (GET /lambdas must answer in ms).
 async def get_store(request: Request) -> Store:
-    return request.app.state.store
+    store: Store = request.app.state.store
+    return store
 
 
 async def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 StoreDep = Annotated[Store, Depends(get_store)]
@@ -144,7 +147,7 @@ async def metrics_viewer(request: Request) -> Principal | None:
     return await require("read")(await authenticate(request))
 
 
-def require(scope: str):
+def require(scope: str) -> Callable[[Principal], Awaitable[Principal]]:
     """Dependency: an authenticated principal holding ``scope``."""
 
     async def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:

@@ -24,6 +24,7 @@ def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
     lowers it, and this clips again, so that no path can hand the trainer a value it must refuse.
     """
     cfg = run.config.schedule
+    assert cfg.lambda_max is not None  # ScheduleConfig.__post_init__ resolves it
     n = state.n_layers or 0
     h = [state.h.get(layer) for layer in range(n)]
     overrides = {layer: min(value, cfg.lambda_max) for layer, value in sorted(state.overrides.items())}

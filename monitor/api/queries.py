@@ -16,8 +16,8 @@ import json
 import math
 import sys
 from array import array
-from collections.abc import Iterator
-from typing import Annotated, Literal
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -27,7 +27,7 @@ from qkwatch.monitor.api.disposition import attachment
 from qkwatch.monitor.api.run_ref import RunRef, RunRefRoute
 from qkwatch.monitor.api.runs import check_attempt
 from qkwatch.monitor.api.schemas import ComparePublic, HeatmapPublic, HistoryPublic, SeriesPublic
-from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR, RunRow, Series
+from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR, ExportRow, RunRow, Series
 from qkwatch.monitor.store.store import Invalid, Store
 from qkwatch.monitor.wire import encode_value
 
@@ -42,21 +42,21 @@ Step = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
 Attempt = Annotated[int | None, Query(ge=1, le=MAX_INDEX, description="Only this attempt; default: the merged view")]
 
 
-def _enc(values: list) -> list:
+def _enc(values: Sequence[float | None]) -> list[float | str | None]:
     return [encode_value(v) for v in values]
 
 
-def _enc_row(row: list) -> list:
+def _enc_row(row: Sequence[float | None]) -> Sequence[float | str | None]:
     """A row of values as wire values; a row of finite numbers (the usual one) is returned as it is."""
     try:
-        if all(map(math.isfinite, row)):
+        if all(map(math.isfinite, row)):  # type: ignore[arg-type]  # a None raises TypeError, caught below
             return row
     except TypeError:  # a None (not measured) in the row
         pass
     return [encode_value(v) for v in row]
 
 
-def _f64(values: bytes, measured: bytes | None) -> dict:
+def _f64(values: bytes, measured: bytes | None) -> dict[str, str | None]:
     """Native doubles and their measured bytes -> ``values_f64`` and ``measured`` (see :func:`history`)."""
     if sys.byteorder == "big":
         swapped = array("d")
@@ -69,7 +69,7 @@ def _f64(values: bytes, measured: bytes | None) -> dict:
     }
 
 
-def _series_body(s: Series) -> dict:
+def _series_body(s: Series) -> dict[str, Any]:
     return {"steps": s.steps, "values": _enc(s.values), "min": _enc(s.mins), "max": _enc(s.maxs)}
 
 
@@ -255,6 +255,7 @@ def history(
             + (f"; it has {', '.join(sorted(have))}" if have else "; it has reported none yet"),
         )
     window = {"start": start, "end": end, "attempt": attempt, "max_points": MAX_HISTORY_VALUES}
+    body: dict[str, dict[str, Any]]
     try:
         if encoding == "f64":
             body = {
@@ -321,7 +322,7 @@ def export(
     return StreamingResponse(body, media_type=media, headers={"Content-Disposition": disposition})
 
 
-def _csv(rows: Iterator[tuple]) -> Iterator[str]:
+def _csv(rows: Iterator[ExportRow]) -> Iterator[str]:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(COLUMNS)
@@ -334,7 +335,7 @@ def _csv(rows: Iterator[tuple]) -> Iterator[str]:
     yield buf.getvalue()
 
 
-def _jsonl(rows: Iterator[tuple]) -> Iterator[str]:
+def _jsonl(rows: Iterator[ExportRow]) -> Iterator[str]:
     chunk = []
     for r in rows:
         chunk.append(json.dumps(dict(zip(COLUMNS, (*r[:5], encode_value(r[5])), strict=True))))

@@ -9,7 +9,7 @@ same shape as FastAPI's validation errors.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
@@ -23,9 +23,11 @@ class _Bare:
         self.token = token
 
 
-def _find(value: Any, path: tuple, hit) -> tuple | None:
+def _find(value: Any, path: tuple[str | int, ...], hit: Callable[[Any], bool]) -> tuple[Any, ...] | None:
+    """``(*path, key, ..., value)`` of the first value (depth first) for which ``hit`` holds; None: none does."""
     if hit(value):
         return (*path, value)
+    items: Iterable[tuple[str | int, Any]]
     if isinstance(value, dict):
         items = value.items()
     elif isinstance(value, list):
@@ -77,7 +79,9 @@ def _parse(body: bytes) -> Any:
                 ],
             )
     if seen:
-        *path, bare = _find(data, ("body",), lambda v: isinstance(v, _Bare))
+        found = _find(data, ("body",), lambda v: isinstance(v, _Bare))
+        assert found is not None  # each constant parse_constant saw is a _Bare somewhere in data
+        *path, bare = found
         spelled = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}[bare.token]
         raise HTTPException(
             422,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -60,7 +61,7 @@ class AlertRows:
         )
 
     def open_alert(self, t: Transition) -> int:
-        return self.conn.execute(
+        alert_id: int = self.conn.execute(
             sa.insert(m.alerts)
             .values(
                 run_pk=self.run_pk,
@@ -75,6 +76,7 @@ class AlertRows:
             )
             .returning(m.alerts.c.id)
         ).scalar_one()
+        return alert_id
 
     def update_alert(self, alert_id: int, t: Transition) -> None:
         self._update(alert_id, layers=json.dumps(list(t.layers)), summary=t.summary)
@@ -105,7 +107,7 @@ class AlertRows:
         self.conn.execute(sa.update(m.alerts).where(m.alerts.c.id == alert_id).values(**values))
 
 
-def alert_row(r: sa.Row) -> AlertRow:
+def alert_row(r: sa.Row[Any]) -> AlertRow:
     return AlertRow(
         id=r.id,
         run_id=r.run_id,

@@ -9,10 +9,13 @@ front rather than failing to upgrade a read lock half-way through (SQLITE_BUSY w
 
 from __future__ import annotations
 
+import sqlite3
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
 
 
 def make_engine(url: str, *, busy_timeout_ms: int = 10_000) -> Engine:
@@ -34,13 +37,13 @@ def is_postgres(engine: Engine | sa.Connection) -> bool:
 
 def _sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> Engine:
     memory = url.database in (None, "", ":memory:")
-    kwargs: dict = {"connect_args": {"timeout": busy_timeout_ms / 1000, "check_same_thread": False}}
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": busy_timeout_ms / 1000, "check_same_thread": False}}
     if memory:  # one shared in-memory database for all threads
         kwargs["poolclass"] = StaticPool
     engine = sa.create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")
-    def _configure(dbapi_connection, _record) -> None:
+    def _configure(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         dbapi_connection.isolation_level = None  # we emit BEGIN ourselves (see _begin)
         cursor = dbapi_connection.cursor()
         if not memory:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -10,7 +11,7 @@ from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store import sql
 from qkwatch.monitor.wire import clip_depth
 
-EventIn = tuple[int, str, str, dict, float]
+EventIn = tuple[int, str, str, dict[str, Any], float]
 """(step, kind, message, data, time) of an event to store."""
 
 

@@ -29,20 +29,22 @@ def pack(metric: str, step: int, values: Sequence[float | None]) -> FrameRow | N
 
 
 @dataclass(frozen=True)
-class _Step:
+class MergedStep:
+    """One step's layer values, its frames merged (:func:`merge_steps`); None: not measured."""
+
     step: int
-    values: list[float | None]
+    values: Sequence[float | None]
     clean: bool
     """Every layer present and finite-or-inf (no NaN): eligible for the C-level reduction."""
 
 
-def merge_steps(rows: Iterable[tuple[int, bytes, bytes | None, bool]]) -> list[_Step]:
+def merge_steps(rows: Iterable[tuple[int, bytes, bytes | None, bool]]) -> list[MergedStep]:
     """Rows (step, vals, present, has_nan) ordered by (step, attempt) -> one value list per step.
 
     Within a step, a later row overwrites the layers it carries: the latest attempt wins, and
     frames of one attempt carrying different layers (ranks) combine.
     """
-    out: list[_Step] = []
+    out: list[MergedStep] = []
     for step, vals, present, has_nan in rows:
         a = array("d")
         a.frombytes(vals)
@@ -52,15 +54,17 @@ def merge_steps(rows: Iterable[tuple[int, bytes, bytes | None, bool]]) -> list[_
             for i, v in enumerate(a):
                 if present is None or present[i]:
                     cur[i] = v
-            out[-1] = _Step(step, cur, False)
+            out[-1] = MergedStep(step, cur, False)
         elif present is None:
-            out.append(_Step(step, a.tolist(), not has_nan))
+            out.append(MergedStep(step, a.tolist(), not has_nan))
         else:
-            out.append(_Step(step, [v if p else None for v, p in zip(a, present, strict=True)], False))
+            out.append(MergedStep(step, [v if p else None for v, p in zip(a, present, strict=True)], False))
     return out
 
 
-def heatmap(steps: list[_Step], max_steps: int, agg: str) -> tuple[list[int], list[int], list[list], bool]:
+def heatmap(
+    steps: list[MergedStep], max_steps: int, agg: str
+) -> tuple[list[int], list[int], list[list[float | None]], bool]:
     """Bucket ``steps`` to at most ``max_steps`` columns; returns (steps, layers, values, downsampled).
 
     A bucket's step is its first step; its value per layer is the ``agg`` ("max", "min", "mean")
@@ -71,7 +75,7 @@ def heatmap(steps: list[_Step], max_steps: int, agg: str) -> tuple[list[int], li
     lo, hi = steps[0].step, steps[-1].step
     width = max(1, -(-(hi - lo + 1) // max_steps))
     n = max(len(s.values) for s in steps)
-    buckets: list[list[_Step]] = []
+    buckets: list[list[MergedStep]] = []
     last = None
     for s in steps:
         b = (s.step - lo) // width
@@ -86,7 +90,7 @@ def heatmap(steps: list[_Step], max_steps: int, agg: str) -> tuple[list[int], li
     return [g[0].step for g in buckets], layers, rows, width > 1
 
 
-def _reduce(group: list[_Step], n: int, agg: str) -> list[float | None]:
+def _reduce(group: list[MergedStep], n: int, agg: str) -> list[float | None]:
     vectors = [s.values for s in group]
     if all(s.clean and len(s.values) == n for s in group):
         if len(vectors) == 1:

@@ -11,6 +11,7 @@ import math
 from array import array
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import TypeGuard
 
 import sqlalchemy as sa
 
@@ -21,6 +22,10 @@ from qkwatch.monitor.store.metric_names import MetricNames
 
 Doubles = tuple[list[int], list[int], bytes, bytes | None]
 """(steps, layers, float64 values step-major with NaN where not measured, measured bytes or None)."""
+FrameRead = sa.Row[int, int, bytes, bytes | None, bool]
+"""A frame row as :func:`_rows` reads it: (metric id, step, vals, present, has_nan)."""
+Scalar = tuple[int, float]
+"""A run-level scalar point: (step, value)."""
 
 
 def grids(
@@ -59,7 +64,7 @@ def doubles(
     A metric stored as one full frame per step (one attempt, every layer reported at once: the
     usual run) is its frames' bytes as stored, with no value handled one by one.
     """
-    out = {}
+    out: dict[str, Doubles] = {}
     for name, (fr, sc) in _rows(conn, names, run, metrics, start, end, attempt, max_points).items():
         if not sc and _one_full_frame_per_step(fr):
             out[name] = ([r[1] for r in fr], list(range(len(fr[0][2]) // 8)), b"".join(r[2] for r in fr), None)
@@ -77,7 +82,7 @@ def _rows(
     end: int | None,
     attempt: int | None,
     max_points: int | None,
-) -> dict[str, tuple[list, list]]:
+) -> dict[str, tuple[list[FrameRead], list[Scalar]]]:
     """Per metric with values: its frame rows (metric id, step, vals, present, has_nan) in (step, attempt)
     order, and its scalar points (step, value) in the merged view (or of ``attempt``)."""
     f, p = m.frames, m.points
@@ -108,15 +113,15 @@ def _rows(
     scalar_rows = conn.execute(
         sa.select(p.c.metric_id, p.c.step, p.c.value).where(*pw).order_by(p.c.metric_id, p.c.step)
     ).all()
-    by_metric: dict[int, tuple[list, list]] = {i: ([], []) for i in ids}
+    by_metric: dict[int, tuple[list[FrameRead], list[Scalar]]] = {i: ([], []) for i in ids}
     for row in frame_rows:
         by_metric[row[0]][0].append(row)
-    for row in scalar_rows:
-        by_metric[row.metric_id][1].append((row.step, sql.from_db(row.value)))
+    for point in scalar_rows:
+        by_metric[point.metric_id][1].append((point.step, sql.from_db(point.value)))
     return {ids[i]: (fr, sc) for i, (fr, sc) in by_metric.items() if fr or sc}
 
 
-def _grid(steps: list, scalars: list[tuple[int, float]]) -> m.Heatmap:
+def _grid(steps: list[frames.MergedStep], scalars: list[Scalar]) -> m.Heatmap:
     """Merged frames (``frames.merge_steps``) and scalar points -> a steps x layers grid (layer -1: the scalar)."""
     n = max((len(s.values) for s in steps), default=0)
     seen = [False] * n
@@ -127,7 +132,7 @@ def _grid(steps: list, scalars: list[tuple[int, float]]) -> m.Heatmap:
             for i, v in enumerate(s.values):
                 seen[i] = seen[i] or v is not None
     layers = [i for i in range(n) if seen[i]]
-    rows = {s.step: s.values if len(s.values) == n else s.values + [None] * (n - len(s.values)) for s in steps}
+    rows = {s.step: s.values if len(s.values) == n else [*s.values, *[None] * (n - len(s.values))] for s in steps}
     if len(layers) < n:
         rows = {step: [row[i] for i in layers] for step, row in rows.items()}
     if not scalars:
@@ -138,7 +143,7 @@ def _grid(steps: list, scalars: list[tuple[int, float]]) -> m.Heatmap:
     return m.Heatmap(order, [m.RUN_SCALAR, *layers], [[by_step.get(s), *rows.get(s, empty)] for s in order], False)
 
 
-def _one_full_frame_per_step(rows: list) -> bool:
+def _one_full_frame_per_step(rows: list[FrameRead]) -> bool:
     """Frame rows (metric id, step, vals, present, has_nan) that are the grid as they are: one per step,
     every layer."""
     return (
@@ -153,11 +158,16 @@ def _doubles(grid: m.Heatmap) -> Doubles:
     """A grid -> (steps, layers, float64 bytes step-major with NaN where not measured, measured bytes or None)."""
     vals, measured, holes = array("d"), bytearray(), False
     for row in grid.values:
-        if None in row:
+        if _complete(row):
+            vals.extend(row)
+            measured += b"\x01" * len(row)
+        else:
             holes = True
             vals.extend(math.nan if v is None else v for v in row)
             measured += bytes(v is not None for v in row)
-        else:
-            vals.extend(row)
-            measured += b"\x01" * len(row)
     return grid.steps, grid.layers, vals.tobytes(), bytes(measured) if holes else None
+
+
+def _complete(row: Sequence[float | None]) -> TypeGuard[Sequence[float]]:
+    """Every layer measured (one C-level scan for None)."""
+    return None not in row

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -21,11 +21,19 @@ from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs, sql
 from qkwatch.monitor.store.engine import is_postgres
 from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.store.events import EventIn
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR
 from qkwatch.monitor.wire import ReportBatch, decode_value
 
+if TYPE_CHECKING:
+    import psycopg  # for its types only: the postgres extra may not be installed
+
 PointRow = tuple[str, int, int, int, float | None]
 """(metric, head, layer, step, value); a NaN value is None (see models)."""
+PointParams = tuple[int, int, int, int, float | None]
+"""A :data:`PointRow` with its metric's id: (metric id, head, layer, step, value)."""
+Latest = dict[tuple[str, int], tuple[int, float | None]]
+"""(metric, layer) -> (step, value) of the newest layer-level value or scalar; a NaN value is None."""
 
 
 @dataclass
@@ -34,11 +42,11 @@ class FlatBatch:
 
     points: list[PointRow] = field(default_factory=list)
     frames: list[frames.FrameRow] = field(default_factory=list)
-    latest: dict[tuple[str, int], tuple[int, float | None]] = field(default_factory=dict)
+    latest: Latest = field(default_factory=dict)
     """(metric, layer) -> (step, value) of the newest layer-level value or scalar in the batch."""
     layer_values: list[tuple[int, dict[str, list[float | None]]]] = field(default_factory=list)
     """(step, metric -> decoded value per layer) per report, for the schedule and the alert rules."""
-    events: list[tuple[int, str, str, dict, float]] = field(default_factory=list)
+    events: list[EventIn] = field(default_factory=list)
     max_step: int = -1
 
 
@@ -76,7 +84,7 @@ def flatten(batch: ReportBatch) -> FlatBatch:
     return flat
 
 
-def _keep_latest(latest: dict, metric: str, layer: int, step: int, value: float) -> None:
+def _keep_latest(latest: Latest, metric: str, layer: int, step: int, value: float) -> None:
     key = (metric, layer)
     if key not in latest or latest[key][0] <= step:
         latest[key] = (step, sql.to_db(value))
@@ -149,7 +157,7 @@ def _record_batch(
     )
 
 
-def _upsert_latest(conn: sa.Connection, pk: int, attempt: int, latest: dict) -> None:
+def _upsert_latest(conn: sa.Connection, pk: int, attempt: int, latest: Latest) -> None:
     rows = [
         {"run_pk": pk, "metric": metric, "layer": layer, "attempt": attempt, "step": step, "value": value}
         for (metric, layer), (step, value) in latest.items()
@@ -265,7 +273,7 @@ def insert_points(conn: sa.Connection, run_pk: int, attempt: int, rows: list[Poi
     return _insert_points_sqlite(conn, run_pk, attempt, params)
 
 
-def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: list[tuple]) -> int:
+def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointParams]) -> int:
     # One prepared statement run over all rows (sqlite3's executemany, in C); its rowcount sums
     # the rows actually inserted, so ignored duplicates are not counted.
     params = [(run_pk, m, h, la, s, attempt, v) for (m, h, la, s, v) in rows]
@@ -277,11 +285,13 @@ def _insert_points_sqlite(conn: sa.Connection, run_pk: int, attempt: int, rows: 
     return result.rowcount
 
 
-def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows: list[tuple]) -> int:
+def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointParams]) -> int:
     # Binary COPY into a per-session temporary table, then one INSERT ... SELECT ... ON CONFLICT
     # DO NOTHING, whose rowcount is exactly the new rows. COPY is the fastest way in, and the
     # temporary table empties itself at commit (or rollback).
-    cursor = conn.connection.driver_connection.cursor()
+    driver: psycopg.Connection[Any] | None = conn.connection.driver_connection
+    assert driver is not None  # None only once the connection is closed; we are inside its transaction
+    cursor = driver.cursor()
     try:
         cursor.execute(
             "CREATE TEMP TABLE IF NOT EXISTS points_in (metric_id int, head int, layer int, step bigint, "

@@ -47,4 +47,6 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 @functools.cache
 def head_revision() -> str:
     """The newest revision of the shipped migrations: what a database this code runs on must be at."""
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None  # None only for a script directory without revisions; ours ships them
+    return head

@@ -12,6 +12,7 @@ A NaN value is stored as SQL NULL on both databases (SQLite turns a bound NaN in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,17 +283,21 @@ class IngestResult:
 @dataclass(frozen=True)
 class Series:
     steps: list[int]
-    values: list[float | None]
-    mins: list[float | None]
-    maxs: list[float | None]
+    values: Sequence[float | None]
+    mins: Sequence[float | None]
+    maxs: Sequence[float | None]
     downsampled: bool
+
+
+ExportRow = tuple[int, int, str, int, int, float]
+"""One point as exported: (attempt, step, metric, layer, head, value); see LAYER_VALUE and RUN_SCALAR."""
 
 
 @dataclass(frozen=True)
 class Heatmap:
     steps: list[int]
     layers: list[int]
-    values: list[list[float | None]]
+    values: Sequence[Sequence[float | None]]
     downsampled: bool
 
 
@@ -334,5 +339,5 @@ class LatestRow:
     metric: str
     layer: int
     step: int
-    value: float | None
+    value: float
     last_report_at: float | None = None

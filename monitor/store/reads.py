@@ -7,7 +7,8 @@ logged it wins (:func:`attempt_filter`), unless the caller asks for one attempt.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -40,7 +41,7 @@ def attempt_filter(run: m.RunRow, attempt: int | None) -> list[sa.ColumnElement[
     ]
 
 
-def _point_filter(run: m.RunRow, metric_id: int | None, head: int, attempt: int | None) -> list:
+def _point_filter(run: m.RunRow, metric_id: int | None, head: int, attempt: int | None) -> list[sa.ColumnElement[bool]]:
     p = m.points
     return [
         p.c.run_pk == run.pk,
@@ -90,7 +91,7 @@ def series(
         return m.Series([r.step for r in rows], vals, vals, vals, False)
     width = -(-(hi - lo + 1) // max_points)
     bucket = ((p.c.step - lo) // width).label("b")
-    rows = conn.execute(
+    buckets = conn.execute(
         sa.select(
             bucket,
             sa.func.min(p.c.step),
@@ -104,10 +105,10 @@ def series(
         .order_by(bucket)
     ).all()
     return m.Series(
-        [r[1] for r in rows],
-        [_agg(r[2], r[5]) for r in rows],
-        [_agg(r[3], r[5]) for r in rows],
-        [_agg(r[4], r[5]) for r in rows],
+        [r[1] for r in buckets],
+        [_agg(r[2], r[5]) for r in buckets],
+        [_agg(r[3], r[5]) for r in buckets],
+        [_agg(r[4], r[5]) for r in buckets],
         True,
     )
 
@@ -131,7 +132,12 @@ def heatmap(
     if head == m.LAYER_VALUE:
         return _heatmap_from_frames(conn, names, run, metric, start, end, max_steps, agg, attempt)
     p = m.points
-    fn = {"max": sa.func.max, "min": sa.func.min, "mean": sa.func.avg}[agg]
+    aggregates: dict[str, Callable[[sa.ColumnElement[Any]], sa.ColumnElement[Any]]] = {
+        "max": sa.func.max,
+        "min": sa.func.min,
+        "mean": sa.func.avg,
+    }
+    fn = aggregates[agg]
     where = [
         *_point_filter(run, names.lookup(conn, metric), head, attempt),
         p.c.layer >= 0,
@@ -181,7 +187,8 @@ def _agg(value: float | None, non_null: int) -> float:
     return math.nan if value is None or not non_null else float(value)
 
 
-def _pivot(rows: Sequence[sa.Row], downsampled: bool) -> m.Heatmap:
+def _pivot(rows: Sequence[sa.Row[int, int, int, float | None, int]], downsampled: bool) -> m.Heatmap:
+    """Rows (bucket, layer, first step, aggregate, non-null count) -> a heatmap of buckets by layers."""
     buckets = sorted({r[0] for r in rows})
     layers = sorted({r[1] for r in rows})
     bi = {b: i for i, b in enumerate(buckets)}
@@ -197,7 +204,7 @@ def _pivot(rows: Sequence[sa.Row], downsampled: bool) -> m.Heatmap:
     return m.Heatmap(steps, layers, values, downsampled)
 
 
-def export_rows(conn: sa.Connection, run: m.RunRow, attempt: int | None, chunk: int) -> Iterator[tuple]:
+def export_rows(conn: sa.Connection, run: m.RunRow, attempt: int | None, chunk: int) -> Iterator[m.ExportRow]:
     """Every point of the run (merged view unless ``attempt``) as (attempt, step, metric, layer, head, value),
     streamed ``chunk`` rows at a time."""
     p, names = m.points, m.metric_names

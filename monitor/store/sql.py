@@ -7,6 +7,7 @@ upsert is fastest written by hand (PostgreSQL: one statement over ``unnest`` arr
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -14,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from qkwatch.monitor.store.engine import is_postgres
 
 
-def insert(conn: sa.Connection, table: sa.Table):
+def insert(conn: sa.Connection, table: sa.Table) -> postgresql.Insert | sqlite.Insert:
     """The dialect's INSERT of ``table``, which has ``on_conflict_do_nothing`` (and ``_do_update``)."""
     return (postgresql.insert if is_postgres(conn) else sqlite.insert)(table)
 
@@ -30,12 +31,12 @@ _PG_ARRAY = (
 )
 
 
-def _pg_array_type(column: sa.Column) -> str:
+def _pg_array_type(column: sa.Column[Any]) -> str:
     return next(name for kind, name in _PG_ARRAY if isinstance(column.type, kind))
 
 
 def upsert(
-    conn: sa.Connection, table: sa.Table, rows: list[dict], *, update: bool = True, where: str | None = None
+    conn: sa.Connection, table: sa.Table, rows: list[dict[str, Any]], *, update: bool = True, where: str | None = None
 ) -> None:
     """Insert rows; on a primary-key conflict update the other columns (``update``) or do nothing.
 
@@ -47,6 +48,7 @@ def upsert(
         return
     cols = list(rows[0])
     keys = [c.name for c in table.primary_key.columns]
+    params: dict[str, list[Any]] | list[tuple[Any, ...]]
     if is_postgres(conn):
         arrays = ", ".join(f"%({c})s::{_pg_array_type(table.c[c])}[]" for c in cols)
         sql = f"INSERT INTO {table.name} AS t ({', '.join(cols)}) SELECT * FROM unnest({arrays})"
@@ -73,7 +75,7 @@ def from_db(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def step_range(column: sa.ColumnElement, start: int | None, end: int | None) -> list[sa.ColumnElement[bool]]:
+def step_range(column: sa.ColumnElement[int], start: int | None, end: int | None) -> list[sa.ColumnElement[bool]]:
     """``start <= column <= end``, each bound left out when None."""
     out = []
     if start is not None:

@@ -28,6 +28,7 @@ from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, reads, runs, tokens
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import Invalid, NotFound
+from qkwatch.monitor.store.history import Doubles  # by name: the method Store.history hides the module
 from qkwatch.monitor.store.lambdas import CLIP_WHO
 from qkwatch.monitor.store.metric_names import MetricNames
 from qkwatch.monitor.store.runs import TERMINAL
@@ -291,7 +292,7 @@ class Store:
         end: int | None = None,
         attempt: int | None = None,
         max_points: int | None = None,
-    ) -> dict[str, history.Doubles]:
+    ) -> dict[str, Doubles]:
         """:meth:`history` as float64 bytes: per metric (steps, layers, values, measured).
 
         See :func:`qkwatch.monitor.store.history.doubles`.
@@ -299,7 +300,7 @@ class Store:
         with self._read() as conn:
             return history.doubles(conn, self._names, run, metrics, start, end, attempt, max_points)
 
-    def export_rows(self, run: m.RunRow, attempt: int | None = None, chunk: int = 5000) -> Iterator[tuple]:
+    def export_rows(self, run: m.RunRow, attempt: int | None = None, chunk: int = 5000) -> Iterator[m.ExportRow]:
         """Every point of the run (merged view unless ``attempt``) as (attempt, step, metric, layer, head, value)."""
         with self.engine.connect() as conn:
             yield from reads.export_rows(conn, run, attempt, chunk)

@@ -6,6 +6,7 @@ development, e.g. to autogenerate a new revision against ``monitor.store.models.
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from alembic import context
 
 from qkwatch.monitor.store.models import metadata
@@ -17,7 +18,10 @@ def run_migrations() -> None:
     if connection is None:
         from qkwatch.monitor.store.engine import make_engine
 
-        engine = make_engine(config.get_main_option("sqlalchemy.url"))
+        url = config.get_main_option("sqlalchemy.url")
+        if url is None:
+            raise RuntimeError("no database to migrate: set sqlalchemy.url in alembic.ini")
+        engine = make_engine(url)
         with engine.connect() as connection:
             _run(connection)
             connection.commit()
@@ -25,7 +29,7 @@ def run_migrations() -> None:
     _run(connection)
 
 
-def _run(connection) -> None:
+def _run(connection: sa.Connection) -> None:
     # render_as_batch: SQLite can only ALTER a table by copying it, which batch mode does.
     context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
     with context.begin_transaction():

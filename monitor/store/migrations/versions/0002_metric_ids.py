@@ -10,6 +10,8 @@ Create Date: 2026-11-30 05:45:00
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -25,7 +27,7 @@ POINT_COLS = "head, layer, step, attempt, value"
 FRAME_COLS = "step, attempt, mask, vals, present, has_nan"
 
 
-def _points_table(name: str, key: str, key_type) -> None:
+def _points_table(name: str, key: str, key_type: sa.types.TypeEngine[Any]) -> None:
     op.create_table(
         name,
         sa.Column("run_pk", sa.Integer(), nullable=False),
@@ -40,7 +42,7 @@ def _points_table(name: str, key: str, key_type) -> None:
     )
 
 
-def _frames_table(name: str, key: str, key_type) -> None:
+def _frames_table(name: str, key: str, key_type: sa.types.TypeEngine[Any]) -> None:
     op.create_table(
         name,
         sa.Column("run_pk", sa.Integer(), nullable=False),
