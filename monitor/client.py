@@ -344,7 +344,7 @@ class Client:
         body = self._json("GET", self._path(run, "/history"), params=params)
         if frame is None:
             try:
-                import pandas  # type: ignore[import-untyped]  # noqa: F401  # pandas ships no type information
+                import pandas  # noqa: F401
             except ImportError:
                 frame = False
             else:

@@ -354,7 +354,7 @@ def history_columns(body: dict[str, Any]) -> dict[str, list[int] | list[float | 
 
 def history_frame(body: dict[str, Any]) -> Any:
     """A history answer (either encoding) as a pandas DataFrame (see :meth:`Client.history`)."""
-    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type information
+    import pandas as pd
 
     grids, steps, layers = _grids(body)
     if not grids:
