@@ -29,12 +29,17 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from qkwatch.agent.layouts import Layout
 from qkwatch.agent.metrics import split_heads, split_qkv
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 TapFn = Callable[[Tensor, Tensor], None]
 """Receives ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)``."""
@@ -74,15 +79,21 @@ class Projections:
 
     def weights(self, h: int, g: int) -> Callable[[], tuple[Tensor, Tensor, None]]:
         """Per-head ``wq (H, D, hs)`` and ``wk (G, D, hs)``, read when called."""
-        if self.qkv is not None:
-            return lambda: _fused(self.qkv.weight, h, g, conv1d=self.conv1d)
-        return lambda: (split_heads(self.q.weight, h), split_heads(self.k.weight, g), None)
+        qkv, q, k = self.qkv, self.q, self.k
+        if qkv is not None:
+            return lambda: _fused(_weight(qkv), h, g, conv1d=self.conv1d)
+        if q is None or k is None:
+            raise AdapterError("projections need either qkv, or both q and k")
+        return lambda: (split_heads(_weight(q), h), split_heads(_weight(k), g), None)
 
     def tap(self, h: int, g: int) -> Callable[[TapFn], Callable[[], None]]:
         """Installs a tap on the projections' outputs (q and k before any rotary embedding)."""
-        if self.qkv is not None:
-            return lambda fn: _forward_hook_tap(self.qkv, _split_output(fn, h, g), output=True)
-        return lambda fn: _pair_tap(self.q, self.k, fn, h, g)
+        qkv, q, k = self.qkv, self.q, self.k
+        if qkv is not None:
+            return lambda fn: _forward_hook_tap(qkv, _split_output(fn, h, g), output=True)
+        if q is None or k is None:
+            raise AdapterError("projections need either qkv, or both q and k")
+        return lambda fn: _pair_tap(q, k, fn, h, g)
 
 
 def projection_site(
@@ -138,10 +149,27 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
 # --- qkwatch's GPT ----------------------------------------------------------------------------
 
 
+class _GPTAttention(Protocol):
+    """What the agent uses of qkwatch's GPT attention (``trainer.model.Attention``)."""
+
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    qk_tap: nn.Module
+    """An identity module called as ``qk_tap(q, k)`` with the tensors the model attends with."""
+
+    def qk_weights(self) -> tuple[Tensor, Tensor, Tensor | None]: ...
+
+
+def _is_gpt_attention(module: object) -> TypeIs[_GPTAttention]:
+    """Known by what it has: the agent never imports the trainer."""
+    return hasattr(module, "qk_tap") and hasattr(module, "qk_weights")
+
+
 def _qkwatch_gpt(model: nn.Module) -> list[Site]:
-    sites = []
+    sites: list[Site] = []
     for name, module in _numbered(model):
-        if not (hasattr(module, "qk_tap") and hasattr(module, "qk_weights")):
+        if not _is_gpt_attention(module):
             continue
         sites.append(
             Site(
@@ -160,7 +188,7 @@ def _qkwatch_gpt(model: nn.Module) -> list[Site]:
     return sites
 
 
-def _gpt_weights(module: nn.Module) -> Callable[[], tuple[Tensor, Tensor, Tensor | None]]:
+def _gpt_weights(module: _GPTAttention) -> Callable[[], tuple[Tensor, Tensor, Tensor | None]]:
     def weights() -> tuple[Tensor, Tensor, Tensor | None]:
         wq, wk, rotation = module.qk_weights()
         return split_heads(wq, module.n_heads), split_heads(wk, module.n_kv_heads), rotation
@@ -183,8 +211,8 @@ def _huggingface(model: nn.Module) -> list[Site]:
         return []
     n_kv = _cfg(config, "num_key_value_heads") or n_heads
     width = _cfg(config, "hidden_size", "n_embd")
-    d_head = _cfg(config, "head_dim") or width // n_heads
-    sites = []
+    d_head = _cfg(config, "head_dim") or (width // n_heads if width else None)  # None: the weights' head size
+    sites: list[Site] = []
     for name, module in _numbered(model):
         projections = _hf_projections(module)
         if projections is None:
@@ -198,7 +226,7 @@ def _huggingface(model: nn.Module) -> list[Site]:
             n_kv,
             d_head=d_head,
             causal=bool(getattr(module, "is_causal", True)),
-            install_tap=lambda fn, m=module: _hf_tap(model, m, fn),
+            install_tap=partial(_hf_tap, model, config, module),
         )
         sites.append(site)
     return sites
@@ -215,8 +243,8 @@ def _hf_projections(module: nn.Module) -> Projections | None:
     return None
 
 
-def _hf_tap(model: nn.Module, module: nn.Module, fn: TapFn) -> Callable[[], None]:
-    config = model.config
+def _hf_tap(model: nn.Module, config: Any, module: nn.Module, fn: TapFn) -> Callable[[], None]:
+    """Point ``config`` (``model.config``, a transformers ``PretrainedConfig``) at the wrapper that taps ``module``."""
     original = config._attn_implementation or "eager"
     if not original.startswith("qkwatch_"):
         name = f"qkwatch_{original}"
@@ -237,9 +265,12 @@ def _register_hf_wrapper(name: str, original: str, modeling_module: str) -> None
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    eager = getattr(sys.modules.get(modeling_module), "eager_attention_forward", None)
+    eager = getattr(sys.modules.get(modeling_module), "eager_attention_forward", None) or _no_eager(modeling_module)
 
-    def attention(module, query, key, value, attention_mask, **kwargs):
+    def attention(
+        module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+    ) -> Any:
+        """The model's own implementation (its result unchanged), after the tap has seen q and k."""
         tap = _HF_TAPS.get(id(module))
         if tap is not None:
             tap(query, key)
@@ -247,6 +278,15 @@ def _register_hf_wrapper(name: str, original: str, modeling_module: str) -> None
         return impl(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register(name, attention)
+
+
+def _no_eager(modeling_module: str) -> Callable[..., Any]:
+    """Stands in for a modeling module's missing ``eager_attention_forward``: says so when called."""
+
+    def attention(*args: Any, **kwargs: Any) -> Any:
+        raise AdapterError(f"{modeling_module} has no eager_attention_forward for qkwatch to call")
+
+    return attention
 
 
 def _cfg(config: Any, *names: str) -> int | None:
@@ -261,7 +301,7 @@ def _cfg(config: Any, *names: str) -> int | None:
 
 
 def _nanogpt(model: nn.Module) -> list[Site]:
-    sites = []
+    sites: list[Site] = []
     for name, module in _numbered(model):
         c_attn = getattr(module, "c_attn", None)
         n_head = getattr(module, "n_head", None)
@@ -329,7 +369,7 @@ def _split_output(fn: TapFn, h: int, g: int) -> Callable[[Tensor], None]:
     def tap(out: Tensor) -> None:
         b, t, width = out.shape  # (B, T, (H + 2G) hs)
         hs = width // (h + 2 * g)
-        q, k, _ = out.split([h * hs, g * hs, g * hs], dim=-1)
+        q, k, _ = torch.split(out, [h * hs, g * hs, g * hs], dim=-1)
         fn(q.view(b, t, h, hs).transpose(1, 2), k.view(b, t, g, hs).transpose(1, 2))
 
     return tap
@@ -338,20 +378,33 @@ def _split_output(fn: TapFn, h: int, g: int) -> Callable[[Tensor], None]:
 def _pair_tap(q_mod: nn.Module, k_mod: nn.Module, fn: TapFn, h: int, g: int) -> Callable[[], None]:
     held: dict[str, Tensor] = {}
 
-    def on_q(mod, args, out):
+    def on_q(mod: nn.Module, args: tuple[Any, ...], out: Tensor) -> None:
         held["q"] = out
 
-    def on_k(mod, args, out):
+    def on_k(mod: nn.Module, args: tuple[Any, ...], out: Tensor) -> None:
         q = held.pop("q", None)
         if q is not None:
             b, t, _ = out.shape
             fn(q.view(b, t, h, -1).transpose(1, 2), out.view(b, t, g, -1).transpose(1, 2))
 
     handles = [q_mod.register_forward_hook(on_q), k_mod.register_forward_hook(on_k)]
-    return lambda: [handle.remove() for handle in handles] and None
+
+    def remove() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return remove
 
 
-def _numbered(model: nn.Module):
+def _weight(module: nn.Module) -> Tensor:
+    """A projection's ``weight`` (an ``nn.Linear``'s, GPT-2's ``Conv1D``'s, a layout's module's)."""
+    weight = module.weight
+    if not isinstance(weight, Tensor):
+        raise AdapterError(f"{type(module).__name__}.weight is a {type(weight).__name__}, not a tensor")
+    return weight
+
+
+def _numbered(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Named modules in natural order of their layer numbers (``layers.10`` after ``layers.9``)."""
     named = list(model.named_modules())
     return sorted(named, key=lambda item: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", item[0])])

@@ -103,7 +103,7 @@ class Agent:
         self._drops = DropNotes(self.spool.dropped, suffix)
         self._host_copy: HostCopyWriter | None = None
         if self.rank == 0 and cfg.url:
-            self._fetch_first_lambdas()
+            self._fetch_first_lambdas(cfg.url)
         self.sender.start()
         if self.poller is not None:
             self.poller.start()
@@ -116,7 +116,9 @@ class Agent:
 
     @property
     def attempt_key(self) -> str:
-        return self.identity.attempt_key
+        key = self.identity.attempt_key
+        assert key is not None, "RunIdentity.agree() always makes one"
+        return key
 
     # --- the training loop's calls -----------------------------------------------------------
 
@@ -128,6 +130,7 @@ class Agent:
         if self._plan is not None:
             self._finish_report()
         cfg = self.cfg
+        assert cfg.weight_every is not None and cfg.spectra_every is not None, "AgentConfig.__post_init__ sets them"
         plan = Plan.at(step, every=cfg.every, weight_every=cfg.weight_every, spectra_every=cfg.spectra_every)
         self._step = step
         if plan.any:
@@ -354,9 +357,9 @@ class Agent:
 
     # --- setup --------------------------------------------------------------------------------
 
-    def _fetch_first_lambdas(self) -> None:
+    def _fetch_first_lambdas(self, url: str) -> None:
         """Before the first step: create the run and read its lambdas if the collector answers fast."""
-        transport = HttpTransport(self.cfg.url, self.cfg.token, INITIAL_FETCH_SECONDS)
+        transport = HttpTransport(url, self.cfg.token, INITIAL_FETCH_SECONDS)
         try:
             run_id = fetch_first(transport, self.identity, self.lambdas_state.offer)
         finally:

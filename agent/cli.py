@@ -9,7 +9,7 @@ import sys
 from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds, as_text
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "analyze",
         help="per-layer query-key geometry of a checkpoint file or a HuggingFace model folder",

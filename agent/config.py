@@ -44,7 +44,9 @@ class AgentEnvironment(BaseSettings):
     @classmethod
     def variable(cls, key: str) -> str:
         """The environment variable of setting ``key``."""
-        return cls.model_fields[key].validation_alias
+        alias = cls.model_fields[key].validation_alias
+        assert isinstance(alias, str), "every field above names one variable"
+        return alias
 
     @classmethod
     def read(cls) -> dict[str, Any]:

@@ -134,19 +134,22 @@ class Spool:
         data = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
         if len(data) > MAX_RECORD:
             raise ValueError(f"a report of {len(data)} bytes exceeds the spool's record limit of {MAX_RECORD}")
-        if self._fd is None or self._size >= self.segment_bytes:
-            self._open_segment(self._segment + 1 if self._fd is not None else max(self._segment, 1))
+        fd = self._fd
+        if fd is None or self._size >= self.segment_bytes:
+            fd = self._open_segment(self._segment + 1 if fd is not None else max(self._segment, 1))
         record = HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data
-        os.write(self._fd, record)
+        os.write(fd, record)
         self._size += len(record)
 
-    def _open_segment(self, number: int) -> None:
+    def _open_segment(self, number: int) -> int:
+        """Close the current segment and open segment ``number`` for appending; returns its fd."""
         if self._fd is not None:
             os.close(self._fd)
         self._segment = number
         file = self._segment_path(number)
-        self._fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._size = os.fstat(self._fd).st_size
+        self._fd = fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(fd).st_size
+        return fd
 
     def _recover_tail(self) -> None:
         """Truncate a torn record at the end of the newest segment (a writer killed mid-write)."""
@@ -327,12 +330,13 @@ def _good_record_after(data: bytes, start: int) -> bool:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())
+        value: dict[str, Any] = json.loads(path.read_text())  # this module writes only objects
     except FileNotFoundError:
         return None
     except ValueError:
         logger.warning("%s is not valid JSON; ignoring it", path)
         return None
+    return value
 
 
 def _write_json_atomic(path: Path, value: dict[str, Any]) -> None:

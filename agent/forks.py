@@ -15,7 +15,7 @@ class Forkable(Protocol):
     def after_fork_in_child(self) -> None: ...
 
 
-_TRACKED: weakref.WeakSet = weakref.WeakSet()
+_TRACKED: weakref.WeakSet[Forkable] = weakref.WeakSet()
 _HOOKED: list[bool] = []
 
 

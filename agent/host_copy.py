@@ -36,7 +36,7 @@ def start_host_copy(values: Tensor) -> tuple[Tensor, Any]:
     if values.device.type != "cuda":
         return values, None
     host = values.to("cpu", non_blocking=True)  # the report's one device-to-host copy
-    ready = torch.cuda.Event()
+    ready = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event.__new__ unannotated
     ready.record()
     return host, ready
 

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -62,10 +62,23 @@ class LambdasConfig:
         )
 
     def poller(
-        self, run_id: Callable[[], str | None], transports: Callable[[], Transport], offer: Callable[[dict], bool]
+        self,
+        run_id: Callable[[], str | None],
+        transports: Callable[[], Transport],
+        offer: Callable[[dict[str, Any]], bool],
     ) -> LambdaPoller:
         """A poller (not started) offering what the collector serves for ``run_id()`` to ``offer``."""
         return LambdaPoller(run_id, transports, offer, self.lambda_poll_seconds)
+
+
+class _Served(NamedTuple):
+    """The collector's lambdas as last offered."""
+
+    values: list[float]
+    """Checked values, LOCAL where the local schedule applies."""
+    version: int
+    fetched_at: float
+    """On the :attr:`Lambdas.clock`."""
 
 
 class Lambdas:
@@ -89,9 +102,8 @@ class Lambdas:
         self.clock = clock
         """Seconds on a monotonic clock: what the collector's values are stamped with and aged by."""
         self._lock = threading.Lock()
-        # values (LOCAL where the local schedule applies), version, fetched at
-        self._collector: tuple[list[float], int, float] | None = None
-        self._noted: set[tuple] = set()  # (kind, layer, requested) already warned about
+        self._collector: _Served | None = None
+        self._noted: set[tuple[str, int | None, str]] = set()  # (kind, layer, repr(requested)) already warned about
         self._events: dict[str, list[dict[str, Any]]] = {}  # kind -> items, for the next report
         self._entropy: list[float | None] = [None] * n_layers
         self.applied: list[float] = [0.0] * n_layers
@@ -101,7 +113,7 @@ class Lambdas:
 
     # --- inputs -----------------------------------------------------------------------------
 
-    def offer(self, answer: dict, now: float | None = None) -> bool:
+    def offer(self, answer: dict[str, Any], now: float | None = None) -> bool:
         """A ``GET /v1/runs/{id}/lambdas`` answer; True if taken (possibly with values clipped or replaced).
 
         Only a vector that cannot be mapped to the layers (not a list of ``n_layers``) is refused.
@@ -113,7 +125,7 @@ class Lambdas:
         checked = [self._checked(layer, value) for layer, value in enumerate(values)]
         version = answer.get("version")
         with self._lock:
-            self._collector = (
+            self._collector = _Served(
                 checked,
                 int(version) if isinstance(version, int) and not isinstance(version, bool) else 0,
                 self.clock() if now is None else now,
@@ -131,7 +143,7 @@ class Lambdas:
         """
         with self._lock:
             pending, self._events = self._events, {}
-        return [_event(kind, items, self.schedule.lambda_max) for kind, items in pending.items()]
+        return [_event(kind, items, _lambda_max(self.schedule)) for kind, items in pending.items()]
 
     def _checked(self, layer: int, value: Any) -> float:
         """The value to apply for ``layer``: as served, clipped to lambda_max, or LOCAL."""
@@ -142,9 +154,10 @@ class Lambdas:
         if v is None or not math.isfinite(v) or v < 0:
             self._note("lambda_invalid", layer, value, "local schedule")
             return LOCAL
-        if v > self.schedule.lambda_max:
-            self._note("lambda_clipped", layer, v, self.schedule.lambda_max)
-            return self.schedule.lambda_max
+        lambda_max = _lambda_max(self.schedule)
+        if v > lambda_max:
+            self._note("lambda_clipped", layer, v, lambda_max)
+            return lambda_max
         return v
 
     def _refuse(self, values: Any) -> None:
@@ -186,10 +199,13 @@ class Lambdas:
     def _exchange(self) -> None:
         n = self.n_layers
         with self._lock:
-            fresh = self._collector is not None and self.clock() - self._collector[2] <= self.stale_seconds
-            collector = self._collector[0] if fresh else [0.0] * n
-            version = self._collector[1] if fresh else -1
+            held = self._collector
+            if held is not None and self.clock() - held.fetched_at > self.stale_seconds:
+                held = None  # stale: the local schedule applies
             local = entropy_floor(self._entropy, self.schedule)
+        fresh = held is not None
+        collector = held.values if held is not None else [0.0] * n
+        version = held.version if held is not None else -1
         own = [v if h is not None else 0.0 for v, h in zip(local, self._entropy, strict=True)]
         vec = torch.tensor([1.0 if fresh else 0.0, float(version), *collector, *own], dtype=torch.float64)
         if self.group is not None:
@@ -240,7 +256,7 @@ class LambdaPoller:
         self,
         run_id: Callable[[], str | None],
         transport_factory: Callable[[], Transport],
-        offer: Callable[[dict], bool],
+        offer: Callable[[dict[str, Any]], bool],
         period: float,
     ):
         self.run_id = run_id
@@ -287,13 +303,13 @@ class LambdaPoller:
             transport.close()
 
 
-def fetch_first(transport: Transport, identity: RunIdentity, offer: Callable[[dict], bool]) -> str | None:
+def fetch_first(transport: Transport, identity: RunIdentity, offer: Callable[[dict[str, Any]], bool]) -> str | None:
     """Before the first step: create (or resume) the run and offer its lambdas, if the collector answers.
 
     Returns the run's id, or None when the collector did not answer (the sender creates the run later).
     """
     try:
-        run_id = transport.create_run(identity.create_body())["id"]
+        run_id: str = transport.create_run(identity.create_body())["id"]
     except (TransportError, KeyError) as exc:
         logger.info("qkwatch: collector not reachable at start (%s); working offline until it is", exc)
         return None
@@ -321,6 +337,12 @@ def _describe(
         f"the collector's lambda {requested!r} for layer {layer} is not a finite number >= 0; "
         "using the local schedule's value"
     )
+
+
+def _lambda_max(schedule: ScheduleConfig) -> float:
+    """``schedule.lambda_max``: typed optional, but ``ScheduleConfig.__post_init__`` always resolves it."""
+    assert schedule.lambda_max is not None, "ScheduleConfig.__post_init__ resolves lambda_max"
+    return schedule.lambda_max
 
 
 def _event(kind: str, items: list[dict[str, Any]], lambda_max: float) -> dict[str, Any]:

@@ -31,11 +31,12 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from qkwatch.agent.adapters import Site
+from qkwatch.agent.adapters import Site, TapFn
 from qkwatch.agent.checks import SettingError, positive_ints
 from qkwatch.agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
 from qkwatch.agent.metrics.summary import weight_metrics
@@ -143,9 +144,9 @@ class Probe:
         self.heads = heads
         self.plan: Plan | None = None
         self.capture = Capture()
-        self._removers: list[Callable[[], None]] = []
+        self._removers: list[Callable[[], object]] = []  # what they return is ignored
         self._warned: set[str] = set()
-        self._positions: dict[tuple, Tensor] = {}
+        self._positions: dict[tuple[int, int, str], Tensor] = {}
         # Sharded weights (FSDP2's DTensors) are whole only inside the forward: read them there.
         # Plain ones are read at the report, every layer in one batched call.
         self.in_forward = any(_sharded(p) for site in sites for p in site.module.parameters())
@@ -174,8 +175,8 @@ class Probe:
 
     # --- hooks ------------------------------------------------------------------------------
 
-    def _weights_hook(self, site: Site):
-        def hook(module, args):
+    def _weights_hook(self, site: Site) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             if torch.compiler.is_compiling():
                 return  # traced as a no-op: no graph break, no guard, no recompile (see measure_weights_now)
             plan = self.plan
@@ -187,7 +188,7 @@ class Probe:
 
         return hook
 
-    def _activation_hook(self, site: Site):
+    def _activation_hook(self, site: Site) -> TapFn:
         def measure(q: Tensor, k: Tensor) -> None:
             plan = self.plan
             if plan is None or not plan.activations or site.layer in self.capture.activations_seen:
@@ -234,7 +235,8 @@ class Probe:
         for site in self.sites:
             if site.layer in self.capture.forward_seen:
                 continue
-            wq, wk, rotation = (_full(t) for t in site.weights())
+            wq, wk, rotation = site.weights()
+            wq, wk, rotation = _full(wq), _full(wk), None if rotation is None else _full(rotation)
             if site.layer in self.owned:
                 self._guarded(site, "weights", partial(self._weights_of, site, wq, wk, rotation, plan))
 
@@ -242,16 +244,18 @@ class Probe:
 
     def _weights_batched(self, plan: Plan) -> None:
         """Every owned layer in one ``weight_metrics`` call per shape (one, for a uniform model)."""
-        groups: dict[tuple, list[tuple[Site, tuple]]] = {}
+        groups: dict[tuple[object, ...], list[tuple[Site, tuple[Tensor, Tensor, Tensor | None]]]] = {}
         for site in self.sites:
             if site.layer in self.owned:
-                wq, wk, rotation = (None if t is None else t.detach() for t in site.weights())
+                wq, wk, rotation = site.weights()
+                wq, wk, rotation = wq.detach(), wk.detach(), None if rotation is None else rotation.detach()
                 key = (wq.shape, wk.shape, None if rotation is None else rotation.shape, wq.device, wq.dtype)
                 groups.setdefault(key, []).append((site, (wq, wk, rotation)))
         for members in groups.values():
             wq = torch.stack([w[0] for _, w in members])  # (L, H, D, hs)
             wk = torch.stack([w[1] for _, w in members])
-            rot = None if members[0][1][2] is None else torch.stack([w[2] for _, w in members])
+            rotations = [w[2] for _, w in members if w[2] is not None]  # all or none: the key says which
+            rot = torch.stack(rotations) if rotations else None
             per_layer, per_head = weight_metrics(wq, wk, rot, spectra=plan.spectra)
             for i, (site, _) in enumerate(members):
                 self._store(
@@ -314,7 +318,7 @@ class Probe:
         """Evenly spaced row positions, made once per (length, device): no host-to-device copy per report."""
         key = (t, n, str(device))
         if key not in self._positions:
-            self._positions[key] = torch.linspace(0, t - 1, n).round().long().unique().to(device)
+            self._positions[key] = torch.unique(torch.linspace(0, t - 1, n).round().long()).to(device)
         return self._positions[key]
 
     def _store(self, layer: int, per_layer: dict[str, Tensor], per_head: dict[str, Tensor]) -> None:
@@ -364,6 +368,6 @@ def _sharded(t: Tensor) -> bool:
     return hasattr(t, "full_tensor")  # a DTensor (FSDP2, tensor parallelism)
 
 
-def _full(t: Tensor | None) -> Tensor | None:
+def _full(t: Tensor) -> Tensor:
     """A plain tensor from a possibly sharded (DTensor) parameter."""
-    return t.full_tensor() if t is not None and hasattr(t, "full_tensor") else t
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -14,14 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import torch
 from torch import Tensor
 
 from qkwatch.monitor.wire import encode_value
 
-Key = tuple
+Key: TypeAlias = (
+    tuple[Literal["layer"], str, int]
+    | tuple[Literal["heads"], str, int, int]
+    | tuple[Literal["layers"], str, int]
+    | tuple[Literal["scalar"], str]
+)
 """What a slice of the packed values is: ``("layer", metric, layer)`` (one value),
 ``("heads", metric, layer, n)`` (n values), ``("layers", metric, n)`` (one per layer) or
 ``("scalar", name)`` (one value)."""

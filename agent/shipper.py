@@ -27,7 +27,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,17 +146,17 @@ class Sender:
     def _run(self) -> None:
         while not self._stop.is_set():
             result = self._send_some()
-            draining = self._drain_until is not None
+            drain_until = self._drain_until  # set once, by close()
             if result is None:  # nothing pending
-                if draining:
+                if drain_until is not None:
                     return
                 self._wake.wait(self.flush_seconds)
                 self._wake.clear()
             elif result is False:
-                if draining and time.monotonic() >= self._drain_until:
+                if drain_until is not None and time.monotonic() >= drain_until:
                     return
                 self._sleep_backoff(self._drain_until)
-            elif draining and time.monotonic() >= self._drain_until:
+            elif drain_until is not None and time.monotonic() >= drain_until:
                 return
 
     def _send_some(self) -> bool | None:
@@ -180,17 +180,19 @@ class Sender:
         return True
 
     def _post(self, records: list[Record], attempt: int) -> None:
+        run_id = self.run_id
+        assert run_id is not None, "_attempt() has created or resumed the run"
         status = records[0].payload.get("status")
         if status is not None:
-            self._client().set_status(self.run_id, {**status, "attempt": attempt})
-            logger.info("run %s (attempt %d) marked %s", self.run_id, attempt, status.get("status"))
+            self._client().set_status(run_id, {**status, "attempt": attempt})
+            logger.info("run %s (attempt %d) marked %s", run_id, attempt, status.get("status"))
             return
         body = {
             "batch_id": str(_batch_id(self.spool, records)),
             "attempt": attempt,
             "reports": [r.payload["report"] for r in records],
         }
-        self._client().post_reports(self.run_id, body)
+        self._client().post_reports(run_id, body)
 
     def _attempt(self, key: str, payload: dict[str, Any]) -> int:
         if key not in self._attempts:
@@ -277,7 +279,7 @@ class Sender:
         return self._transport
 
 
-def _reports(records: list[Record], key: str):
+def _reports(records: list[Record], key: str) -> Iterator[Record]:
     """The leading reports of one attempt key; a status record ends the batch (it is sent after them)."""
     for record in records:
         if record.payload.get("attempt_key", "") != key or "report" not in record.payload:

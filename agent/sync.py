@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from qkwatch.agent.disk_spool import Spool, SpoolLocked
@@ -65,7 +66,7 @@ def sync(
             health = Health()
             sender = Sender(
                 spool,
-                lambda u=url: HttpTransport(u, token, 30.0),
+                partial(HttpTransport, url, token, 30.0),
                 batch_max=batch_max,
                 flush_seconds=0.1,
                 backoff_base=0.5,

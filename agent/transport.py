@@ -78,9 +78,10 @@ class HttpTransport:
             raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}", retryable=True) from None
         if response.is_success:
             try:
-                return response.json()
+                answer: dict[str, Any] = response.json()  # every collector answer is a JSON object
             except ValueError:
                 raise TransportError(f"{method} {path}: the answer is not JSON", retryable=True) from None
+            return answer
         status = response.status_code
         retryable = status in RETRYABLE_STATUS or status >= 500
         raise TransportError(

@@ -20,16 +20,21 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from qkwatch.monitor.client import Client
+    from qkwatch.trainer.config import RunConfig
 
 VARIANTS = {"vanilla": [], "raa": ["raa.enabled=true"]}
 """The two runs of the demo and the overrides that make them differ."""
 PROGRESS_SECONDS = 15.0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo",
         help="the collapse band forming without RAA and held with it, live, side by side",
@@ -50,7 +55,7 @@ class Trainee:
 
     variant: str
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log: Path
     run_id: str | None = None
 
@@ -95,8 +100,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     f"qkwatch demo: the {t.variant} run failed (exit {t.process.returncode}); see {t.log}",
                     file=sys.stderr,
                 )
-            if all(t.run_id for t in trainees):
-                print(summary_table(client, trainees, band, onset(cfg)), flush=True)
+            runs = {t.variant: t.run_id for t in trainees if t.run_id}
+            if len(runs) == len(trainees):  # every run reached the collector
+                print(summary_table(client, runs, band, onset(cfg)), flush=True)
         if failed:
             return 1
         if args.keep_serving:
@@ -119,12 +125,12 @@ def run_demo(args: argparse.Namespace) -> int:
         collector.stop()
 
 
-def onset(cfg) -> int:
+def onset(cfg: RunConfig) -> int:
     """The step the recipe's induced collapse begins at (0 without one)."""
     return cfg.intervention.collapse_start if cfg.intervention.kind == "qk_collapse" else 0
 
 
-def band_layers(cfg) -> list[int]:
+def band_layers(cfg: RunConfig) -> list[int]:
     """The layers the recipe's intervention collapses (none for a recipe without one)."""
     if cfg.intervention.kind == "qk_collapse" and cfg.intervention.layers:
         return list(cfg.intervention.layers)
@@ -160,7 +166,7 @@ def _start_run(variant: str, name: str, args: argparse.Namespace, url: str, work
     return Trainee(variant, name, process, log)
 
 
-def _announce_page(client, url: str, trainees: list[Trainee], timeout: float = 180.0) -> None:
+def _announce_page(client: Client, url: str, trainees: list[Trainee], timeout: float = 180.0) -> None:
     """Print the live page's link, with both runs selected, once the agents have created them."""
     from qkwatch.monitor.client import CollectorError
 
@@ -184,7 +190,7 @@ def _announce_page(client, url: str, trainees: list[Trainee], timeout: float = 1
     )
 
 
-def _follow(client, trainees: list[Trainee], band: list[int], steps: int) -> None:
+def _follow(client: Client, trainees: list[Trainee], band: list[int], steps: int) -> None:
     """Until every run ends: a progress line every PROGRESS_SECONDS, read from the collector."""
     from qkwatch.monitor.client import CollectorError
 
@@ -195,31 +201,33 @@ def _follow(client, trainees: list[Trainee], band: list[int], steps: int) -> Non
             continue
         last = time.monotonic()
         try:
-            parts = [_progress(client, t, band) for t in trainees if t.run_id]
+            parts = [_progress(client, t.variant, t.run_id, band) for t in trainees if t.run_id]
         except CollectorError:
             continue
         print("  " + "   |   ".join(parts), flush=True)
 
 
-def _progress(client, t: Trainee, band: list[int]) -> str:
-    last = client.run(t.run_id)["last_step"]
-    h = client.heatmap(t.run_id, "qkai", start=max(0, last - 500)) if last is not None else {"steps": []}
+def _progress(client: Client, variant: str, run_id: str, band: list[int]) -> str:
+    last = client.run(run_id)["last_step"]
+    if last is None:
+        return f"{variant}: starting"
+    h = client.heatmap(run_id, "qkai", start=max(0, last - 500))
     if not h["steps"]:
-        return f"{t.variant}: starting"
+        return f"{variant}: starting"
     row = h["values"][-1]
     text = (
-        f"{t.variant}: step {h['steps'][-1]:>4}  band QKAI {_mean(row, band):.2f}"
+        f"{variant}: step {h['steps'][-1]:>4}  band QKAI {_mean(row, band):.2f}"
         if band
-        else f"{t.variant}: step {h['steps'][-1]:>4}  QKAI max {max(_finite(row), default=math.nan):.2f}"
+        else f"{variant}: step {h['steps'][-1]:>4}  QKAI max {max(_finite(row), default=math.nan):.2f}"
     )
-    firing = {a["rule"] for a in client.alerts(run=t.run_id, state="firing")["data"]}
+    firing = {a["rule"] for a in client.alerts(run=run_id, state="firing")["data"]}
     return text + (f"  ALERT {', '.join(sorted(firing))}" if firing else "")
 
 
 # --- the summary ----------------------------------------------------------------------------------
 
 
-def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any]:
+def run_facts(client: Client, run_id: str, band: list[int], onset: int) -> dict[str, Any]:
     """What the demo's table says about one run, every figure read back from the collector.
 
     ``(at onset, last)`` pairs compare the band at the first report from step ``onset`` on (where
@@ -228,7 +236,9 @@ def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any
     facts: dict[str, Any] = {"status": client.run(run_id)["status"]}
     have = client.metrics(run_id).metrics  # the collector answers 404 for a metric the run never reported
     for metric in ("qkai", "attn_entropy", "stable_rank"):
-        h = client.heatmap(run_id, metric, max_steps=20_000) if metric in have else {"steps": []}
+        if metric not in have:
+            continue
+        h = client.heatmap(run_id, metric, max_steps=20_000)
         if not h["steps"]:
             continue
         outside = [i for i in h["layers"] if i not in band]
@@ -240,12 +250,8 @@ def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any
                 (max(_finite([row[i] for i in outside]), default=math.nan) for row in h["values"]), default=math.nan
             )
             facts["qkai_band_peak"] = max(_mean(row, band) for row in h["values"])
-    flagged = (
-        client.series(run_id, "raa_flagged_fraction", max_points=100_000)
-        if "raa_flagged_fraction" in have
-        else {"values": []}
-    )  # only RAA runs report it
-    values = _finite(flagged["values"])
+    flagged = "raa_flagged_fraction"  # only RAA runs report it
+    values = _finite(client.series(run_id, flagged, max_points=100_000)["values"]) if flagged in have else []
     if values:
         facts["flagged"] = (
             sum(values) / len(values),
@@ -258,9 +264,10 @@ def run_facts(client, run_id: str, band: list[int], onset: int) -> dict[str, Any
     return facts
 
 
-def summary_table(client, trainees: list[Trainee], band: list[int], onset: int) -> str:
-    facts = {t.variant: run_facts(client, t.run_id, band, onset) for t in trainees}
-    rows = [
+def summary_table(client: Client, runs: dict[str, str], band: list[int], onset: int) -> str:
+    """The demo's closing table, one column per run (``runs``: variant -> run id)."""
+    facts = {variant: run_facts(client, run_id, band, onset) for variant, run_id in runs.items()}
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
         (f"band QKAI, step {onset} -> last", lambda f: _pair(f.get("qkai"))),
         ("band QKAI, highest report", lambda f: _num(f.get("qkai_band_peak"))),
         ("QKAI outside the band, highest", lambda f: _num(f.get("qkai_outside_max"))),
@@ -273,7 +280,7 @@ def summary_table(client, trainees: list[Trainee], band: list[int], onset: int) 
         ("alerts that fired", lambda f: ", ".join(f["alerts"]) or "none"),
         ("status", lambda f: f["status"]),
     ]
-    names = [t.variant for t in trainees]
+    names = list(runs)
     width = max(len(label) for label, _ in rows) + 2
     lines = [
         f"\nthe band is layers {_layers(band)}; every figure is read back from the collector",
@@ -286,11 +293,11 @@ def summary_table(client, trainees: list[Trainee], band: list[int], onset: int) 
 # --- small helpers --------------------------------------------------------------------------------
 
 
-def _finite(values) -> list[float]:
+def _finite(values: Iterable[object]) -> list[float]:
     return [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
 
-def _mean(row: list, layers: list[int]) -> float:
+def _mean(row: Sequence[object], layers: list[int]) -> float:
     values = _finite([row[i] for i in layers if i < len(row)])
     return sum(values) / len(values) if values else math.nan
 

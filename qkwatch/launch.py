@@ -41,7 +41,8 @@ def free_port() -> int:
     """A TCP port on the loopback interface that nothing listens on right now."""
     with socket.socket() as s:
         s.bind((HOST, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
 class CollectorLaunchError(RuntimeError):
@@ -83,7 +84,7 @@ class CollectorProcess:
         self.env = dict(env or {})
         self.cwd = cwd
         self.start_timeout = start_timeout
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def command(self) -> list[str]:
@@ -117,20 +118,22 @@ class CollectorProcess:
             raise RuntimeError(f"the collector at {self.url} is already running")
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}  # unbuffered: the log is current when quoted
         if self.log is None:
-            self.proc = subprocess.Popen(
+            self.proc = proc = subprocess.Popen(
                 self.command, cwd=self.cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
             )
         else:
             with open(self.log, "a") as out:  # the child keeps its own descriptor
-                self.proc = subprocess.Popen(self.command, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        self._wait_healthy(self.start_timeout if timeout is None else timeout)
+                self.proc = proc = subprocess.Popen(
+                    self.command, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT
+                )
+        self._wait_healthy(proc, self.start_timeout if timeout is None else timeout)
         return self
 
-    def _wait_healthy(self, timeout: float) -> None:
+    def _wait_healthy(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
+            if proc.poll() is not None:
+                code = proc.returncode
                 self.proc = None
                 raise CollectorLaunchError(f"qkwatch serve exited with status {code}{self._log_tail()}")
             try:

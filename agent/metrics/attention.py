@@ -207,7 +207,7 @@ def _singular_values(m: Tensor) -> Tensor:
     return evals.sqrt().to(m.dtype)
 
 
-def _visible(t_q: int, t_k: int, causal: bool, q_pos: Tensor | None, device) -> tuple[Tensor, Tensor]:
+def _visible(t_q: int, t_k: int, causal: bool, q_pos: Tensor | None, device: torch.device) -> tuple[Tensor, Tensor]:
     if not causal:
         return torch.ones(t_q, t_k, dtype=torch.bool, device=device), torch.full((t_q,), t_k, device=device)
     pos = torch.arange(t_k - t_q, t_k, device=device) if q_pos is None else q_pos.to(device)

@@ -58,7 +58,7 @@ def split_qkv(
             f"{n_heads} query + 2 x {n_kv_heads} key/value heads"
         )
     d_head = rows // total_heads
-    wq, wk, wv = linear.split([n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head], dim=-2)
+    wq, wk, wv = torch.split(linear, [n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head], dim=-2)
     return split_heads(wq, n_heads), split_heads(wk, n_kv_heads), split_heads(wv, n_kv_heads)
 
 
@@ -110,11 +110,11 @@ def group_heads(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
     """
     if q.ndim < 3 or k.ndim < 3:
         # no head dim: plain broadcasting
-        return q, k, tuple(torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+        return q, k, tuple(_broadcast_shapes(q.shape[:-2], k.shape[:-2]))
     h, g = q.shape[-3], k.shape[-3]
     if h == g or g == 1:
         try:
-            lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+            lead = _broadcast_shapes(q.shape[:-2], k.shape[:-2])
         except RuntimeError:
             raise ValueError(f"query shape {tuple(q.shape)} and key shape {tuple(k.shape)} do not broadcast") from None
         return q, k, tuple(lead)
@@ -124,9 +124,15 @@ def group_heads(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
             f"n_heads % n_kv_heads == 0); query shape {tuple(q.shape)}, key shape {tuple(k.shape)}"
         )
     try:
-        lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])
+        lead = _broadcast_shapes(q.shape[:-3], k.shape[:-3])
     except RuntimeError:
         raise ValueError(f"query shape {tuple(q.shape)} and key shape {tuple(k.shape)} do not broadcast") from None
     qg = q.reshape(*q.shape[:-3], g, h // g, *q.shape[-2:])  # (..., G, n_rep, a, b)
     kg = k.unsqueeze(-3)  # (..., G, 1, a', b')
     return qg, kg, (*lead, h)
+
+
+def _broadcast_shapes(a: torch.Size, b: torch.Size) -> torch.Size:
+    """``torch.broadcast_shapes(a, b)``; RuntimeError when they do not broadcast."""
+    shape: torch.Size = torch.broadcast_shapes(a, b)  # type: ignore[no-untyped-call]  # unannotated in torch
+    return shape

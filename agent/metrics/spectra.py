@@ -70,11 +70,11 @@ def column_alignment(wq: Tensor, wk: Tensor) -> Tensor:
         (``E|cos| = sqrt(2 / (pi d_model))`` for independent isotropic columns).
     """
     try:
-        torch.broadcast_shapes(wq.shape, wk.shape)
+        torch.broadcast_shapes(wq.shape, wk.shape)  # type: ignore[no-untyped-call]  # unannotated in torch
     except RuntimeError:
         raise ValueError(f"column_alignment: wq {tuple(wq.shape)} and wk {tuple(wk.shape)} do not broadcast") from None
     dot = (wq * wk).sum(-2)
-    norms = wq.norm(dim=-2) * wk.norm(dim=-2)
+    norms: Tensor = wq.norm(dim=-2) * wk.norm(dim=-2)  # Tensor.norm is unannotated in torch
     return (dot / norms).abs().mean(-1)
 
 

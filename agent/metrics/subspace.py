@@ -25,6 +25,7 @@ A head whose weights hold a NaN or inf gives NaN: a diverging run still reports.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Literal, NamedTuple
 
@@ -246,18 +247,25 @@ def _randomized_top_r(w: Tensor, r: int) -> Tensor:
     q = min(r + RANDOMIZED_OVERSAMPLE, w.shape[-1])
     gen = torch.Generator(device=w.device).manual_seed(0)
     omega = torch.randn(w.shape[-1], q, generator=gen, device=w.device, dtype=w.dtype)  # (hs, q)
-    basis = torch.linalg.qr(w @ omega).Q  # (..., D, q)
+    basis: Tensor = torch.linalg.qr(w @ omega).Q  # (..., D, q)
     for _ in range(RANDOMIZED_NITER):
         basis = torch.linalg.qr(w.mT @ basis).Q  # (..., hs, q)
         basis = torch.linalg.qr(w @ basis).Q  # (..., D, q)
-    u_small = torch.linalg.svd(basis.mT @ w, full_matrices=False).U  # (..., q, q)
+    u_small: Tensor = torch.linalg.svd(basis.mT @ w, full_matrices=False).U  # (..., q, q)
     return (basis @ u_small)[..., :r]
 
 
 # --- the cascade ----------------------------------------------------------------------------
 
+Tier = Callable[[_Grams, torch.dtype], tuple[Tensor, Tensor]]
+"""``tier(grams, dtype) -> (values, ok)``: one way to compute every head, and which to trust."""
+LastResort = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
+"""``last_resort(wq, wk) -> (values, defined)``: the float64 Householder/SVD route."""
 
-def _cascade(wq: Tensor, wk: Tensor, dt: torch.dtype, tier, last_resort, *, refine: bool = True) -> Tensor:
+
+def _cascade(
+    wq: Tensor, wk: Tensor, dt: torch.dtype, tier: Tier, last_resort: LastResort, *, refine: bool = True
+) -> Tensor:
     """Run ``tier`` on every head in ``dt``, then recompute the untrustworthy heads more carefully.
 
     ``tier(grams, dtype) -> (values, ok)`` with values ``(*heads, ...)``. Heads with ``ok`` false
@@ -276,7 +284,7 @@ def _cascade(wq: Tensor, wk: Tensor, dt: torch.dtype, tier, last_resort, *, refi
     return values.reshape((*shape, *values.shape[ok.ndim :]))
 
 
-def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier, last_resort) -> Tensor:
+def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier: Tier, last_resort: LastResort) -> Tensor:
     q = qg.expand(*pending.shape, *qg.shape[-2:])[pending]  # (n_pending, D, hs): copies these heads only
     k = kg.expand(*pending.shape, *kg.shape[-2:])[pending]
     finite = _finite_heads(q) & _finite_heads(k)
@@ -327,7 +335,7 @@ def _top_r_basis(gram: Tensor, r: int, dt: torch.dtype) -> tuple[Tensor, Tensor]
 
 def _stable_rank_of_core(core: Tensor) -> Tensor:
     fro2 = core.square().sum((-2, -1))
-    spec2 = torch.linalg.eigvalsh(core.mT @ core)[..., -1]
+    spec2: Tensor = torch.linalg.eigvalsh(core.mT @ core)[..., -1]
     return fro2 / spec2
 
 

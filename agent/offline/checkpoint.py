@@ -20,7 +20,7 @@ import json
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -28,6 +28,12 @@ from torch import Tensor
 
 class CheckpointError(Exception):
     """The checkpoint cannot be read as asked; the message says why and what to do."""
+
+
+class _TensorFile(Protocol):
+    """An open checkpoint file: safetensors' ``safe_open`` handle or a :class:`_TorchFile`."""
+
+    def get_tensor(self, key: str) -> Tensor: ...
 
 
 class Checkpoint:
@@ -46,7 +52,7 @@ class Checkpoint:
         self.kind = kind
         self._index = index  # key -> file holding it
         self._loaded = loaded or {}  # keys of a torch file already mapped by torch.load(mmap=True)
-        self._handles: dict[Path, Any] = {}
+        self._handles: dict[Path, _TensorFile] = {}
 
     def keys(self) -> list[str]:
         return list(self._index)
@@ -71,7 +77,7 @@ class Checkpoint:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _handle(self, file: Path) -> Any:
+    def _handle(self, file: Path) -> _TensorFile:
         if file not in self._handles:
             if file.suffix == ".safetensors":
                 from safetensors import safe_open

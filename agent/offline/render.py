@@ -7,7 +7,7 @@ import io
 import json
 import math
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from qkwatch.agent.offline.analyze import Analysis, random_baseline
 from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, as_text
@@ -34,7 +34,7 @@ def to_json(analysis: Analysis) -> str:
     shape = asdict(analysis.shape)
     layers = []
     for i, row in enumerate(analysis.layers):
-        entry = {"layer": row["layer"], **{k: encode_value(v) for k, v in row.items() if k != "layer"}}
+        entry: dict[str, Any] = {"layer": row["layer"], **{k: encode_value(v) for k, v in row.items() if k != "layer"}}
         if analysis.heads is not None:
             entry["heads"] = {k: [encode_value(v) for v in vals] for k, vals in analysis.heads[i].items()}
         layers.append(entry)
@@ -117,7 +117,7 @@ BLOCKS = "▁▂▃▄▅▆▇█"
 
 def band(analysis: Analysis, threshold: float = COLLAPSE_THRESHOLD) -> list[int]:
     """Layers whose mean QKAI exceeds the collapse threshold."""
-    return [row["layer"] for row in analysis.layers if row["qkai"] > threshold]
+    return [int(row["layer"]) for row in analysis.layers if row["qkai"] > threshold]  # the index, an int
 
 
 def _fmt_cell(metric: str, value: float, threshold: float, digits: int = 3) -> str:
@@ -129,4 +129,4 @@ def _fmt_cell(metric: str, value: float, threshold: float, digits: int = 3) -> s
 
 def _fmt_csv(value: float) -> str:
     encoded = encode_value(value)
-    return encoded if isinstance(encoded, str) else repr(float(encoded))
+    return encoded if isinstance(encoded, str) else repr(float(value))  # finite: encoded is value
