@@ -1,8 +1,8 @@
 """The in-process agent: attach to a transformer, measure its attention geometry cheaply, ship it
 without ever blocking a step or losing a report, and read the per-layer lambdas back.
 
-    from qkwatch import agent
-    with agent.attach(model, project="p", run="r1") as a:
+    import qkwatch
+    with qkwatch.attach(model, project="p", run="r1") as a:     # qkwatch.attach is this package's attach
         for step in range(steps):
             a.step(step)
             ...

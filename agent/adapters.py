@@ -141,7 +141,7 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
     raise AdapterError(
         "found no attention layers the agent knows (qkwatch GPT, HuggingFace Llama/Mistral/Qwen/BERT/GPT-2, "
         f"nanoGPT). Module types in this model: {', '.join(kinds[:40])}"
-        f"{' ...' if len(kinds) > 40 else ''}. Pass layout=agent.Layout(q='layers.{{i}}.wq', "
+        f"{' ...' if len(kinds) > 40 else ''}. Pass layout=qkwatch.Layout(q='layers.{{i}}.wq', "
         "k='layers.{i}.wk', n_heads=..., tap=...) to name them."
     )
 

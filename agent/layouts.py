@@ -2,7 +2,7 @@
 
 A :class:`Layout` names the modules by path pattern (``{i}`` = layer index). A checkpoint's
 tensor is the module path plus ``.weight``, so the same layout serves offline analysis of a state
-dict on disk (``qkwatch analyze``) and the live agent on a module tree (``agent.attach(model,
+dict on disk (``qkwatch analyze``) and the live agent on a module tree (``qkwatch.attach(model,
 layout=...)`` for a model no adapter knows). Checkpoints may carry a prefix (``bert.``,
 ``model.``, ``transformer.``, ``module.``): detection finds it.
 
