@@ -46,13 +46,15 @@ from qkwatch.agent.identity import RunIdentity
 from qkwatch.agent.lambdas import fetch_first
 from qkwatch.agent.layouts import Layout
 from qkwatch.agent.probe import Capture, Plan
-from qkwatch.agent.report import Packed, Packer, encode, missing_layers_event
+from qkwatch.agent.report import Packed, Packer, encode, encode_logged, missing_layers_event
 from qkwatch.agent.transport import HttpTransport, transports
 from qkwatch.monitor.wire import STATUS_REASON_MAX, RunConfig
 
 logger = logging.getLogger(__name__)
 
 INITIAL_FETCH_SECONDS = 2.0
+MAX_LOGGED_STEPS = 256
+"""At most this many steps of logged scalars wait for the next report; beyond, they ship on their own."""
 """How long attach() may spend getting the run's lambdas before the first step (collector up)."""
 END_STATUSES = ("finished", "crashed")
 """What ``close(status=...)`` may say about how the run ended (None: say nothing)."""
@@ -95,7 +97,8 @@ class Agent:
         self._plan: Plan | None = None
         self._plan_time = 0.0
         self._first_report = True
-        self._scalars: dict[str, tuple[int, float | Tensor]] = {}
+        self._logged: dict[int, dict[str, float | Tensor]] = {}  # step -> scalars logged at it
+        self._logged_at: dict[int, float] = {}  # step -> when it was first logged
         self._layer_values: dict[str, tuple[int, Any]] = {}
         self._applied: dict[int, list[float]] = {}
         self._overhead = Overhead()
@@ -136,6 +139,8 @@ class Agent:
         if plan.any:
             self._plan, self._plan_time = plan, time.time()
             self.probe.arm(plan)
+        elif len(self._logged) >= MAX_LOGGED_STEPS:
+            self._flush_logged()
         self._overhead.add(time.perf_counter() - start, step=True)
 
     def lambdas(self) -> list[float] | None:
@@ -155,11 +160,20 @@ class Agent:
         return list(values)
 
     def log(self, step: int, **scalars: float | Tensor) -> None:
-        """Run-level values (loss, lr, eval results); shipped with the report of their step."""
+        """Run-level values (loss, lr, eval results), every one stored at ``step``.
+
+        Tensors stay where they are until the next report, which copies them to the host with its
+        own values (no synchronisation here); a step without a report becomes a report of its own
+        holding only these scalars. Logging a name twice at one step keeps the last value.
+        """
         if self._skip() or self.rank != 0:
             return
+        logged = self._logged.get(step)
+        if logged is None:
+            logged = self._logged[step] = {}
+            self._logged_at[step] = time.time()
         for name, value in scalars.items():
-            self._scalars[name] = (step, value.detach() if isinstance(value, Tensor) else value)
+            logged[name] = value.detach() if isinstance(value, Tensor) else value
 
     def log_layers(self, step: int, values: dict[str, Any]) -> None:
         """Per-layer values (e.g. ``{"lambda": [...], "par": tensor}``) for the report of ``step``."""
@@ -192,7 +206,7 @@ class Agent:
         self._closed = True
         deadline = time.monotonic() + max(0.0, timeout)
         try:
-            if self._plan is not None or self._scalars or self._layer_values or self.lambdas_state.has_events():
+            if self._plan is not None or self._logged or self._layer_values or self.lambdas_state.has_events():
                 self._finish_report()
         finally:
             self.probe.close()
@@ -262,15 +276,33 @@ class Agent:
         self._plan = None
         packer = Packer()
         packer.metrics(capture.layers, capture.heads)
-        for name, value in self._take_logged(self._scalars, plan.step):
+        for name, value in self._logged.pop(plan.step, {}).items():
             packer.scalar(name, value)
+        self._logged_at.pop(plan.step, None)
+        self._pack_logged(packer)
         for name, value in self._take_logged(self._layer_values, plan.step):
             packer.layer_values(name, value)
         if self.rank == 0 and plan.step in self._applied and not packer.has_layer_values("lambda"):
             packer.layer_values("lambda", self._applied[plan.step])
         for name, value in self._health_scalars().items():
             packer.scalar(name, value)
-        packed = packer.pack(plan.step, self._plan_time or time.time(), self._events(plan, capture))
+        self._ship(packer.pack(plan.step, self._plan_time or time.time(), self._events(plan, capture)))
+
+    def _flush_logged(self) -> None:
+        """Ship the scalars of many steps without a report (a long report cadence), bounding what waits."""
+        packer = Packer()
+        self._pack_logged(packer)
+        self._ship(packer.pack(self._step, time.time(), [], main=False))
+
+    def _pack_logged(self, packer: Packer) -> None:
+        """Every step's logged scalars that have not gone yet, each for a report of its own step."""
+        for step, scalars in self._logged.items():
+            packer.logged(step, self._logged_at.get(step, time.time()), scalars)
+        self._logged.clear()
+        self._logged_at.clear()
+
+    def _ship(self, packed: Packed) -> None:
+        """Start the pack's copy to the host; spool it now (CPU) or once the copy is done (GPU)."""
         packed.values, packed.ready = start_host_copy(packed.values)
         if packed.ready is None:
             self._write_report(packed)
@@ -278,7 +310,8 @@ class Agent:
         if self._host_copy is None:
             self._host_copy = HostCopyWriter(self._write_report, self._append_status)
         if not self._host_copy.put(packed):
-            self.spool.count_dropped(1)  # the step never waits: counted like the spool caps' drops
+            # the step never waits: counted like the spool caps' drops, a report per step it held
+            self.spool.count_dropped(len(packed.logged_times) + int(packed.main))
 
     def _take_logged(self, logged: dict[str, tuple[int, Any]], step: int) -> list[tuple[str, Any]]:
         """The values logged for ``step`` (at close: every value left), taken out of ``logged``."""
@@ -295,17 +328,25 @@ class Agent:
         Room is made in the spool before the report's own count of dropped reports is set, so the
         count it carries includes every drop made to fit it.
         """
+        for logged in encode_logged(packed):
+            self._spool_report(logged)
+        if not packed.main:
+            return
         report = encode(packed, self.n_layers)
-        self.spool.make_room(len(json.dumps(report)) + 256)
-        self._drops.note(report, self.spool.dropped)
-        self.spool.append({"attempt_key": self.attempt_key, "report": report})
-        self.health.written += 1
-        self.sender.notify()
+        self._spool_report(report, note_drops=True)
         entropy = report["layers"].get("attn_entropy")
         if entropy:
             self.lambdas_state.observe(
                 {i: float(v) for i, v in enumerate(entropy) if isinstance(v, float) and i in self.owned}
             )
+
+    def _spool_report(self, report: dict[str, Any], *, note_drops: bool = False) -> None:
+        self.spool.make_room(len(json.dumps(report)) + 256)
+        if note_drops:
+            self._drops.note(report, self.spool.dropped)
+        self.spool.append({"attempt_key": self.attempt_key, "report": report})
+        self.health.written += 1
+        self.sender.notify()
 
     def _health_scalars(self) -> dict[str, float]:
         out = health_scalars(

@@ -78,4 +78,4 @@ def test_debug_cpu_under_torchrun_reports_every_layer_and_applies_the_overrides(
     par = {(r["step"], r["layer"]): r["value"] for r in rows if r["metric"] == "par"}
     assert all(par[(s, 0)] == 0.0 for s in report_steps)  # layer 0: lambda 0 before evidence... and not flagged
     loss = sorted(r["step"] for r in rows if r["metric"] == "loss")
-    assert loss[:3] == [0, 5, 10]
+    assert loss == list(range(60))  # the trainer logs its loss at every step, and every one is stored
