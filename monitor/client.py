@@ -51,6 +51,7 @@ from qkwatch.monitor.results import (
     history_columns,
     history_frame,
 )
+from qkwatch.monitor.thresholds import Thresholds
 from qkwatch.monitor.wire import Report
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -155,6 +156,15 @@ class Client:
     # runs
     def health(self) -> Health:
         return Health.of(self._json("GET", "/healthz"))
+
+    def thresholds(self) -> Thresholds:
+        """The collector's collapse threshold and H* (``/ui/config.json``, which needs no token).
+
+        Raises:
+            CollectorError: as any call; ValueError or KeyError for an answer that does not hold them.
+        """
+        body = self._json("GET", "/ui/config.json")
+        return Thresholds(collapse=float(body["collapse_threshold"]), h_star=float(body["h_star"]))
 
     def create_run(
         self, project: str, name: str, config: dict[str, Any] | None = None, attempt_key: str | None = None

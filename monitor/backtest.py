@@ -1,0 +1,412 @@
+"""Backtests: stored runs replayed through alert rules, each rule's first firing scored against the run's outcome.
+
+``qkwatch alerts backtest`` and the experiments that score detectors across many runs use it.
+:func:`read` takes a run from a collector over REST into a :class:`RunHistory`; everything else
+is pure and takes histories as data, so a history may also be built by hand.
+
+**The replay is the collector's own code.** Each report goes through
+:func:`qkwatch.monitor.alerting.evaluator.evaluate_batch` (and so through
+:func:`qkwatch.monitor.alerting.rules.evaluate`) as a batch of its own, in (attempt, step) order,
+against an in-memory :class:`~qkwatch.monitor.alerting.evaluator.AlertLedger`: the rule state
+round-trips through the ledger between reports exactly as it does through the store between
+batches, so a rule kind the collector can evaluate is replayed without this module knowing of
+it. A report's values are the stored per-layer values of that step (NaN as NaN, which breaks a
+streak; not measured as None, which is skipped), as the ingest hands them to the rules. When an
+attempt gives way to the next, the run ends first (:func:`~qkwatch.monitor.alerting.evaluator.end_of_run`):
+live, a run is marked crashed (by the agent, or as stale) before it resumes, and its streaks start
+over. A rule's *first firing step* is the step of the report at which the collector opened its
+first alert (a band's alert, or any layer's); its *onset step* is where the condition began to
+hold (the alert's ``onset_step``).
+
+The replay can differ from what a collector did at the time in three ways, none of which a
+history records: the collector ran other rules or another collapse threshold; a batch arrived
+after a later one (the collector's rules skip reports older than one they have seen; the
+replay takes every stored report in order); or a run resumed before the collector saw it end.
+
+**Scoring.** The outcome is :func:`qkwatch.monitor.outcomes.label` of the run's ``loss`` scalar
+(the merged view over attempts: per step the latest attempt's value): ``diverged``, ``spiked`` or
+``healthy``, or ``unknown`` when no loss was logged. For a run that went bad,
+``lead_steps = outcome_step - first_fire_step`` (negative when the rule fired late) and
+``lead_reports`` counts the reports from the firing up to, not including, the outcome's step
+(negative: the reports from the outcome up to the firing). A rule that fires on a healthy run
+raised a false alarm; its leads are None, as they are when it never fired.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from qkwatch.monitor.alerting.evaluator import StateKey, StoredState, end_of_run, evaluate_batch
+from qkwatch.monitor.alerting.rules import ReportValues, RuleSet, Transition
+from qkwatch.monitor.outcomes import OutcomeRule, label
+
+if TYPE_CHECKING:
+    from qkwatch.monitor.client import Client, Run
+
+OutcomeLabel = Literal["diverged", "spiked", "healthy", "unknown"]
+BAD: frozenset[str] = frozenset({"diverged", "spiked"})
+"""The outcomes a rule should warn of."""
+ANY_RULE = "(any rule)"
+"""The summary row of the rules together: a run is flagged at its earliest firing of any rule."""
+SCALAR_LAYER = -1
+"""The layer of a run-level scalar (``loss``) in a history answer."""
+
+
+# ---- what a run holds --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunHistory:
+    """What a backtest needs of one run: its reports' per-layer values and its training loss."""
+
+    run: str
+    """How the run is named in results (``project/name``)."""
+    reports: Sequence[ReportValues]
+    """The per-layer values of each report, in any order (they are replayed in (attempt, step) order)."""
+    loss_steps: Sequence[int] = ()
+    """Ascending steps of the logged training loss."""
+    losses: Sequence[float] = ()
+    """The loss at each of ``loss_steps``, NaN and infinities as logged; empty when none was logged."""
+
+    @classmethod
+    def from_columns(
+        cls, run: str, columns: Mapping[str, Sequence[Any]], attempt: int = 1, loss: str = "loss"
+    ) -> RunHistory:
+        """From one ``Client.history(..., frame=False)`` answer: a run of one attempt, or one attempt of a run."""
+        steps, losses = scalar(columns, loss)
+        return cls(run, layer_reports(columns, attempt), steps, losses)
+
+
+def layer_reports(columns: Mapping[str, Sequence[Any]], attempt: int = 1) -> list[ReportValues]:
+    """History columns (``step``, ``layer``, one per metric; None: not measured) -> one report per step.
+
+    A report holds each metric measured on some layer at its step, as a list over layers 0..the
+    highest measured, None where a layer was not measured: the shape the ingest gives the rules.
+    Run-level scalars (layer -1) are not part of it, as they are not at ingest.
+    """
+    names = [k for k in columns if k not in ("step", "layer")]
+    by_step: dict[int, dict[str, list[float | None]]] = {}
+    for i, (step, layer) in enumerate(zip(columns["step"], columns["layer"], strict=True)):
+        if layer < 0:
+            continue
+        for name in names:
+            value = columns[name][i]
+            if value is None:
+                continue
+            row = by_step.setdefault(int(step), {}).setdefault(name, [])
+            row.extend([None] * (layer + 1 - len(row)))
+            row[layer] = float(value)
+    return [ReportValues(attempt, step, values) for step, values in sorted(by_step.items())]
+
+
+def scalar(columns: Mapping[str, Sequence[Any]], name: str) -> tuple[list[int], list[float]]:
+    """A run-level scalar of history columns as (steps, values) where it was measured; empty when absent."""
+    if name not in columns:
+        return [], []
+    rows = [
+        (int(s), float(v))
+        for s, la, v in zip(columns["step"], columns["layer"], columns[name], strict=True)
+        if la == SCALAR_LAYER and v is not None
+    ]
+    return [s for s, _ in rows], [v for _, v in rows]
+
+
+def read(client: Client, run: str | Run, loss: str = "loss") -> RunHistory:
+    """Read a run from a collector: every per-layer metric of each attempt, and the merged ``loss``.
+
+    One ``history`` call per attempt (and one for the loss); an answer the collector finds too
+    large (422) is read again in two halves of its step range, until each fits.
+
+    Raises:
+        CollectorError: unreachable collector, unknown run (404 naming it), refused token.
+    """
+    found = client.run(run)
+    have = client.metrics(found.id).metrics
+    per_layer = sorted(name for name, layers in have.items() if any(la >= 0 for la in layers))
+    reports: list[ReportValues] = []
+    if per_layer:
+        for attempt in range(1, found.latest_attempt + 1):
+            for columns in _columns(client, found, per_layer, attempt):
+                reports += layer_reports(columns, attempt)
+    steps: list[int] = []
+    losses: list[float] = []
+    if SCALAR_LAYER in have.get(loss, ()):
+        for columns in _columns(client, found, [loss], None):
+            more_steps, more_losses = scalar(columns, loss)
+            steps += more_steps
+            losses += more_losses
+    return RunHistory(found.ref, reports, steps, losses)
+
+
+def _columns(
+    client: Client, run: Run, metrics: list[str], attempt: int | None, start: int = 0, end: int | None = None
+) -> list[dict[str, Any]]:
+    """History columns of steps ``start..end`` (inclusive; None: no upper bound), as one answer or, when
+    that is refused as too large, as several over halves of the range (split at the run's last step)."""
+    from qkwatch.monitor.client import CollectorError
+
+    try:
+        return [client.history(run.id, metrics, start=start, end=end, attempt=attempt, frame=False)]
+    except CollectorError as exc:
+        top = run.last_step if end is None else end
+        if exc.status != 422 or top is None or top <= start:
+            raise
+    mid = (start + top) // 2
+    return _columns(client, run, metrics, attempt, start, mid) + _columns(client, run, metrics, attempt, mid + 1, end)
+
+
+# ---- the replay ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Firing:
+    """An alert the collector would have opened."""
+
+    rule: str
+    attempt: int
+    step: int
+    """The report at which it fired."""
+    onset_step: int
+    """Where its condition began to hold (the alert's ``onset_step``)."""
+    layers: tuple[int, ...]
+    summary: str
+
+
+class _Ledger:
+    """An :class:`~qkwatch.monitor.alerting.evaluator.AlertLedger` in memory that keeps the alerts opened."""
+
+    def __init__(self) -> None:
+        self.states: dict[StateKey, StoredState] = {}
+        self.opened: list[Firing] = []
+        self.attempt = 0
+
+    def load_states(self) -> dict[StateKey, StoredState]:
+        return dict(self.states)
+
+    def save_states(self, states: dict[StateKey, StoredState]) -> None:
+        self.states.update(states)
+
+    def open_alert(self, t: Transition) -> int:
+        self.opened.append(Firing(t.rule, self.attempt, t.step, t.onset_step, t.layers, t.summary))
+        return len(self.opened)
+
+    def update_alert(self, alert_id: int, t: Transition) -> None:
+        """A band's layers changed: not a new firing."""
+
+    def resolve_alert(self, alert_id: int, t: Transition) -> None:
+        """Resolutions are not scored."""
+
+    def queue_notification(self, alert_id: int, status: str) -> None:
+        """Nothing is sent."""
+
+    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
+        """The run ended before the next attempt (see :func:`replay`)."""
+
+
+def replay(rules: RuleSet, reports: Iterable[ReportValues]) -> list[Firing]:
+    """Every alert the collector would have opened over ``reports``, in order (see the module docstring)."""
+    ledger = _Ledger()
+    last: ReportValues | None = None
+    for report in sorted(reports, key=lambda r: (r.attempt, r.step)):
+        if last is not None and report.attempt != last.attempt:
+            end_of_run(ledger, last.step, "crashed")  # it resumed as a new attempt
+        ledger.attempt = report.attempt
+        evaluate_batch(rules, ledger, report.attempt, [(report.step, report.layers)])
+        last = report
+    return ledger.opened
+
+
+def rule_names(rules: RuleSet) -> list[str]:
+    """Every rule's name, whatever its kind: the named items of each of the rule set's tuples."""
+    names: list[str] = []
+    for f in dataclasses.fields(rules):
+        value = getattr(rules, f.name)
+        if isinstance(value, tuple):
+            names += [name for item in value if isinstance(name := getattr(item, "name", None), str)]
+    return list(dict.fromkeys(names))
+
+
+# ---- scoring ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """One rule on one run."""
+
+    rule: str
+    first_fire_step: int | None
+    """The step of the report at which it first fired; None: it never fired."""
+    lead_steps: int | None
+    """``outcome_step - first_fire_step`` on a run that went bad (negative: late); else None."""
+    lead_reports: int | None
+    """Reports from the firing up to the outcome's step (negative: from the outcome up to the firing); else None."""
+    onset_step: int | None = None
+    attempt: int | None = None
+    layers: tuple[int, ...] = ()
+    """The layers of its first alert."""
+    firings: int = 0
+    """Alerts it opened over the whole run (each layer's count for a per-layer rule)."""
+    summary: str | None = None
+    """Its first alert's summary."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "first_fire_step": self.first_fire_step,
+            "lead_steps": self.lead_steps,
+            "lead_reports": self.lead_reports,
+            "onset_step": self.onset_step,
+            "attempt": self.attempt,
+            "layers": list(self.layers),
+            "firings": self.firings,
+            "summary": self.summary,
+        }
+
+
+@dataclass(frozen=True)
+class RunBacktest:
+    """One run: its outcome and each rule's first firing and lead."""
+
+    run: str
+    outcome: OutcomeLabel
+    outcome_step: int | None
+    why: str
+    reports: int
+    """Reports replayed (distinct steps with per-layer values)."""
+    rules: tuple[RuleResult, ...]
+
+    @property
+    def false_alarm(self) -> bool:
+        """A rule fired on a run that stayed healthy."""
+        return self.outcome == "healthy" and any(r.firings for r in self.rules)
+
+    def rule(self, name: str) -> RuleResult:
+        return next(r for r in self.rules if r.rule == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "outcome": self.outcome,
+            "outcome_step": self.outcome_step,
+            "why": self.why,
+            "reports": self.reports,
+            "false_alarm": self.false_alarm,
+            "rules": [r.to_json() for r in self.rules],
+        }
+
+
+def backtest(history: RunHistory, rules: RuleSet, outcome_rule: OutcomeRule | None = None) -> RunBacktest:
+    """Replay ``history`` through ``rules`` and score each rule's first firing against the run's outcome."""
+    outcome, outcome_step, why = _outcome(history, outcome_rule or OutcomeRule())
+    firings = replay(rules, history.reports)
+    steps = sorted({r.step for r in history.reports})
+    names = list(dict.fromkeys([*rule_names(rules), *(f.rule for f in firings)]))
+    bad_step = outcome_step if outcome in BAD else None
+    results = tuple(_result(name, [f for f in firings if f.rule == name], bad_step, steps) for name in names)
+    return RunBacktest(history.run, outcome, outcome_step, why, len(steps), results)
+
+
+def _outcome(history: RunHistory, rule: OutcomeRule) -> tuple[OutcomeLabel, int | None, str]:
+    if not history.losses:
+        return "unknown", None, "no training loss was logged (the outcome is read from the run's loss scalar)"
+    o = label(history.loss_steps, history.losses, rule)
+    return o.label, o.step, o.why
+
+
+def _result(name: str, firings: list[Firing], bad_step: int | None, steps: list[int]) -> RuleResult:
+    if not firings:
+        return RuleResult(name, None, None, None)
+    first = min(firings, key=lambda f: (f.attempt, f.step))
+    lead = None if bad_step is None else bad_step - first.step
+    return RuleResult(
+        name,
+        first.step,
+        lead,
+        None if bad_step is None else lead_reports(steps, first.step, bad_step),
+        first.onset_step,
+        first.attempt,
+        first.layers,
+        len(firings),
+        first.summary,
+    )
+
+
+def lead_reports(steps: Sequence[int], fire_step: int, outcome_step: int) -> int:
+    """Report steps in ``[fire_step, outcome_step)``, or minus those in ``[outcome_step, fire_step)`` (late)."""
+    lo, hi = sorted((fire_step, outcome_step))
+    count = bisect.bisect_left(steps, hi) - bisect.bisect_left(steps, lo)
+    return count if fire_step <= outcome_step else -count
+
+
+# ---- over many runs ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleScore:
+    """One rule (or :data:`ANY_RULE`) over many runs."""
+
+    rule: str
+    bad_runs: int
+    """Runs that diverged or spiked."""
+    flagged: int
+    """Bad runs on which it fired before the outcome's step (lead > 0)."""
+    late: int
+    """Bad runs on which it first fired at or after the outcome's step."""
+    recall: float | None
+    """``flagged / bad_runs``; None without bad runs."""
+    healthy_runs: int
+    false_alarms: int
+    """Healthy runs on which it fired."""
+    unknown_runs: int
+    """Runs without a loss, not scored."""
+    median_lead_steps: float | None
+    """Over the flagged runs."""
+    median_lead_reports: float | None
+    """Over the flagged runs."""
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(results: Sequence[RunBacktest]) -> list[RuleScore]:
+    """Per rule, and for :data:`ANY_RULE` (each run's earliest firing of any rule): recall, false alarms
+    and median leads over ``results``."""
+    names = list(dict.fromkeys(r.rule for run in results for r in run.rules))
+    return [_score(name, [(run, _pick(run, name)) for run in results]) for name in [*names, ANY_RULE]]
+
+
+def _pick(run: RunBacktest, name: str) -> RuleResult | None:
+    """The run's result for ``name``; for :data:`ANY_RULE` the earliest firing rule's (None: none fired)."""
+    if name != ANY_RULE:
+        return next((r for r in run.rules if r.rule == name), None)
+    fired = [r for r in run.rules if r.first_fire_step is not None]
+    return min(fired, key=lambda r: (r.attempt or 0, r.first_fire_step or 0), default=None)
+
+
+def _score(name: str, pairs: list[tuple[RunBacktest, RuleResult | None]]) -> RuleScore:
+    bad = [r for run, r in pairs if run.outcome in BAD]
+    early = [r for r in bad if r is not None and r.lead_steps is not None and r.lead_steps > 0]
+    late = [r for r in bad if r is not None and r.lead_steps is not None and r.lead_steps <= 0]
+    healthy = [r for run, r in pairs if run.outcome == "healthy"]
+    return RuleScore(
+        rule=name,
+        bad_runs=len(bad),
+        flagged=len(early),
+        late=len(late),
+        recall=len(early) / len(bad) if bad else None,
+        healthy_runs=len(healthy),
+        false_alarms=sum(1 for r in healthy if r is not None and r.firings),
+        unknown_runs=sum(1 for run, _ in pairs if run.outcome == "unknown"),
+        median_lead_steps=_median([r.lead_steps for r in early]),
+        median_lead_reports=_median([r.lead_reports for r in early]),
+    )
+
+
+def _median(values: Sequence[int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(statistics.median(known)) if known else None
