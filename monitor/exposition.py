@@ -34,6 +34,10 @@ LAYER_GAUGES = {
     "qkai": ("qkwatch_qkai_ratio", "Query-key alignment index of the layer (mean over heads), latest report."),
     "stable_rank": ("qkwatch_stable_rank", "Stable rank of Wq Wk^T of the layer (mean over heads), latest report."),
     "attn_entropy": ("qkwatch_attn_entropy", "Normalised attention entropy of the layer, latest report."),
+    "logit_max": (
+        "qkwatch_attn_logit_max",
+        "Largest scaled attention logit q.k/sqrt(d_head) of the layer's sampled rows, latest report.",
+    ),
     "lambda": ("qkwatch_lambda", "RAA penalty weight the trainer applied to the layer, latest report."),
 }
 # run-level scalars the agent reports about itself (and the loss) -> (exported name, help)

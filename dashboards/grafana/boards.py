@@ -112,12 +112,15 @@ FROM qkwatch_runs_v WHERE run_id = '$run'""",
             lay,
             "Alerts of the run (collector)",
             """SELECT rule, severity, state, layers, onset_step,
-       resolved_step, starts_at * 1000 AS starts, ends_at * 1000 AS ends, summary
+       resolved_step, predicted_step, starts_at * 1000 AS starts, ends_at * 1000 AS ends, summary
 FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             h=6,
-            description="The collector's own alerts (persistence counted in reports): qkai_high per "
-            "layer, collapse_band for adjacent layers. Their onsets are annotations on "
-            "the time series below.",
+            description="The collector's own alerts (persistence counted in reports), of every rule "
+            "it runs: by default qkai_high per layer and collapse_band for adjacent layers; with a "
+            "rules file also thresholds on other metrics (stable rank, attention entropy), logit "
+            "growth against the run's early value and forecasts. A forecast's predicted_step is the "
+            "step at which it expected the crossing when it fired; its summary says why. Their "
+            "onsets are annotations on the time series below.",
             overrides=[
                 *time_cells("starts", "ends"),
                 {
@@ -235,6 +238,18 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             "lambda",
             unit="sci",
             description="Each layer's RAA penalty weight (empty without RAA).",
+        )
+    )
+    panels.append(
+        layer_trend(
+            lay,
+            "Largest attention logit",
+            "$run",
+            "logit_max",
+            w=24,
+            description="Each layer's largest scaled attention logit q.k/sqrt(d_head) on the sampled rows. "
+            "Many-fold growth over the run's early value precedes loss divergence (Wortsman et al. 2023); "
+            "the collector's growth rules (e.g. logit_growth) compare each layer with its own early value.",
         )
     )
 
@@ -361,6 +376,15 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             description="RAA penalty weight of each layer over time.",
         )
     )
+    panels.append(
+        timeseries(
+            lay,
+            "Largest attention logit per layer",
+            [promql(f"qkwatch_attn_logit_max{{{RUN_LABELS}}}", "layer {{layer}}")],
+            description="Largest scaled attention logit of each layer over time (Prometheus alert "
+            "QkwatchLogitGrowth: at least a few times its low of the last 6 hours).",
+        )
+    )
 
     panels.append(lay.row("Agent health (Prometheus)"))
     per_rank = "rank {{rank}}"  # each training process's agent reports its own health
@@ -459,7 +483,7 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             """SELECT to_timestamp(starts_at) AS time,
        to_timestamp(coalesce(ends_at, extract(epoch FROM now()))) AS timeend,
        rule || ' (' || severity || ', ' || state || '), layers ' || layers || ', onset step ' || onset_step
-         || ': ' || summary AS text,
+         || coalesce(', predicted crossing step ' || predicted_step, '') || ': ' || summary AS text,
        rule || ',' || severity AS tags
 FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at""",
         ),
@@ -633,10 +657,11 @@ def runs_dashboard(t: Thresholds) -> dict[str, Any]:
             lay,
             "Firing alerts",
             """SELECT project, run_name, rule, severity, layers, onset_step,
-       starts_at * 1000 AS starts, summary
+       predicted_step, starts_at * 1000 AS starts, summary
 FROM qkwatch_alerts_v WHERE state = 'firing' ORDER BY starts_at DESC""",
             h=6,
-            description="The collector's firing alerts over all runs.",
+            description="The collector's firing alerts over all runs, of every rule it runs; a forecast's "
+            "predicted_step is the step at which it expects the crossing.",
             overrides=time_cells("starts"),
         )
     )

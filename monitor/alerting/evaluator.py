@@ -6,14 +6,16 @@ store implements the ledger over the ingest transaction's connection, so an aler
 notification (an outbox row) and the streak that raised it commit with the batch, or not at all.
 
 The state the store keeps per (rule, layer) is :class:`StoredState`: a layer is firing exactly
-while it has an open alert, so "firing" is the alert's id, not a column of its own.
+while it has an open alert, so "firing" is the alert's id, not a column of its own. Growth and
+forecast rules keep their per-layer values (baseline, recent points) in ``memory``.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from qkwatch.monitor.alerting.rules import LayerState, ReportValues, RuleSet, Transition, evaluate
 
@@ -32,6 +34,8 @@ class StoredState:
     band_layers: tuple[int, ...]
     alert_id: int | None
     """The firing alert of this rule and layer; None while it does not fire."""
+    memory: dict[str, Any] | None = None
+    """A growth or forecast rule's values for the layer (:attr:`LayerState.memory`); None for the others."""
 
 
 class AlertLedger(Protocol):
@@ -69,8 +73,8 @@ class AlertLedger(Protocol):
 def reports_for(
     rules: RuleSet, attempt: int, layer_values: Iterable[tuple[int, Mapping[str, list[float | None]]]]
 ) -> list[ReportValues]:
-    """The reports of a batch that carry a metric some threshold rule looks at (pure)."""
-    metrics = {r.metric for r in rules.thresholds}
+    """The reports of a batch that carry a metric some rule looks at (pure)."""
+    metrics = rules.metrics
     return [ReportValues(attempt, step, values) for step, values in layer_values if metrics & values.keys()]
 
 
@@ -91,7 +95,7 @@ def evaluate_batch(
     stored = ledger.load_states()
     state = {key: _layer_state(s) for key, s in stored.items()}
     alert_ids = {key: s.alert_id for key, s in stored.items()}
-    before = {key: replace(s) for key, s in state.items()}
+    before = copy.deepcopy(state)
     queued = sum(_record(ledger, t, alert_ids) for t in evaluate(rules, state, reports))
     changed = {key: _stored_state(s, alert_ids.get(key)) for key, s in state.items() if before.get(key) != s}
     if changed:
@@ -145,6 +149,7 @@ def _layer_state(s: StoredState) -> LayerState:
         attempt=s.attempt,
         step=s.step,
         band_layers=s.band_layers,
+        memory=copy.deepcopy(s.memory),
     )
 
 
@@ -156,4 +161,5 @@ def _stored_state(s: LayerState, alert_id: int | None) -> StoredState:
         step=s.step,
         band_layers=s.band_layers,
         alert_id=alert_id,
+        memory=s.memory,
     )

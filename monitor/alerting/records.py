@@ -27,6 +27,8 @@ class AlertRow:
     resolved_step: int | None
     starts_at: float
     ends_at: float | None
+    predicted_step: int | None = None
+    """A forecast rule's alert: the step at which it predicted the crossing when it fired."""
 
 
 @dataclass

@@ -1,15 +1,49 @@
 """Alert rules, pure: rules + per-layer state + new reports -> transitions (no I/O).
 
 Persistence is counted in *reports*, not wall-clock time (Prometheus ``for:`` counts seconds,
-which mean nothing to a run that may pause for a checkpoint): a threshold rule fires on a layer
-once its condition held for ``for_reports`` consecutive reports of that layer, and resolves at
-the first report where it no longer holds. A band rule fires while at least ``min_layers``
-adjacent layers fire a threshold rule (the collapse band of seed 000).
+which mean nothing to a run that may pause for a checkpoint). Four kinds of rule:
+
+* **threshold**: fires on a layer once ``metric op threshold`` held for ``for_reports``
+  consecutive reports of that layer, and resolves at the first report where it no longer holds.
+  ``op`` is one of ``> >= < <=``: ``qkai > 0.70`` (collapse), ``stable_rank < 1.2`` (the rank of
+  W_Q W_K^T falling), ``attn_entropy > 0.98`` (uniform attention) or ``attn_entropy < 0.05``
+  (one-hot attention).
+* **band**: fires while at least ``min_layers`` adjacent layers fire a threshold rule
+  (``band_of``; the collapse band of seed 000).
+* **growth**: a layer's ``metric`` relative to the run's own early value of that layer (the
+  attention-logit-growth sign of Wortsman et al. 2023, arXiv 2309.14322, and Dehghani et al. 2023:
+  ``logit_max`` grows many-fold before the loss diverges). The layer's first ``skip_reports``
+  reports are passed over (e.g. the report at step 0, measured at initialisation); the mean of its
+  next ``baseline_reports`` finite values is its baseline. After that, it fires once
+  ``value / baseline >= factor`` held for ``for_reports`` consecutive reports (a ratio, not a
+  difference: logits of different layers and models live on different scales). A layer whose
+  baseline is not positive is never judged. Summary: ``layer 4: logit_max 3.2x its early value
+  (41 vs 12.8; ...)``.
+* **forecast**: a least-squares line through the layer's last ``window`` finite (step, value)
+  points of ``metric`` predicts the step at which it crosses ``threshold`` in the direction of
+  ``op`` (``>``/``>=``: rising through it; ``<``/``<=``: falling through it). It fires once, for
+  ``for_reports`` consecutive reports, the slope points toward the threshold, the latest value is
+  not past it yet (past it, the threshold rule speaks) and the predicted crossing is at most
+  ``horizon_steps`` ahead. It resolves when the forecast stops saying so, or when the value
+  crosses. The predicted crossing step is in the summary (``layer 3: qkai 0.58 rising
+  0.0004/step, crosses 0.70 in about 300 steps (at step ~1450)``) and in
+  :attr:`Transition.predicted_step` (the alert's ``predicted_step``), so that a forecast can be
+  scored against the step at which the value really crossed. It fires only once it holds
+  ``window`` points.
+
+NaN is never evidence (a NaN report does not satisfy any rule, and is left out of baselines and
+forecasts); an infinite value is (``inf`` is above every threshold and every growth factor).
+Every per-layer rule evaluates each (attempt, step) of a layer once (:meth:`LayerState.seen`),
+so replays and late batches change nothing. What growth and forecast rules remember between
+batches (the early values, the recent points) is :attr:`LayerState.memory`, bounded by
+``baseline_reports`` and ``window`` (at most :data:`MEMORY_MAX` each), and stored with the state.
 
 Rules file (YAML); every field is checked by type, and ``rules`` is required (``rules: []``
-switches alerting off: an empty file is an error, not a silent "no alerts"). A qkai rule without a
-``threshold`` takes the collector's collapse threshold (``QKWATCH_COLLAPSE_THRESHOLD``, 0.70 by default);
-a rule on any other metric must give its own::
+switches alerting off: an empty file is an error, not a silent "no alerts"). ``kind`` is one of
+``threshold``, ``band``, ``growth``, ``forecast``; left out, a rule with ``band_of`` is a band and
+any other a threshold rule. A qkai threshold or forecast rule without a ``threshold`` takes the
+collector's collapse threshold (``QKWATCH_COLLAPSE_THRESHOLD``, 0.70 by default); a rule on any
+other metric must give its own. ``factor`` (growth) and ``horizon_steps`` (forecast) are required::
 
     rules:
       - name: qkai_high          # a threshold rule
@@ -22,8 +56,26 @@ a rule on any other metric must give its own::
         band_of: qkai_high
         min_layers: 3
         severity: critical
+      - name: logit_growth       # a growth rule
+        kind: growth
+        metric: logit_max
+        factor: 3.0              # fires at value / baseline >= factor
+        baseline_reports: 5      # the baseline: mean of the layer's first 5 finite values...
+        skip_reports: 1          # ...after its first report
+        for_reports: 2
+      - name: qkai_forecast      # a forecast rule
+        kind: forecast
+        metric: qkai
+        op: ">"
+        threshold: 0.70          # optional for qkai: the collapse threshold setting
+        window: 8                # reports in the least-squares line
+        horizon_steps: 500       # fires when the predicted crossing is at most this many steps ahead
+        for_reports: 2
     webhooks:
       - http://alertmanager-receiver.example/hook
+
+``dashboards/rules/detectors.yml`` is such a file with every kind, its parameters provisional
+(to be tuned on the instability suite's tune split).
 """
 
 from __future__ import annotations
@@ -32,7 +84,7 @@ import math
 import operator
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +94,8 @@ from qkwatch.monitor.wire import METRIC_NAME_PATTERN
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 SEVERITY_MAX = 32
 """Longest severity (the alerts table's column)."""
+MEMORY_MAX = 256
+"""Most values a growth rule's baseline or a forecast rule's window may hold per layer (the stored state)."""
 
 
 def _check_name(rule: str, key: str, value: object) -> None:
@@ -53,9 +107,22 @@ def _check_name(rule: str, key: str, value: object) -> None:
         )
 
 
-def _check_int(rule: str, key: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"rule {rule!r}: {key} must be a whole number >= 1, got {value!r}")
+def _check_int(rule: str, key: str, value: object, low: int = 1, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ValueError(f"rule {rule!r}: {key} must be a whole number {bound}, got {value!r}")
+
+
+def _check_number(rule: str, key: str, value: object, above: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"rule {rule!r}: {key} must be a finite number, got {value!r}")
+    if above is not None and value <= above:
+        raise ValueError(f"rule {rule!r}: {key} must be above {above:g}, got {value!r}")
+
+
+def _check_op(rule: str, value: object) -> None:
+    if not isinstance(value, str) or value not in _OPS:
+        raise ValueError(f"rule {rule!r}: op must be one of {', '.join(_OPS)}, got {value!r}")
 
 
 def _check_severity(rule: str, value: object) -> None:
@@ -77,14 +144,8 @@ class ThresholdRule:
     def __post_init__(self) -> None:
         _check_name(self.name, "name", self.name)
         _check_name(self.name, "metric", self.metric)
-        if not isinstance(self.op, str) or self.op not in _OPS:
-            raise ValueError(f"rule {self.name!r}: op must be one of {', '.join(_OPS)}, got {self.op!r}")
-        if (
-            isinstance(self.threshold, bool)
-            or not isinstance(self.threshold, (int, float))
-            or not math.isfinite(self.threshold)
-        ):
-            raise ValueError(f"rule {self.name!r}: threshold must be a finite number, got {self.threshold!r}")
+        _check_op(self.name, self.op)
+        _check_number(self.name, "threshold", self.threshold)
         _check_int(self.name, "for_reports", self.for_reports)
         _check_severity(self.name, self.severity)
 
@@ -113,13 +174,115 @@ class BandRule:
 
 
 @dataclass(frozen=True)
+class GrowthRule:
+    """Fires per layer when ``value / baseline >= factor`` for ``for_reports`` consecutive reports.
+
+    ``baseline``: the mean of the layer's first ``baseline_reports`` finite values after its first
+    ``skip_reports`` reports; a layer is not judged before it has one, nor when it is not positive.
+    """
+
+    name: str
+    factor: float
+    metric: str = "logit_max"
+    baseline_reports: int = 5
+    skip_reports: int = 0
+    for_reports: int = 3
+    severity: str = "warning"
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "name", self.name)
+        _check_name(self.name, "metric", self.metric)
+        _check_number(self.name, "factor", self.factor, above=1)
+        _check_int(self.name, "baseline_reports", self.baseline_reports, high=MEMORY_MAX)
+        _check_int(self.name, "skip_reports", self.skip_reports, low=0)
+        _check_int(self.name, "for_reports", self.for_reports)
+        _check_severity(self.name, self.severity)
+
+    def describe(self) -> str:
+        return f"fires at {self.factor:g}x for {self.for_reports} consecutive reports"
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A least-squares line through a layer's recent points: its slope and where it crosses the threshold."""
+
+    slope: float
+    """Change of the metric per step."""
+    crossing: float
+    """The step at which the line crosses the rule's threshold."""
+
+
+@dataclass(frozen=True)
+class ForecastRule:
+    """Fires per layer when the trend of its last ``window`` points crosses ``threshold`` within ``horizon_steps``."""
+
+    name: str
+    horizon_steps: int
+    metric: str = "qkai"
+    op: str = ">"
+    threshold: float = COLLAPSE_THRESHOLD
+    window: int = 8
+    for_reports: int = 1
+    severity: str = "warning"
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "name", self.name)
+        _check_name(self.name, "metric", self.metric)
+        _check_op(self.name, self.op)
+        _check_number(self.name, "threshold", self.threshold)
+        _check_int(self.name, "horizon_steps", self.horizon_steps)
+        _check_int(self.name, "window", self.window, low=2, high=MEMORY_MAX)
+        _check_int(self.name, "for_reports", self.for_reports)
+        _check_severity(self.name, self.severity)
+
+    @property
+    def rising(self) -> bool:
+        return self.op in (">", ">=")
+
+    def past(self, value: float) -> bool:
+        """The value is already across the threshold (``inf`` is past ``>``; NaN is past nothing)."""
+        return not math.isnan(value) and _OPS[self.op](value, self.threshold)
+
+    def forecast(self, points: list[tuple[int, float]]) -> Forecast | None:
+        """The line through ``points`` ((step, value), at least ``window`` of them), None when it heads away.
+
+        Least squares about the means: slope = sum (x - x0)(y - y0) / sum (x - x0)^2, and the line
+        reaches the threshold t at step x0 + (t - y0) / slope.
+        """
+        if len(points) < self.window:
+            return None
+        x0 = math.fsum(x for x, _ in points) / len(points)
+        y0 = math.fsum(y for _, y in points) / len(points)
+        sxx = math.fsum((x - x0) ** 2 for x, _ in points)
+        slope = math.fsum((x - x0) * (y - y0) for x, y in points) / sxx
+        if not (slope > 0 if self.rising else slope < 0):
+            return None
+        return Forecast(slope, x0 + (self.threshold - y0) / slope)
+
+
+LayerRule = ThresholdRule | GrowthRule | ForecastRule
+"""A rule judged layer by layer (a band looks at the layers of a threshold rule)."""
+Rule = ThresholdRule | BandRule | GrowthRule | ForecastRule
+KINDS: dict[str, type[Rule]] = {
+    "threshold": ThresholdRule,
+    "band": BandRule,
+    "growth": GrowthRule,
+    "forecast": ForecastRule,
+}
+"""The rules file's ``kind`` -> the rule's class."""
+_REQUIRED = {"band": ("band_of",), "growth": ("factor",), "forecast": ("horizon_steps",)}
+
+
+@dataclass(frozen=True)
 class RuleSet:
     thresholds: tuple[ThresholdRule, ...]
     bands: tuple[BandRule, ...]
     webhooks: tuple[str, ...] = ()
+    growths: tuple[GrowthRule, ...] = ()
+    forecasts: tuple[ForecastRule, ...] = ()
 
     def __post_init__(self) -> None:
-        names = [r.name for r in self.thresholds] + [b.name for b in self.bands]
+        names = [r.name for r in (*self.layer_rules, *self.bands)]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"rule name {dupes[0]!r} is used twice")
@@ -127,6 +290,16 @@ class RuleSet:
         for band in self.bands:
             if band.band_of not in known:
                 raise ValueError(f"rule {band.name!r}: band_of {band.band_of!r} is not a threshold rule")
+
+    @property
+    def layer_rules(self) -> tuple[LayerRule, ...]:
+        """Every rule judged per layer, in the order :func:`evaluate` runs them."""
+        return (*self.thresholds, *self.growths, *self.forecasts)
+
+    @property
+    def metrics(self) -> set[str]:
+        """The metrics the rules read (a report with none of them changes nothing)."""
+        return {r.metric for r in self.layer_rules}
 
     @classmethod
     def default(cls, collapse: float = COLLAPSE_THRESHOLD) -> RuleSet:
@@ -141,8 +314,8 @@ class RuleSet:
         """Parse the rules file's structure; ValueError names the offending rule or key.
 
         ``rules`` is required: ``rules: []`` switches alerting off on purpose, while a file that
-        says nothing is more likely a mistake than a wish for no alerts. A qkai rule without a
-        ``threshold`` gets ``collapse`` (the collector's setting).
+        says nothing is more likely a mistake than a wish for no alerts. A qkai threshold or
+        forecast rule without a ``threshold`` gets ``collapse`` (the collector's setting).
         """
         if not isinstance(data, Mapping):
             raise ValueError("the rules file must be a mapping with 'rules' (and optionally 'webhooks')")
@@ -154,23 +327,19 @@ class RuleSet:
         items = data["rules"]
         if not isinstance(items, list):
             raise ValueError(f"rules must be a list of rules (or [] for none), got {items!r}")
-        thresholds, bands = [], []
-        for i, item in enumerate(items):
-            if not isinstance(item, Mapping) or "name" not in item:
-                raise ValueError(f"rules[{i}] must be a mapping with a 'name'")
-            try:
-                if "band_of" in item:
-                    bands.append(BandRule(**item))
-                else:
-                    thresholds.append(ThresholdRule(**_with_threshold(item, i, collapse)))
-            except TypeError as exc:
-                raise ValueError(f"rules[{i}] ({item.get('name')!r}): {exc}") from None
+        parsed = [_parse_rule(item, i, collapse) for i, item in enumerate(items)]
         webhooks = data.get("webhooks") or []
         if not isinstance(webhooks, list) or not all(
             isinstance(u, str) and u.startswith(("http://", "https://")) for u in webhooks
         ):
             raise ValueError("webhooks must be a list of http(s) URLs")
-        return cls(tuple(thresholds), tuple(bands), tuple(webhooks))
+        return cls(
+            thresholds=tuple(r for r in parsed if isinstance(r, ThresholdRule)),
+            bands=tuple(r for r in parsed if isinstance(r, BandRule)),
+            webhooks=tuple(webhooks),
+            growths=tuple(r for r in parsed if isinstance(r, GrowthRule)),
+            forecasts=tuple(r for r in parsed if isinstance(r, ForecastRule)),
+        )
 
     @classmethod
     def from_file(cls, path: Path, collapse: float = COLLAPSE_THRESHOLD) -> RuleSet:
@@ -190,13 +359,35 @@ class RuleSet:
         return cls.from_mapping(data, collapse)
 
 
-def _with_threshold(item: Mapping[str, Any], i: int, collapse: float) -> Mapping[str, Any]:
-    """A threshold rule's fields, a qkai rule's omitted threshold filled with the collapse threshold.
+def _parse_rule(item: object, i: int, collapse: float) -> Rule:
+    """One entry of ``rules``: its kind (given, or band/threshold by ``band_of``), checked key by key."""
+    if not isinstance(item, Mapping) or "name" not in item:
+        raise ValueError(f"rules[{i}] must be a mapping with a 'name'")
+    where = f"rules[{i}] ({item.get('name')!r})"
+    kind = item.get("kind", "band" if "band_of" in item else "threshold")
+    if kind not in KINDS:
+        raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    rule_class = KINDS[kind]
+    fields_ = {f.name for f in fields(rule_class)}
+    unknown = sorted(set(item) - fields_ - {"kind"})
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r} for a {kind} rule (keys: {', '.join(sorted(fields_))})")
+    for key in _REQUIRED.get(kind, ()):
+        if key not in item:
+            raise ValueError(f"{where}: {key} is required for a {kind} rule")
+    values = {k: v for k, v in item.items() if k != "kind"}
+    if kind in ("threshold", "forecast"):
+        values = _with_threshold(values, i, collapse)
+    return rule_class(**values)
+
+
+def _with_threshold(item: Mapping[str, Any], i: int, collapse: float) -> dict[str, Any]:
+    """A threshold or forecast rule's fields, a qkai rule's omitted threshold filled with the collapse threshold.
 
     Any other metric has no threshold to inherit: QKAI's collapse threshold means nothing on its scale.
     """
     if "threshold" in item:
-        return item
+        return dict(item)
     if item.get("metric", "qkai") != "qkai":
         raise ValueError(
             f"rules[{i}] ({item.get('name')!r}): threshold is required for metric {item.get('metric')!r} "
@@ -215,6 +406,10 @@ class LayerState:
     attempt: int = 0
     step: int = -1
     band_layers: tuple[int, ...] = ()
+    memory: dict[str, Any] | None = None
+    """A growth or forecast rule's values (JSON-able, replaced, never changed in place): a growth
+    rule's ``{"skipped": n, "early": [values]}``, a forecast rule's ``{"points": [[step, value], ...],
+    "predicted": step}`` (``predicted``: the crossing step it fired with)."""
 
     def seen(self, attempt: int, step: int) -> bool:
         """True when (attempt, step) was already evaluated: replays and late reports are skipped."""
@@ -243,6 +438,8 @@ class Transition:
     step: int
     summary: str
     state_key: tuple[str, int] = field(default=("", 0))
+    predicted_step: int | None = None
+    """A forecast's predicted crossing step (None for the other kinds, and on resolution)."""
 
 
 def evaluate(
@@ -251,12 +448,17 @@ def evaluate(
     """Advance ``state`` (mutated in place) over ``reports`` and return the transitions.
 
     Reports are taken in (attempt, step) order; one already evaluated for a layer is skipped,
-    so replaying a batch or a late batch never double-counts a streak.
+    so replaying a batch or a late batch never double-counts a streak. Per report the rules run
+    in the order threshold, growth, forecast, band.
     """
     out: list[Transition] = []
     for report in sorted(reports, key=lambda r: (r.attempt, r.step)):
         for rule in rules.thresholds:
             out += _threshold(rule, state, report)
+        for growth in rules.growths:
+            out += _per_layer(growth, state, report)
+        for forecast in rules.forecasts:
+            out += _per_layer(forecast, state, report)
         for band in rules.bands:
             out += _band(band, rules, state, report)
     return out
@@ -307,6 +509,132 @@ def _threshold(rule: ThresholdRule, state: dict[tuple[str, int], LayerState], re
                 )
             st.streak, st.since_step, st.firing = 0, None, False
     return out
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """What a growth or forecast rule makes of one layer's report."""
+
+    holds: bool
+    summary: str
+    """Why it fires, when ``holds``; why it no longer does, when not."""
+    predicted_step: int | None = None
+
+
+def _per_layer(
+    rule: GrowthRule | ForecastRule, state: dict[tuple[str, int], LayerState], report: ReportValues
+) -> list[Transition]:
+    """A growth or forecast rule over one report: the same streak, onset and resolution as a threshold rule."""
+    out = []
+    for layer, value in enumerate(report.layers.get(rule.metric, ())):
+        if value is None:
+            continue
+        st = state.setdefault((rule.name, layer), LayerState())
+        if st.seen(report.attempt, report.step):
+            continue
+        st.attempt, st.step = report.attempt, report.step
+        verdict = (
+            _judge_growth(rule, st, layer, value)
+            if isinstance(rule, GrowthRule)
+            else _judge_forecast(rule, st, layer, value, report.step)
+        )
+        if verdict.holds:
+            if not st.streak or st.since_step is None:
+                st.since_step = report.step
+            st.streak += 1
+            if st.streak >= rule.for_reports and not st.firing:
+                st.firing = True
+                if verdict.predicted_step is not None:
+                    st.memory = {**(st.memory or {}), "predicted": verdict.predicted_step}
+                out.append(_transition("firing", rule, layer, st.since_step, report.step, verdict))
+            continue
+        if st.firing:
+            out.append(_transition("resolved", rule, layer, st.since_step or report.step, report.step, verdict))
+            if st.memory and "predicted" in st.memory:
+                st.memory = {k: v for k, v in st.memory.items() if k != "predicted"}
+        st.streak, st.since_step, st.firing = 0, None, False
+    return out
+
+
+def _transition(
+    kind: str, rule: GrowthRule | ForecastRule, layer: int, onset: int, step: int, verdict: _Verdict
+) -> Transition:
+    predicted = verdict.predicted_step if kind == "firing" else None
+    key = (rule.name, layer)
+    return Transition(
+        kind, rule.name, rule.severity, rule.metric, (layer,), onset, step, verdict.summary, key, predicted
+    )
+
+
+def _judge_growth(rule: GrowthRule, st: LayerState, layer: int, value: float) -> _Verdict:
+    """Skip, then gather the baseline, then compare ``value / baseline`` with the factor."""
+    memory = st.memory or {}
+    skipped: int = memory.get("skipped", 0)
+    early: list[float] = memory.get("early", [])
+    if skipped < rule.skip_reports:
+        st.memory = {"skipped": skipped + 1, "early": early}
+        return _Verdict(False, "")
+    if len(early) < rule.baseline_reports:
+        if math.isfinite(value):
+            st.memory = {"skipped": skipped, "early": [*early, value]}
+        return _Verdict(False, "")
+    baseline = math.fsum(early) / len(early)
+    if not baseline > 0:
+        return _Verdict(False, f"layer {layer}: {rule.metric} has no positive early value ({baseline:.4g})")
+    if math.isnan(value):
+        return _Verdict(False, f"layer {layer}: {rule.metric} is NaN")
+    ratio = value / baseline
+    if ratio >= rule.factor:  # False for NaN
+        return _Verdict(
+            True,
+            f"layer {layer}: {rule.metric} {ratio:.1f}x its early value ({value:.4g} vs {baseline:.4g}; "
+            f"{rule.describe()})",
+        )
+    return _Verdict(
+        False, f"layer {layer}: {rule.metric} back to {ratio:.1f}x its early value ({value:.4g} vs {baseline:.4g})"
+    )
+
+
+def _judge_forecast(rule: ForecastRule, st: LayerState, layer: int, value: float, step: int) -> _Verdict:
+    """Add the point to the window, fit the line, and say whether it crosses within the horizon.
+
+    Points at or after ``step`` belong to an attempt that a resume (from an earlier checkpoint)
+    replaced: they leave the window.
+    """
+    memory = st.memory or {}
+    points = [(int(x), float(y)) for x, y in memory.get("points", []) if x < step]
+    if math.isfinite(value):
+        points = [*points, (step, value)][-rule.window :]
+    st.memory = {**memory, "points": [[x, y] for x, y in points]}
+    threshold = as_text(rule.threshold)
+    if rule.past(value):
+        said = memory.get("predicted")
+        forecast = f" (forecast: step ~{said})" if said is not None else ""
+        return _Verdict(
+            False, f"layer {layer}: {rule.metric} crossed {threshold}: {value:.4g} at step {step}{forecast}"
+        )
+    fc = rule.forecast(points) if math.isfinite(value) else None
+    ahead = None if fc is None else fc.crossing - step
+    if fc is None or ahead is None or ahead > rule.horizon_steps:
+        return _Verdict(
+            False,
+            f"layer {layer}: {rule.metric} {value:.3g} no longer forecast to cross {threshold} "
+            f"within {rule.horizon_steps} steps",
+        )
+    predicted = max(step, round(fc.crossing))
+    direction = "rising" if fc.slope > 0 else "falling"
+    when = f"in about {_about(predicted - step)} steps" if predicted > step else "about now"
+    return _Verdict(
+        True,
+        f"layer {layer}: {rule.metric} {value:.3g} {direction} {abs(fc.slope):.2g}/step, crosses {threshold} "
+        f"{when} (at step ~{predicted})",
+        predicted,
+    )
+
+
+def _about(steps: int) -> int:
+    """A number of steps to two significant digits: 297 -> 300, 1234 -> 1200, 7 -> 7."""
+    return int(float(f"{steps:.2g}"))
 
 
 def _band(

@@ -195,6 +195,8 @@ class AlertPublic(BaseModel):
     resolved_step: int | None
     starts_at: float
     ends_at: float | None
+    predicted_step: int | None = None
+    """A forecast rule's alert: the step at which it predicted, when it fired, that the metric would cross."""
 
     @computed_field
     def starts_at_iso(self) -> str | None:

@@ -36,6 +36,7 @@ class AlertRows:
                 step=r.step,
                 band_layers=tuple(json.loads(r.band_layers or "[]")),
                 alert_id=r.alert_id,
+                memory=json.loads(r.memory) if r.memory else None,
             )
             for r in self.conn.execute(sa.select(s).where(s.c.run_pk == self.run_pk))
         }
@@ -55,6 +56,7 @@ class AlertRows:
                     "alert_id": s.alert_id,
                     "attempt": s.attempt,
                     "step": s.step,
+                    "memory": json.dumps(s.memory, separators=(",", ":")) if s.memory else None,
                 }
                 for (rule, layer), s in states.items()
             ],
@@ -73,6 +75,7 @@ class AlertRows:
                 summary=t.summary,
                 onset_step=t.onset_step,
                 starts_at=self.now,
+                predicted_step=t.predicted_step,
             )
             .returning(m.alerts.c.id)
         ).scalar_one()
@@ -123,6 +126,7 @@ def alert_row(r: sa.Row[Any]) -> AlertRow:
         resolved_step=r.resolved_step,
         starts_at=r.starts_at,
         ends_at=r.ends_at,
+        predicted_step=r.predicted_step,
     )
 
 

@@ -180,6 +180,7 @@ alert_state = sa.Table(
     sa.Column("alert_id", sa.Integer),
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("step", sa.BigInteger, nullable=False),
+    sa.Column("memory", sa.Text),  # JSON: a growth or forecast rule's per-layer values (migration 0007)
 )
 
 alerts = sa.Table(
@@ -197,6 +198,7 @@ alerts = sa.Table(
     sa.Column("resolved_step", sa.BigInteger),
     sa.Column("starts_at", sa.Float, nullable=False),
     sa.Column("ends_at", sa.Float),
+    sa.Column("predicted_step", sa.BigInteger),  # a forecast's predicted crossing step (migration 0007)
     sa.Index("ix_alerts_run_state", "run_pk", "state"),
 )
 

@@ -227,9 +227,10 @@ class WebhookReceiver:
 class CollapsingRun:
     """A run fed report by report through the collector's HTTP API, whose ``band`` layers collapse.
 
-    Every report carries all that /metrics exports of a run: qkai, stable_rank, attn_entropy and
-    lambda per layer, the loss, and the agent's gauges and counters (all quiet), with the
-    stable rank falling and the entropy rising as a layer's QKAI rises, as in the demo.
+    Every report carries all that /metrics exports of a run: qkai, stable_rank, attn_entropy,
+    logit_max and lambda per layer, the loss, and the agent's gauges and counters (all quiet), with
+    the stable rank falling and the entropy and largest logit rising as a layer's QKAI rises, as in
+    the demo.
     """
 
     client: Client
@@ -270,6 +271,7 @@ class CollapsingRun:
                 "stable_rank": [round(2.2 - 1.0 * max(0.0, q - 0.29), 4) for q in qkai],
                 "attn_entropy": [round(min(1.0, 0.57 + 0.7 * max(0.0, q - 0.29)), 4) for q in qkai],
                 "lambda": [0.0] * len(qkai),
+                "logit_max": [round(6.0 + 10.0 * max(0.0, q - 0.29), 4) for q in qkai],
             },
             "scalars": {
                 "loss": round(2.5 - 0.0005 * self.step, 4),

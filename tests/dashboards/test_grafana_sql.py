@@ -36,7 +36,9 @@ GRAFANA = ROOT / "dashboards" / "grafana"
 VIEWS = ("qkwatch_runs_v", "qkwatch_points_v", "qkwatch_latest_v", "qkwatch_alerts_v", "qkwatch_events_v")
 ROLE = "qkwatch_grafana"
 N_LAYERS, BAND = 8, (3, 4, 5)
-METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda")
+METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda", "logit_max")
+DETECTORS = RuleSet.from_file(ROOT / "dashboards" / "rules" / "detectors.yml")
+"""The shipped candidate rules: every kind of alert, so that the alert views carry a forecast's predicted step."""
 
 
 # --- the data ------------------------------------------------------------------------------------
@@ -57,6 +59,7 @@ def layer_values(step: int, collapses: bool, shift: float) -> dict[str, list]:
         "stable_rank": [round(2.2 - 0.6 * (r if layer in BAND else 0), 4) for layer in range(N_LAYERS)],
         "attn_entropy": [round(0.6 + 0.4 * (r if layer in BAND else 0), 4) for layer in range(N_LAYERS)],
         "lambda": [round(1e-4 * (1 + 9 * r) if layer in BAND else 1e-5, 6) for layer in range(N_LAYERS)],
+        "logit_max": [round(5.0 + 20.0 * (r if layer in BAND else 0), 4) for layer in range(N_LAYERS)],
     }
 
 
@@ -83,7 +86,7 @@ def report(step: int, collapses: bool, shift: float = 0.0) -> dict:
 def send(store: Store, run_id: str, reports: list[dict], attempt: int | None = None) -> None:
     for r in reports:  # one report per batch, as an agent sends them
         batch = ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "attempt": attempt, "reports": [r]})
-        store.add_reports(run_id, batch, RuleSet.default())
+        store.add_reports(run_id, batch, DETECTORS)
 
 
 def feed(store: Store) -> dict[str, m.RunRow]:
@@ -227,11 +230,14 @@ def test_runs_latest_alerts_and_events_views_are_the_stores(fed):
     for run in runs.values():
         alerts = store.list_alerts(projects=None, run_id=run.id)
         got = rows(
-            store, "SELECT alert_id, rule, state, layers, onset_step FROM qkwatch_alerts_v WHERE run_id = :r", r=run.id
+            store,
+            "SELECT alert_id, rule, state, layers, onset_step, predicted_step, summary FROM qkwatch_alerts_v "
+            "WHERE run_id = :r",
+            r=run.id,
         )
-        assert sorted((g.alert_id, g.rule, g.state, json.loads(g.layers), g.onset_step) for g in got) == sorted(
-            (a.id, a.rule, a.state, a.layers, a.onset_step) for a in alerts
-        )
+        assert sorted(
+            (g.alert_id, g.rule, g.state, json.loads(g.layers), g.onset_step, g.predicted_step, g.summary) for g in got
+        ) == sorted((a.id, a.rule, a.state, a.layers, a.onset_step, a.predicted_step, a.summary) for a in alerts)
         events = store.list_events(run)
         got = rows(
             store, "SELECT step, kind, message, time FROM qkwatch_events_v WHERE run_id = :r ORDER BY step", r=run.id
@@ -240,7 +246,11 @@ def test_runs_latest_alerts_and_events_views_are_the_stores(fed):
     assert {a.rule for a in store.list_alerts(projects=None, run_id=runs["vanilla"].id)} == {
         "qkai_high",
         "collapse_band",
+        "attn_uniform",
+        "logit_growth",
     }
+    forecasts = store.list_alerts(projects=None, run_id=runs["raa"].id)  # its band drifts up, slowly
+    assert {(a.rule, a.predicted_step) for a in forecasts} == {("qkai_forecast", 504)}
 
 
 # --- migration and role --------------------------------------------------------------------------

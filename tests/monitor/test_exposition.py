@@ -29,7 +29,7 @@ def test_latest_values_of_running_runs(make_harness):
         [
             report(
                 10,
-                {"qkai": [0.2, 0.8, 0.9], "attn_entropy": [0.5, 0.6, 0.7]},
+                {"qkai": [0.2, 0.8, 0.9], "attn_entropy": [0.5, 0.6, 0.7], "logit_max": [3.0, 9.5, 41.0]},
                 scalars={"agent_queue_depth": 3, "agent_sent_total": 40},
             ),
             report(20, {"qkai": [0.3, 0.85, 0.95]}),
@@ -45,7 +45,8 @@ def test_latest_values_of_running_runs(make_harness):
     assert m["qkwatch_last_report_timestamp_seconds"][0].value > 0
     assert [s.value for s in m["qkwatch_agent_queue_depth"]] == [3]
     assert [s.value for s in m["qkwatch_agent_sent"] if s.name.endswith("_total")] == [40]
-    assert m["qkwatch_points_ingested"][0].value == 14  # 6 + 2 scalars + 3 + 3 late
+    assert {s.labels["layer"]: s.value for s in m["qkwatch_attn_logit_max"]} == {"0": 3.0, "1": 9.5, "2": 41.0}
+    assert m["qkwatch_points_ingested"][0].value == 17  # 9 + 2 scalars + 3 + 3 late
     assert not any("step" in s.labels for samples in m.values() for s in samples)
 
 
@@ -73,6 +74,7 @@ def test_series_count_is_bounded(make_harness):
                         "stable_rank": [3.0] * 10,
                         "attn_entropy": [0.7] * 10,
                         "lambda": [0.1] * 10,
+                        "logit_max": [4.0] * 10,
                         "qk_cos": [0.1] * 10,
                     },
                 )
@@ -82,14 +84,20 @@ def test_series_count_is_bounded(make_harness):
     m = scrape(h)
     runs = {s.labels["run"] for s in m["qkwatch_last_step"]}
     assert len(runs) == 2
-    for name in ("qkwatch_qkai_ratio", "qkwatch_stable_rank", "qkwatch_attn_entropy", "qkwatch_lambda"):
+    for name in (
+        "qkwatch_qkai_ratio",
+        "qkwatch_stable_rank",
+        "qkwatch_attn_entropy",
+        "qkwatch_attn_logit_max",
+        "qkwatch_lambda",
+    ):
         assert len(m[name]) == 2 * 4, name  # runs x layers, not steps, not every metric reported
     run_series = sum(
         len(samples)
         for name, samples in m.items()
         if name.startswith("qkwatch_") and not name.startswith(("qkwatch_request", "qkwatch_points"))
     )
-    assert run_series <= 2 * (4 * 4 + 4 + 8)  # runs x (layer gauges x layers + run gauges + agent gauges)
+    assert run_series <= 2 * (5 * 4 + 4 + 8)  # runs x (layer gauges x layers + run gauges + agent gauges)
 
 
 def test_request_durations_are_labelled_by_route_template(make_harness):

@@ -7,6 +7,11 @@ what the evaluator asked the store to write.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
+import pytest
+
 from qkwatch.monitor.alerting.evaluator import (
     AlertLedger,
     StateKey,
@@ -15,7 +20,7 @@ from qkwatch.monitor.alerting.evaluator import (
     evaluate_batch,
     reports_for,
 )
-from qkwatch.monitor.alerting.rules import RuleSet, ThresholdRule, Transition
+from qkwatch.monitor.alerting.rules import ForecastRule, GrowthRule, RuleSet, ThresholdRule, Transition
 
 
 class MemoryLedger:
@@ -27,6 +32,7 @@ class MemoryLedger:
         self.notifications: list[tuple[int, str]] = []
         self.saved: list[dict[StateKey, StoredState]] = []
         self.loads = 0
+        self.opened: list[Transition] = []
 
     def load_states(self) -> dict[StateKey, StoredState]:
         self.loads += 1
@@ -37,6 +43,7 @@ class MemoryLedger:
         self.states.update(states)
 
     def open_alert(self, t: Transition) -> int:
+        self.opened.append(t)
         alert_id = 100 + len(self.alerts)
         self.alerts[alert_id] = {"rule": t.rule, "state": "firing", "layers": t.layers, "onset": t.onset_step}
         return alert_id
@@ -134,3 +141,53 @@ def test_only_changed_states_are_saved() -> None:
     evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.1]]))
     evaluate_batch(RuleSet.default(), ledger, 1, qkai(1, [[0.9, None]]))  # layer 1 not measured
     assert set(ledger.saved[-1]) == {("qkai_high", 0), ("collapse_band", -1)}
+
+
+class JsonLedger(MemoryLedger):
+    """A :class:`MemoryLedger` that keeps each state's memory as JSON text, as the store does (so no
+    dict is shared between batches but what the text holds)."""
+
+    def save_states(self, states: dict[StateKey, StoredState]) -> None:
+        super().save_states({k: replace(s, memory=json.dumps(s.memory)) for k, s in states.items()})
+
+    def load_states(self) -> dict[StateKey, StoredState]:
+        return {k: replace(s, memory=json.loads(s.memory)) for k, s in super().load_states().items()}
+
+
+DETECTORS = RuleSet(
+    thresholds=(ThresholdRule("qkai_high", threshold=0.7),),
+    bands=(),
+    growths=(GrowthRule("logit_growth", factor=2.0, baseline_reports=2, for_reports=1),),
+    forecasts=(ForecastRule("qkai_forecast", horizon_steps=40, window=3),),
+)
+
+
+def rising(n: int) -> list[tuple[int, dict[str, list[float | None]]]]:
+    """QKAI 0.5 + 0.01 per step (crosses 0.70 at step 20) and logit_max 4 + 0.5 per step, one layer, steps 0..n-1."""
+    return [(s, {"qkai": [0.5 + 0.01 * s], "logit_max": [4.0 + 0.5 * s]}) for s in range(n)]
+
+
+def test_growth_and_forecast_memory_goes_through_the_ledger() -> None:
+    ledger = JsonLedger()
+    assert evaluate_batch(DETECTORS, ledger, 1, rising(3)) == 1  # the forecast: 3 points, crossing at 20
+    assert json.loads(ledger.states[("logit_growth", 0)].memory) == {"skipped": 0, "early": [4.0, 4.5]}
+    points = json.loads(ledger.states[("qkai_forecast", 0)].memory)["points"]
+    assert [x for x, _ in points] == [0, 1, 2]
+    assert json.loads(ledger.states[("qkai_high", 0)].memory) is None
+    [opened] = ledger.opened
+    assert (opened.rule, opened.step, opened.predicted_step) == ("qkai_forecast", 2, 20)
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 7])
+def test_batches_through_a_stored_state_give_what_one_batch_gives(size: int) -> None:
+    whole = MemoryLedger()
+    evaluate_batch(DETECTORS, whole, 1, rising(30))
+    pieces = JsonLedger()
+    reports = rising(30)
+    for lo in range(0, 30, size):
+        evaluate_batch(DETECTORS, pieces, 1, reports[lo : lo + size])
+    assert pieces.alerts == whole.alerts and pieces.notifications == whole.notifications
+    assert [(t.rule, t.step, t.predicted_step, t.summary) for t in pieces.opened] == [
+        (t.rule, t.step, t.predicted_step, t.summary) for t in whole.opened
+    ]
+    assert {t.rule for t in whole.opened} == {"qkai_forecast", "logit_growth", "qkai_high"}

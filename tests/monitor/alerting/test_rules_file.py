@@ -6,9 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.rules import MEMORY_MAX, ForecastRule, GrowthRule, RuleSet, ThresholdRule
+from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD
 
 GOOD = {"name": "r", "metric": "qkai", "op": ">", "threshold": 0.7, "for_reports": 2, "severity": "warning"}
+GROWTH = {"name": "g", "kind": "growth", "metric": "logit_max", "factor": 3.0, "baseline_reports": 5}
+FORECAST = {"name": "f", "kind": "forecast", "metric": "qkai", "op": ">", "window": 8, "horizon_steps": 500}
+DETECTORS = Path(__file__).resolve().parents[3] / "dashboards" / "rules" / "detectors.yml"
 
 
 @pytest.mark.parametrize(
@@ -75,3 +79,64 @@ def test_rules_files_that_say_nothing_or_are_not_yaml(tmp_path: Path, text: str,
     with pytest.raises(ValueError) as err:
         RuleSet.from_file(path)
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (
+            {"rules": [{**GOOD, "kind": "trend"}]},
+            "rules[0] ('r'): kind must be one of threshold, band, growth, forecast",
+        ),
+        ({"rules": [{k: v for k, v in GROWTH.items() if k != "factor"}]}, "rules[0] ('g'): factor is required"),
+        ({"rules": [{**GROWTH, "factor": 1.0}]}, "rule 'g': factor must be above 1"),
+        ({"rules": [{**GROWTH, "factor": "3"}]}, "rule 'g': factor must be a finite number"),
+        ({"rules": [{**GROWTH, "factor": float("inf")}]}, "rule 'g': factor must be a finite number"),
+        ({"rules": [{**GROWTH, "baseline_reports": 0}]}, "rule 'g': baseline_reports must be a whole number"),
+        ({"rules": [{**GROWTH, "baseline_reports": MEMORY_MAX + 1}]}, "baseline_reports must be a whole number from 1"),
+        ({"rules": [{**GROWTH, "skip_reports": -1}]}, "rule 'g': skip_reports must be a whole number >= 0"),
+        ({"rules": [{**GROWTH, "op": ">"}]}, "rules[0] ('g'): unknown key 'op' for a growth rule"),
+        ({"rules": [{**GROWTH, "metric": "bad metric"}]}, "rule 'g': metric"),
+        ({"rules": [{k: v for k, v in FORECAST.items() if k != "horizon_steps"}]}, "('f'): horizon_steps is required"),
+        ({"rules": [{**FORECAST, "horizon_steps": 0}]}, "rule 'f': horizon_steps must be a whole number >= 1"),
+        ({"rules": [{**FORECAST, "horizon_steps": 2.5}]}, "rule 'f': horizon_steps must be a whole number"),
+        ({"rules": [{**FORECAST, "window": 1}]}, "rule 'f': window must be a whole number from 2"),
+        ({"rules": [{**FORECAST, "window": MEMORY_MAX + 1}]}, "rule 'f': window must be a whole number from 2"),
+        ({"rules": [{**FORECAST, "op": "=="}]}, "rule 'f': op must be one of"),
+        ({"rules": [{**FORECAST, "factor": 2}]}, "rules[0] ('f'): unknown key 'factor' for a forecast rule"),
+        ({"rules": [{**FORECAST, "metric": "stable_rank"}]}, "rules[0] ('f'): threshold is required for metric"),
+        ({"rules": [GROWTH, {"name": "b", "band_of": "g"}]}, "rule 'b': band_of 'g' is not a threshold rule"),
+        ({"rules": [GOOD, {**GROWTH, "name": "r"}]}, "rule name 'r' is used twice"),
+        ({"rules": [{**GOOD, "kind": "band"}]}, "rules[0] ('r'): unknown key 'for_reports' for a band rule"),
+    ],
+)
+def test_bad_detector_rules_are_refused_naming_the_rule_and_key(data: dict, needle: str):
+    with pytest.raises(ValueError) as err:
+        RuleSet.from_mapping(data)
+    assert needle in str(err.value)
+
+
+def test_detector_rules_parse_by_kind():
+    rules = RuleSet.from_mapping({"rules": [GOOD, GROWTH, FORECAST, {**GOOD, "name": "t", "kind": "threshold"}]})
+    assert [r.name for r in rules.thresholds] == ["r", "t"]
+    assert rules.growths == (GrowthRule("g", factor=3.0, metric="logit_max", baseline_reports=5),)
+    assert rules.forecasts == (ForecastRule("f", horizon_steps=500, threshold=COLLAPSE_THRESHOLD),)
+    assert rules.metrics == {"qkai", "logit_max"}
+    assert RuleSet.from_mapping({"rules": [FORECAST]}, collapse=0.65).forecasts[0].threshold == 0.65
+
+
+def test_the_shipped_candidates_load_every_kind_and_keep_the_collapse_rules():
+    rules = RuleSet.from_file(DETECTORS, collapse=0.65)
+    default = RuleSet.default(0.65)
+    assert rules.thresholds[0] == default.thresholds[0] and rules.bands == default.bands
+    assert rules.forecasts and rules.growths and {r.name for r in rules.forecasts} == {"qkai_forecast"}
+    assert rules.forecasts[0].threshold == 0.65  # the qkai rules follow the collapse setting
+    below = {(r.metric, r.op) for r in rules.thresholds}
+    assert {("stable_rank", "<"), ("attn_entropy", ">"), ("attn_entropy", "<")} <= below
+    assert rules.growths[0].metric == "logit_max"
+    assert "PROVISIONAL" in DETECTORS.read_text() and "tune split" in DETECTORS.read_text()
+
+
+def test_the_default_rules_are_the_collapse_rules_alone():
+    rules = RuleSet.default()
+    assert rules.thresholds == (ThresholdRule("qkai_high"),) and rules.growths == () and rules.forecasts == ()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tests.monitor.conftest import report
 
+DETECTORS = Path(__file__).resolve().parents[3] / "dashboards" / "rules" / "detectors.yml"
+
 
 def qkai_reports(start: int, rows: list[list[float]]) -> list[dict]:
     return [report(start + 10 * i, {"qkai": row}) for i, row in enumerate(rows)]
@@ -92,3 +94,24 @@ def test_a_stale_run_closes_its_alerts(h):
     assert run["id"] in h.store.mark_stale(timeout_s=0.0, now=time.time() + 60)
     (alert,) = h.get("/v1/alerts", run=run["id"])["data"]
     assert alert["state"] == "resolved" and alert["summary"].endswith("(closed: the run crashed (stale))")
+
+
+def test_the_candidate_detectors_forecast_with_a_predicted_step(make_harness):
+    """The shipped candidates file: layer 0's QKAI rises 0.001 per step from 0.3 (crossing 0.70 at step
+    400); the forecast (8 reports, 500 steps ahead, 2 reports running) fires at step 200 and says 400.
+    Layer 1 stays put and raises nothing."""
+    h = make_harness(alert_rules_file=DETECTORS)
+    run = h.create_run()
+    reports = [
+        report(s, {"qkai": [0.3 + 0.001 * s, 0.3], "stable_rank": [2.0, 2.0], "attn_entropy": [0.6, 0.6]})
+        for s in range(0, 226, 25)
+    ]
+    h.send(run["id"], reports)
+    (alert,) = h.get("/v1/alerts", run=run["id"])["data"]
+    assert (alert["rule"], alert["state"], alert["layers"]) == ("qkai_forecast", "firing", [0])
+    assert (alert["onset_step"], alert["predicted_step"]) == (175, 400)
+    assert alert["summary"] == "layer 0: qkai 0.5 rising 0.001/step, crosses 0.70 in about 200 steps (at step ~400)"
+    h.send(run["id"], [report(425, {"qkai": [0.725, 0.3]})])
+    (alert,) = h.get("/v1/alerts", run=run["id"])["data"]
+    assert (alert["state"], alert["resolved_step"], alert["predicted_step"]) == ("resolved", 425, 400)
+    assert alert["summary"] == "layer 0: qkai crossed 0.70: 0.725 at step 425 (forecast: step ~400)"

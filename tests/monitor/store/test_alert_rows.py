@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import pytest
 
 from qkwatch.monitor.alerting.evaluator import AlertLedger, StoredState, evaluate_batch
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.rules import BandRule, ForecastRule, GrowthRule, RuleSet, ThresholdRule
 from qkwatch.monitor.store.alerts import AlertRows
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
-from qkwatch.monitor.wire import RunCreate
+from qkwatch.monitor.wire import ReportBatch, RunCreate
 
 
 @pytest.fixture
@@ -46,3 +46,88 @@ def test_an_alert_fires_and_resolves_across_transactions(store: Store) -> None:
     assert (alert.starts_at, alert.ends_at) == (100.0, 200.0)
     pending = [n for n in store.claim_notifications(now=300.0) if n.alert.id == alert.id]
     assert [(n.status, n.attempts) for n in pending] == [("firing", 0), ("resolved", 0)]
+
+
+DETECTORS = RuleSet(
+    thresholds=(ThresholdRule("qkai_high", threshold=0.7, for_reports=2),),
+    bands=(BandRule("collapse_band", band_of="qkai_high", min_layers=2),),
+    growths=(GrowthRule("logit_growth", factor=2.0, baseline_reports=3, skip_reports=1, for_reports=2),),
+    forecasts=(ForecastRule("qkai_forecast", horizon_steps=100, window=4),),
+)
+
+
+def detector_reports() -> list[dict]:
+    """Layers 1 and 2: QKAI rising 0.004 per step from 0.5 (above 0.70 after step 50), then back to 0.4
+    from step 120; layer 2's largest logit doubling by step 100. Layer 0 stays quiet. Steps 0-190 by 10."""
+    out = []
+    for step in range(0, 200, 10):
+        rise = 0.5 + 0.004 * step if step < 120 else 0.4
+        out.append(
+            {
+                "step": step,
+                "time": float(step),
+                "layers": {"qkai": [0.3, rise, rise], "logit_max": [6.0, 6.0, 6.0 * (1 + 0.01 * step)]},
+            }
+        )
+    return out
+
+
+def ingest(store: Store, run_id: str, reports: list[dict], batch_id: str | None = None) -> None:
+    batch = ReportBatch.model_validate({"batch_id": batch_id or str(uuid.uuid4()), "reports": reports})
+    store.add_reports(run_id, batch, DETECTORS, now=1000.0)
+
+
+def alerts_of(store: Store, project: str, run_id: str) -> list[tuple]:
+    rows = sorted(store.list_alerts(projects=[project], run_id=run_id), key=lambda a: a.id)
+    return [(a.rule, a.state, a.layers, a.onset_step, a.resolved_step, a.summary, a.predicted_step) for a in rows]
+
+
+def states_of(store: Store, run_pk: int) -> dict:
+    with store.engine.connect() as conn:
+        return {
+            k: (s.streak, s.since_step, s.step, s.band_layers, s.alert_id is None, s.memory)
+            for k, s in AlertRows(conn, run_pk, 0.0).load_states().items()
+        }
+
+
+@pytest.mark.parametrize("size", [1, 3, 7])
+def test_detectors_in_batches_give_what_one_batch_gives_and_replays_change_nothing(store: Store, size: int) -> None:
+    """The state of every kind (growth baselines and forecast windows included) survives the database
+    between batches: the run cut into batches of ``size`` raises the same alerts as the run in one."""
+    project = f"detect-{uuid.uuid4().hex[:8]}"
+    whole, _ = store.create_or_resume_run(RunCreate(project=project, name="whole"))
+    cut, _ = store.create_or_resume_run(RunCreate(project=project, name="cut"))
+    reports = detector_reports()
+    ingest(store, whole.id, reports)
+    batch_ids = [str(uuid.uuid4()) for _ in range(0, len(reports), size)]
+    for batch_id, lo in zip(batch_ids, range(0, len(reports), size), strict=True):
+        ingest(store, cut.id, reports[lo : lo + size], batch_id)
+
+    expected = alerts_of(store, project, whole.id)
+    assert alerts_of(store, project, cut.id) == expected
+    assert states_of(store, cut.pk) == states_of(store, whole.pk)
+    assert [
+        (rule, state, layers, onset, resolved, predicted)
+        for rule, state, layers, onset, resolved, _, predicted in expected
+    ] == [
+        ("qkai_forecast", "resolved", [1], 30, 60, 50),  # 4 points at step 30: the crossing (50) 20 steps ahead
+        ("qkai_forecast", "resolved", [2], 30, 60, 50),  # resolved: past 0.70 at 60, the threshold rule's turn
+        ("qkai_high", "resolved", [1], 60, 120, None),
+        ("qkai_high", "resolved", [2], 60, 120, None),
+        ("collapse_band", "resolved", [1, 2], 70, 120, None),
+        ("logit_growth", "firing", [2], 140, None, None),  # baseline mean(6.6, 7.2, 7.8) = 7.2: 2x from step 140
+    ]
+    assert expected[0][5] == "layer 1: qkai crossed 0.70: 0.74 at step 60 (forecast: step ~50)"
+    assert (
+        expected[-1][5] == "layer 2: logit_max 2.1x its early value (15 vs 7.2; fires at 2x for 2 consecutive reports)"
+    )
+    assert states_of(store, cut.pk)[("logit_growth", 2)][-1] == {
+        "skipped": 1,
+        "early": [6.0 * (1 + 0.01 * s) for s in (10, 20, 30)],
+    }  # exact: JSON keeps every bit
+
+    before = (alerts_of(store, project, cut.id), states_of(store, cut.pk))
+    ingest(store, cut.id, reports[:5], batch_ids[0])  # the same batch id: a replay
+    ingest(store, cut.id, reports)  # the same points again in a new batch
+    ingest(store, cut.id, reports[3:9])  # a late batch
+    assert (alerts_of(store, project, cut.id), states_of(store, cut.pk)) == before

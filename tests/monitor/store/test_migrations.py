@@ -96,7 +96,7 @@ def test_frames_that_disagree_with_their_points_are_repaired(db_url: str):
         store = Store(engine)
         run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
         batch = {"batch_id": str(uuid.uuid4()), "reports": [{"step": 100, "time": 0.0, "layers": {"qkai": [0.1, 0.2]}}]}
-        store.add_reports(run.id, ReportBatch.model_validate(batch), RuleSet.default())
+        store.add_reports(run.id, ReportBatch.model_validate(batch), RuleSet((), ()))  # no rules: 0004 has no memory
         with engine.begin() as conn:  # what the collector stored for step 100 re-sent with three layers, before 0005
             metric_id = conn.execute(sa.text("SELECT id FROM metric_names WHERE name = 'qkai'")).scalar()
             conn.execute(
@@ -126,7 +126,6 @@ def test_alerts_of_runs_that_had_ended_are_closed(db_url: str):
     engine = make_engine(db_url)
     try:
         upgrade(engine)
-        _downgrade(engine, "0005")
         store = Store(engine)
         ended, _ = store.create_or_resume_run(RunCreate(project="p", name=f"ended-{uuid.uuid4().hex[:6]}"))
         live, _ = store.create_or_resume_run(RunCreate(project="p", name=f"live-{uuid.uuid4().hex[:6]}"))
@@ -137,6 +136,7 @@ def test_alerts_of_runs_that_had_ended_are_closed(db_url: str):
                 ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": reports}),
                 RuleSet.default(),
             )
+        _downgrade(engine, "0005")  # the alerts raised, back to before 0006
         with engine.begin() as conn:  # ended the old way: the status only
             conn.execute(sa.update(m.runs).where(m.runs.c.pk == ended.pk).values(status="finished"))
         upgrade(engine)
@@ -147,5 +147,67 @@ def test_alerts_of_runs_that_had_ended_are_closed(db_url: str):
         assert rows[ended.pk].summary.endswith("(closed: the run finished)") and rows[ended.pk].ends_at
         assert rows[live.pk].state == "firing"  # a running run's alert is left alone
         assert streaks[ended.pk] == (0, None) and streaks[live.pk][1] == rows[live.pk].id
+    finally:
+        engine.dispose()
+
+
+def columns(conn: sa.Connection, query: sa.TextClause) -> list[str]:
+    return list(conn.execute(query).keys())
+
+
+def _grafana_may_read(conn: sa.Connection, view: str) -> bool:
+    role = "qkwatch_grafana"
+    if not conn.execute(sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": role}).first():
+        return False
+    return bool(conn.execute(sa.text(f"SELECT has_table_privilege('{role}', '{view}', 'SELECT')")).scalar())
+
+
+def test_rule_memory_and_predicted_step_arrive_empty_and_leave_cleanly(db_url: str):
+    """0007: alert_state.memory and alerts.predicted_step (and the view's column) are added to existing rows
+    as NULL; the downgrade drops them, keeps the rows, and leaves the view as 0004 made it."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        _downgrade(engine, "0006")
+        store = Store(engine)
+        run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
+        with engine.begin() as conn:  # an alert and its state as 0006's code wrote them
+            conn.execute(
+                sa.text(
+                    "INSERT INTO alerts (run_pk, rule, severity, state, layers, metric, summary, onset_step, "
+                    "starts_at) VALUES (:pk, 'qkai_high', 'warning', 'firing', '[0]', 'qkai', 'old', 0, 1.0)"
+                ),
+                {"pk": run.pk},
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO alert_state (run_pk, rule, layer, streak, since_step, band_layers, alert_id, "
+                    "attempt, step) VALUES (:pk, 'qkai_high', 0, 3, 0, '[]', 1, 1, 20)"
+                ),
+                {"pk": run.pk},
+            )
+            assert "predicted_step" not in columns(conn, sa.text("SELECT * FROM qkwatch_alerts_v"))
+        upgrade(engine)
+        with engine.connect() as conn:
+            (memory,) = conn.execute(sa.select(m.alert_state.c.memory).where(m.alert_state.c.run_pk == run.pk)).one()
+            view = conn.execute(sa.text("SELECT * FROM qkwatch_alerts_v WHERE run_id = :id"), {"id": run.id})
+            row = view.mappings().one()
+            if engine.dialect.name == "postgresql":
+                assert _grafana_may_read(conn, "qkwatch_alerts_v")
+        assert memory is None and row["predicted_step"] is None and list(row)[-1] == "predicted_step"
+        [alert] = store.list_alerts(projects=["p"], run_id=run.id)
+        assert (alert.summary, alert.predicted_step) == ("old", None)
+
+        with engine.begin() as conn:
+            conn.execute(sa.update(m.alerts).where(m.alerts.c.run_pk == run.pk).values(predicted_step=140))
+            conn.execute(sa.update(m.alert_state).values(memory='{"points":[[0,0.5]]}'))
+        _downgrade(engine, "0006")
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM alerts")).scalar() == 1
+            assert "memory" not in columns(conn, sa.text("SELECT * FROM alert_state"))
+            assert "predicted_step" not in columns(conn, sa.text("SELECT * FROM qkwatch_alerts_v"))
+            if engine.dialect.name == "postgresql":
+                assert _grafana_may_read(conn, "qkwatch_alerts_v")
+        upgrade(engine)
     finally:
         engine.dispose()

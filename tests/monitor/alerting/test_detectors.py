@@ -1,0 +1,261 @@
+"""The detector kinds, pure: thresholds below a value, entropy both ways, growth and forecast.
+
+Inputs are closed forms whose answers are known: a baseline and a growth that reach the factor at
+a known report; a linear ramp that crosses the threshold at a known step, which the forecast must
+predict exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+from qkwatch.monitor.alerting.rules import (
+    ForecastRule,
+    GrowthRule,
+    LayerState,
+    ReportValues,
+    RuleSet,
+    ThresholdRule,
+    Transition,
+    evaluate,
+)
+
+
+def series(metric: str, values: list[float | None], *, every: int = 1, start: int = 0, attempt: int = 1):
+    """One report per value, ``every`` steps apart, the value on layer 0."""
+    return [ReportValues(attempt, start + every * i, {metric: [v]}) for i, v in enumerate(values)]
+
+
+def brief(out: list[Transition]) -> list[tuple]:
+    return [(t.kind, t.rule, t.layers, t.onset_step, t.step, t.predicted_step) for t in out]
+
+
+# ---- thresholds below a value, entropy both ways ------------------------------------------------
+
+
+def test_stable_rank_below_a_value_fires_and_resolves() -> None:
+    rules = RuleSet((ThresholdRule("stable_rank_low", "stable_rank", "<", 1.2, for_reports=2),), ())
+    out = evaluate(rules, {}, series("stable_rank", [1.6, 1.19, 1.15, 1.1, 1.2, 1.1], every=25))
+    assert brief(out) == [
+        ("firing", "stable_rank_low", (0,), 25, 50, None),
+        ("resolved", "stable_rank_low", (0,), 25, 100, None),  # 1.2 is not below 1.2
+    ]
+    assert out[0].summary == "layer 0: stable_rank < 1.2 for 2 consecutive reports (1.15 at onset)"
+
+
+def test_attention_entropy_is_watched_both_ways() -> None:
+    rules = RuleSet(
+        (
+            ThresholdRule("attn_uniform", "attn_entropy", ">", 0.98, for_reports=2),
+            ThresholdRule("attn_one_hot", "attn_entropy", "<", 0.1, for_reports=2),
+        ),
+        (),
+    )
+    rows = [[0.6, 0.99, 0.05], [0.6, 0.995, 0.02], [0.6, 1.0, 0.01]]  # layer 1 uniform, layer 2 one-hot
+    out = evaluate(rules, {}, [ReportValues(1, 10 * i, {"attn_entropy": row}) for i, row in enumerate(rows)])
+    assert brief(out) == [
+        ("firing", "attn_uniform", (1,), 0, 10, None),
+        ("firing", "attn_one_hot", (2,), 0, 10, None),
+    ]
+
+
+# ---- growth ------------------------------------------------------------------------------------
+
+
+GROWTH = GrowthRule("logit_growth", factor=3.0, baseline_reports=3, skip_reports=1, for_reports=2)
+
+
+def test_growth_fires_at_the_report_that_completes_its_streak() -> None:
+    """Skipped: 100 (at init). Baseline: mean(10, 12, 14) = 12. 36 = 3.0x starts the streak, 40 completes it."""
+    values = [100.0, 10.0, 12.0, 14.0, 20.0, 36.0, 40.0, 48.0, 30.0]
+    state: dict = {}
+    out = evaluate(RuleSet((), (), growths=(GROWTH,)), state, series("logit_max", values, every=10))
+    assert brief(out) == [
+        ("firing", "logit_growth", (0,), 50, 60, None),
+        ("resolved", "logit_growth", (0,), 50, 80, None),
+    ]
+    assert out[0].summary == "layer 0: logit_max 3.3x its early value (40 vs 12; fires at 3x for 2 consecutive reports)"
+    assert out[1].summary == "layer 0: logit_max back to 2.5x its early value (30 vs 12)"
+    assert state[("logit_growth", 0)].memory == {"skipped": 1, "early": [10.0, 12.0, 14.0]}  # bounded: done
+
+
+def test_the_baseline_takes_finite_values_only_and_a_nan_is_no_growth() -> None:
+    rule = GrowthRule("g", factor=2.0, baseline_reports=2, for_reports=1)
+    values = [math.nan, 4.0, math.inf, 8.0, math.nan, 12.0, math.inf]  # baseline mean(4, 8) = 6
+    out = evaluate(RuleSet((), (), growths=(rule,)), {}, series("logit_max", values))
+    assert brief(out) == [("firing", "g", (0,), 5, 5, None)]  # 12 = 2x; the NaN at step 4 did not fire
+    assert "2.0x its early value (12 vs 6;" in out[0].summary
+    # inf at step 6 is growth: the alert stays firing (no second transition)
+
+
+@pytest.mark.parametrize("early", [[-2.0, 0.0], [0.0, 0.0]])
+def test_a_layer_without_a_positive_baseline_is_not_judged(early: list[float]) -> None:
+    """Baseline -1: -5 and -50 are 5x and 50x of it, which is no growth; baseline 0: no ratio at all."""
+    rule = GrowthRule("g", metric="logit_mean", factor=2.0, baseline_reports=2, for_reports=1)
+    assert evaluate(RuleSet((), (), growths=(rule,)), {}, series("logit_mean", [*early, -5.0, -50.0, 5.0])) == []
+
+
+def test_each_layer_has_its_own_baseline() -> None:
+    rule = GrowthRule("g", factor=2.0, baseline_reports=1, for_reports=1)
+    rows = [[1.0, 10.0], [2.5, 15.0], [3.0, 25.0]]
+    out = evaluate(
+        RuleSet((), (), growths=(rule,)), {}, [ReportValues(1, i, {"logit_max": r}) for i, r in enumerate(rows)]
+    )
+    assert brief(out) == [("firing", "g", (0,), 1, 1, None), ("firing", "g", (1,), 2, 2, None)]
+
+
+# ---- forecast ----------------------------------------------------------------------------------
+
+
+def ramp(step: int) -> float:
+    """0.25 + step / 2048: exact in binary, crosses 0.75 at step 1024."""
+    return 0.25 + step / 2048
+
+
+def test_a_linear_ramp_is_forecast_to_cross_at_its_exact_step() -> None:
+    rule = ForecastRule("fc", horizon_steps=200, threshold=0.75, window=5)
+    state: dict = {}
+    steps = range(0, 1100, 16)
+    out = evaluate(RuleSet((), (), forecasts=(rule,)), state, [ReportValues(1, s, {"qkai": [ramp(s)]}) for s in steps])
+    # first report with the crossing at most 200 steps ahead: 1024 - 832 = 192
+    assert brief(out) == [("firing", "fc", (0,), 832, 832, 1024), ("resolved", "fc", (0,), 832, 1040, None)]
+    assert out[0].summary == (
+        "layer 0: qkai 0.656 rising 0.00049/step, crosses 0.75 in about 190 steps (at step ~1024)"
+    )
+    # at 1024 the value is 0.75, not above it; at 1040 it is, and the threshold rule takes over
+    assert out[1].summary == "layer 0: qkai crossed 0.75: 0.7578 at step 1040 (forecast: step ~1024)"
+    memory = state[("fc", 0)].memory
+    assert [x for x, _ in memory["points"]] == [1024, 1040, 1056, 1072, 1088] and "predicted" not in memory
+
+
+def test_the_summary_says_when_in_steps_and_at_which_step() -> None:
+    """The collapse threshold by default; the issue's own example: 0.58 rising 0.0004/step reaches 0.70 at 1450."""
+    rule = ForecastRule("qkai_forecast", horizon_steps=500, window=5)
+    steps = range(950, 1151, 50)
+    reports = [ReportValues(1, s, {"qkai": [0.3, 0.3, 0.3, 0.58 + 0.0004 * (s - 1150)]}) for s in steps]
+    (t,) = evaluate(RuleSet((), (), forecasts=(rule,)), {}, reports)
+    assert (t.kind, t.layers, t.step, t.predicted_step) == ("firing", (3,), 1150, 1450)
+    assert t.summary == "layer 3: qkai 0.58 rising 0.0004/step, crosses 0.70 in about 300 steps (at step ~1450)"
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ([0.5, 0.55, 0.6, 0.65], "fewer points than the window"),
+        ([0.69, 0.68, 0.67, 0.66, 0.65], "heading away"),
+        ([0.3, 0.31, 0.32, 0.33, 0.34], "crossing beyond the horizon (step 40)"),
+        ([0.6, 0.65, 0.69, 0.72, 0.8], "already past: the threshold rule's job"),
+        ([0.5, 0.55, 0.6, 0.65, math.nan], "not measurable"),
+    ],
+)
+def test_no_forecast_fires(values: list[float], why: str) -> None:
+    rule = ForecastRule("fc", horizon_steps=5, window=5)
+    assert evaluate(RuleSet((), (), forecasts=(rule,)), {}, series("qkai", values)) == [], why
+
+
+def test_a_falling_forecast_and_for_reports() -> None:
+    """Stable rank falling 0.1 per step toward 1.23: crosses at step 7.7; within a horizon of 4 from step 4 on."""
+    rule = ForecastRule("sr", metric="stable_rank", op="<", threshold=1.23, horizon_steps=4, window=3, for_reports=2)
+    values = [2.0 - 0.1 * s for s in range(8)]
+    (t,) = evaluate(RuleSet((), (), forecasts=(rule,)), {}, series("stable_rank", values))
+    assert (t.kind, t.onset_step, t.step, t.predicted_step) == ("firing", 4, 5, 8)
+    assert t.summary == "layer 0: stable_rank 1.5 falling 0.1/step, crosses 1.23 in about 3 steps (at step ~8)"
+
+
+def test_a_forecast_resolves_when_the_trend_flattens() -> None:
+    rule = ForecastRule("fc", horizon_steps=10, window=3)
+    values = [0.5, 0.55, 0.6, 0.6, 0.6, 0.6]
+    out = evaluate(RuleSet((), (), forecasts=(rule,)), {}, series("qkai", values))
+    # step 3: the line through 0.55, 0.6, 0.6 still crosses at ~6.7; step 4: flat
+    assert brief(out) == [("firing", "fc", (0,), 2, 2, 4), ("resolved", "fc", (0,), 2, 4, None)]
+    assert out[1].summary == "layer 0: qkai 0.6 no longer forecast to cross 0.70 within 10 steps"
+
+
+def test_a_resumed_attempt_drops_the_points_it_replaced() -> None:
+    """Attempt 1 rose up to step 9 (window: 6-9); attempt 2 resumes at step 5: its window must not keep 6-9."""
+    rule = ForecastRule("fc", horizon_steps=100, window=4)
+    state: dict = {}
+    rules = RuleSet((), (), forecasts=(rule,))
+    evaluate(rules, state, series("qkai", [0.1 + 0.05 * s for s in range(10)]))
+    assert state[("fc", 0)].firing
+    out = evaluate(rules, state, series("qkai", [0.3, 0.3], start=5, attempt=2))
+    assert [x for x, _ in state[("fc", 0)].memory["points"]] == [5, 6]
+    assert brief(out) == [("resolved", "fc", (0,), 3, 5, None)]  # one point is no forecast
+
+
+def test_the_window_is_bounded() -> None:
+    rule = ForecastRule("fc", horizon_steps=1, window=6)
+    state: dict = {}
+    evaluate(RuleSet((), (), forecasts=(rule,)), state, series("qkai", [0.1] * 50))
+    assert len(state[("fc", 0)].memory["points"]) == 6
+
+
+# ---- exactly once, and the same in pieces --------------------------------------------------------
+
+
+def every_kind() -> RuleSet:
+    return RuleSet(
+        thresholds=(ThresholdRule("qkai_high", threshold=0.7), ThresholdRule("sr_low", "stable_rank", "<", 1.2, 2)),
+        bands=(),
+        growths=(GrowthRule("logit_growth", factor=3.0, baseline_reports=3, for_reports=2),),
+        forecasts=(ForecastRule("qkai_forecast", horizon_steps=60, window=4),),
+    )
+
+
+def a_run(n: int = 40) -> list[ReportValues]:
+    """Three layers: layer 1's QKAI ramps through 0.70 at step 138 and its stable rank falls through 1.2 at
+    200; layer 2's largest logit grows 1 % of its step-0 value per step."""
+    out = []
+    for i in range(n):
+        step = 10 * i
+        out.append(
+            ReportValues(
+                1,
+                step,
+                {
+                    "qkai": [0.3, 0.355 + 0.0025 * step, 0.3],
+                    "stable_rank": [2.0, 2.0 - 0.004 * step, 2.0],
+                    "logit_max": [5.0, 5.0, 5.0 * (1 + 0.01 * step)],
+                },
+            )
+        )
+    return out
+
+
+def test_every_kind_fires_on_the_synthetic_run() -> None:
+    out = evaluate(every_kind(), {}, a_run())
+    firing = {(t.rule, t.layers): t.step for t in out if t.kind == "firing"}
+    assert firing == {
+        ("qkai_forecast", (1,)): 80,  # the crossing (138) at most 60 steps ahead
+        ("qkai_high", (1,)): 160,  # above 0.70 from 140, 3 reports
+        ("logit_growth", (2,)): 240,  # baseline mean(5, 5.5, 6) = 5.5; 5 (1 + 0.01 s) >= 16.5 from 230, 2 reports
+        ("sr_low", (1,)): 220,  # 2 - 0.004 s < 1.2 from 210, 2 reports
+    }
+    (forecast,) = [t for t in out if t.rule == "qkai_forecast" and t.kind == "firing"]
+    assert forecast.predicted_step == 138
+
+
+def test_replayed_reports_change_nothing() -> None:
+    rules = every_kind()
+    state: dict = {}
+    first = evaluate(rules, state, a_run())
+    before = copy.deepcopy(state)
+    assert first and evaluate(rules, state, a_run()) == []
+    assert evaluate(rules, state, a_run()[10:20]) == []  # a late batch
+    assert state == before
+
+
+@pytest.mark.parametrize("cuts", [(1,), (3, 17, 18, 30), tuple(range(1, 40))])
+def test_the_same_run_in_batches_gives_the_same_transitions(cuts: tuple[int, ...]) -> None:
+    rules = every_kind()
+    whole = evaluate(rules, {}, a_run())
+    state: dict[tuple[str, int], LayerState] = {}
+    pieces: list[Transition] = []
+    reports = a_run()
+    for lo, hi in zip((0, *cuts), (*cuts, len(reports)), strict=True):
+        state = copy.deepcopy(state)  # nothing shared between batches but what a store would keep
+        pieces += evaluate(rules, state, reports[lo:hi])
+    assert pieces == whole
