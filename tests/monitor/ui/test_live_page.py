@@ -19,7 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from qkwatch.monitor.main import create_app
-from tests.live import LiveCollector
+from tests.live import ROOT, LiveCollector
 from tests.monitor.conftest import make_settings
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size
 from tests.monitor.ui.runs import N_LAYERS, STEPS, VAL_EVERY, reports, seed
@@ -257,6 +257,47 @@ def test_the_page_follows_new_reports_without_a_reload(collector: LiveCollector,
         assert tab.eval("location.search") == f"?run={run['id']}"
         shot = keep(tab.screenshot(tmp_path / "live-page-after-new-reports.png"))
     assert png_size(shot) == (1400, 900)
+
+
+def test_the_strip_shows_every_kind_of_alert_with_its_summary(tmp_path: Path) -> None:
+    """With the candidate detectors (dashboards/rules/detectors.yml): layer 1's QKAI rises 0.001 per step
+    from 0.3 (crossing 0.70 at step 400), layer 2's largest logit jumps to 4x its early value at step 175,
+    layer 3's stable rank falls below 1.2 from step 125. The strip shows each alert with the summary that says why; the
+    forecast's row names its predicted crossing step."""
+    need_chromium()
+    rules = ROOT / "dashboards" / "rules" / "detectors.yml"
+    with LiveCollector(tmp_path, None, "--rules", str(rules)) as live:
+        client = live.client()
+        run = client.create_run("demo", "trouble", {"n_layers": 4})
+        steps = range(0, 226, 25)
+        client.send_reports(
+            run["id"],
+            [
+                {
+                    "step": s,
+                    "time": float(s),
+                    "layers": {
+                        "qkai": [0.3, 0.3 + 0.001 * s, 0.3, 0.3],
+                        "logit_max": [5.0, 5.0, 5.0 if s <= 150 else 20.0, 5.0],
+                        "stable_rank": [2.0, 2.0, 2.0, 2.0 - s / 150],
+                    },
+                }
+                for s in steps
+            ],
+        )
+        expected = httpx.get(f"{live.url}/v1/alerts", params={"run": run["id"]}).json()["data"]
+        rows = alert_rows(chromium(f"{live.url}/?run={run['id']}", tmp_path / "profile", "--dump-dom"))
+    assert {a["rule"] for a in expected} == {"qkai_forecast", "logit_growth", "stable_rank_low"}
+    shown = {r["rule"]: r for r in rows}
+    assert set(shown) == {a["rule"] for a in expected}
+    for a in expected:
+        assert a["summary"] in shown[a["rule"]]["text"], (a["summary"], shown[a["rule"]]["text"])
+        assert shown[a["rule"]]["class"].split() == ["alert", "firing"]
+    forecast = shown["qkai_forecast"]["text"]
+    assert "layer 1" in forecast and "predicted crossing step 400" in forecast
+    assert "crosses 0.70 in about 200 steps (at step ~400)" in forecast
+    assert "layer 2: logit_max 4.0x its early value (20 vs 5;" in shown["logit_growth"]["text"]
+    assert "predicted crossing" not in shown["logit_growth"]["text"]
 
 
 def test_config_is_served_without_a_token_and_follows_the_settings(sqlite_url: str) -> None:
