@@ -95,7 +95,8 @@ def evaluate_batch(
     stored = ledger.load_states()
     state = {key: _layer_state(s) for key, s in stored.items()}
     alert_ids = {key: s.alert_id for key, s in stored.items()}
-    before = copy.deepcopy(state)
+    # A shallow copy is enough: the rules replace a state's memory, never change it in place.
+    before = {key: replace(s) for key, s in state.items()}
     queued = sum(_record(ledger, t, alert_ids) for t in evaluate(rules, state, reports))
     changed = {key: _stored_state(s, alert_ids.get(key)) for key, s in state.items() if before.get(key) != s}
     if changed:

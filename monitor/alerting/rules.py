@@ -584,7 +584,7 @@ def _judge_growth(rule: GrowthRule, st: LayerState, layer: int, value: float) ->
     if math.isnan(value):
         return _Verdict(False, f"layer {layer}: {rule.metric} is NaN")
     ratio = value / baseline
-    if ratio >= rule.factor:  # False for NaN
+    if ratio >= rule.factor:
         return _Verdict(
             True,
             f"layer {layer}: {rule.metric} {ratio:.1f}x its early value ({value:.4g} vs {baseline:.4g}; "
@@ -614,14 +614,15 @@ def _judge_forecast(rule: ForecastRule, st: LayerState, layer: int, value: float
             False, f"layer {layer}: {rule.metric} crossed {threshold}: {value:.4g} at step {step}{forecast}"
         )
     fc = rule.forecast(points) if math.isfinite(value) else None
-    ahead = None if fc is None else fc.crossing - step
-    if fc is None or ahead is None or ahead > rule.horizon_steps:
+    if fc is None or fc.crossing - step > rule.horizon_steps:
         return _Verdict(
             False,
             f"layer {layer}: {rule.metric} {value:.3g} no longer forecast to cross {threshold} "
             f"within {rule.horizon_steps} steps",
         )
-    predicted = max(step, round(fc.crossing))
+    # A line that is past the threshold already (the value not yet: noise about it) crosses now;
+    # its crossing may lie far back, even at -inf for a slope near 0.
+    predicted = step if fc.crossing <= step else round(fc.crossing)
     direction = "rising" if fc.slope > 0 else "falling"
     when = f"in about {_about(predicted - step)} steps" if predicted > step else "about now"
     return _Verdict(

@@ -165,6 +165,15 @@ def test_a_falling_forecast_and_for_reports() -> None:
     assert t.summary == "layer 0: stable_rank 1.5 falling 0.1/step, crosses 1.23 in about 3 steps (at step ~8)"
 
 
+def test_a_line_already_past_the_threshold_crosses_about_now() -> None:
+    """The value fell back under 0.70 while the line through the window (0.6, 0.95, 0.69) is above it
+    (its crossing lies behind, at step -0.04): the forecast says now, not a step in the past."""
+    rule = ForecastRule("fc", horizon_steps=10, window=3)
+    out = evaluate(RuleSet((), (), forecasts=(rule,)), {}, series("qkai", [0.6, 0.95, 0.69]))
+    assert brief(out) == [("firing", "fc", (0,), 2, 2, 2)]
+    assert out[0].summary == "layer 0: qkai 0.69 rising 0.045/step, crosses 0.70 about now (at step ~2)"
+
+
 def test_a_forecast_resolves_when_the_trend_flattens() -> None:
     rule = ForecastRule("fc", horizon_steps=10, window=3)
     values = [0.5, 0.55, 0.6, 0.6, 0.6, 0.6]
