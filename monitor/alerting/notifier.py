@@ -64,15 +64,18 @@ def alertmanager_payload(n: PendingNotification, external_url: str, receiver: st
     a = n.alert
     labels = alert_labels(a)
     status = "resolved" if n.status == "resolved" else "firing"
+    annotations = {
+        "summary": a.summary,
+        "layers": ",".join(map(str, a.layers)),
+        "onset_step": str(a.onset_step),
+        "resolved_step": "" if a.resolved_step is None else str(a.resolved_step),
+    }
+    if a.predicted_step is not None:  # a forecast's alert: the crossing step it predicted
+        annotations["predicted_step"] = str(a.predicted_step)
     item = {
         "status": status,
         "labels": labels,
-        "annotations": {
-            "summary": a.summary,
-            "layers": ",".join(map(str, a.layers)),
-            "onset_step": str(a.onset_step),
-            "resolved_step": "" if a.resolved_step is None else str(a.resolved_step),
-        },
+        "annotations": annotations,
         "startsAt": _rfc3339(a.starts_at),
         "endsAt": _rfc3339(a.ends_at if status == "resolved" else None),
         "generatorURL": f"{external_url.rstrip('/')}/?run={a.run_id}",

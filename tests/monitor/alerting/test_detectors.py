@@ -8,10 +8,13 @@ predict exactly.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
 
+from qkwatch.monitor.alerting.notifier import alertmanager_payload
+from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
 from qkwatch.monitor.alerting.rules import (
     ForecastRule,
     GrowthRule,
@@ -268,3 +271,13 @@ def test_the_same_run_in_batches_gives_the_same_transitions(cuts: tuple[int, ...
         state = copy.deepcopy(state)  # nothing shared between batches but what a store would keep
         pieces += evaluate(rules, state, reports[lo:hi])
     assert pieces == whole
+
+
+def test_a_forecasts_webhook_carries_its_predicted_step() -> None:
+    row = AlertRow(
+        1, "rid", "r", "p", "qkai_forecast", "warning", "firing", "qkai", [3], "crosses", 1150, None, 0.0, None
+    )
+    plain = alertmanager_payload(PendingNotification(1, 0, "firing", row), "http://collector")
+    assert "predicted_step" not in plain["alerts"][0]["annotations"]
+    forecast = PendingNotification(1, 0, "firing", dataclasses.replace(row, predicted_step=1450))
+    assert alertmanager_payload(forecast, "http://collector")["alerts"][0]["annotations"]["predicted_step"] == "1450"
