@@ -175,6 +175,8 @@ class Firing:
     """Where its condition began to hold (the alert's ``onset_step``)."""
     layers: tuple[int, ...]
     summary: str
+    predicted_step: int | None = None
+    """A forecast's predicted crossing step when it fired (None for the other kinds)."""
 
 
 class _Ledger:
@@ -192,7 +194,7 @@ class _Ledger:
         self.states.update(states)
 
     def open_alert(self, t: Transition) -> int:
-        self.opened.append(Firing(t.rule, self.attempt, t.step, t.onset_step, t.layers, t.summary))
+        self.opened.append(Firing(t.rule, self.attempt, t.step, t.onset_step, t.layers, t.summary, t.predicted_step))
         return len(self.opened)
 
     def update_alert(self, alert_id: int, t: Transition) -> None:

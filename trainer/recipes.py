@@ -11,6 +11,9 @@ small_cpu              seed 001's QK-identical initialisation on two middle laye
 collapse_cpu           the demo: seed 000's collapse band forming during a few CPU minutes, vanilla
                        by default (``--set raa.enabled=true`` for full RAA). The band is *induced* on
                        layers 3-5 of 8 by the ``qk_collapse`` intervention (trainer.interventions)
+instability_cpu        collapse_cpu's model with nothing induced, for learning-rate sweeps in the
+                       style of Wortsman et al. 2023 (``--set optim.lr=...``): 300 steps, 5 % linear
+                       warmup, cosine, AdamW (0.9, 0.95), clip 1.0, a report every 5 steps
 seed001_grid           one cell of seed 001's observational grid: d_model 256, 4 heads of 64, MLP 1024,
                        context 128, 4 layers (``--set model.n_layers=6|8``), AdamW 1e-4 (0.9, 0.95),
                        weight decay 0.1, clip 1.0, constant lr, batch 64, biases, GELU, no dropout,
@@ -107,6 +110,26 @@ def collapse_cpu() -> RunConfig:
     )
 
 
+def instability_cpu() -> RunConfig:
+    """collapse_cpu's 8 layers of d_model 128 with no intervention: trouble here is the training's own.
+
+    The optimizer follows Wortsman et al. 2023's defaults (AdamW beta 0.9/0.95, eps 1e-8, global
+    clip 1.0, linear warmup over 5 % of the steps, cosine decay) at the CPU's scale: 300 steps of
+    8 x 128 bytes. Their z-loss is left out (the trainer has none), and weight decay is the
+    trainer's usual 0.1. A report every 5 steps gives 60 reports, so an alert can lead an outcome
+    by several reports; the loss is logged at every step.
+    """
+    return RunConfig(
+        recipe="instability_cpu",
+        model=ModelConfig(n_layers=8, n_heads=4, d_model=128, max_seq_len=128),
+        raa=RAAConfig(enabled=False, schedule=ScheduleConfig(lambda_0=5e-3)),
+        data=DataConfig(task_mix=0.2),
+        optim=OptimConfig(lr=1e-2, warmup_steps=15),
+        train=TrainConfig(steps=300, global_batch_size=8, log_every=25, report_every=5, val_every=300),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+    )
+
+
 def _seed001_model(n_layers: int) -> ModelConfig:
     return ModelConfig(
         n_layers=n_layers,
@@ -182,7 +205,17 @@ def gpt_6_7b() -> RunConfig:
 
 
 RECIPES: dict[str, Callable[[], RunConfig]] = {
-    f.__name__: f for f in (debug_cpu, small_cpu, collapse_cpu, seed001_grid, seed001_interventions, gpt_1_3b, gpt_6_7b)
+    f.__name__: f
+    for f in (
+        debug_cpu,
+        small_cpu,
+        collapse_cpu,
+        instability_cpu,
+        seed001_grid,
+        seed001_interventions,
+        gpt_1_3b,
+        gpt_6_7b,
+    )
 }
 
 

@@ -176,6 +176,17 @@ def test_every_rule_is_reported_whatever_its_kind_and_whether_it_fired():
     ]
 
 
+def test_a_forecast_firing_carries_its_predicted_crossing_step():
+    """QKAI = 0.25 + step / 2048 crosses 0.70 at step 921.6: the replay keeps the forecast's prediction."""
+    rules = RuleSet.from_mapping(
+        {"rules": [{"name": "qkai_forecast", "kind": "forecast", "window": 4, "horizon_steps": 200}]}
+    )
+    reports = [ReportValues(1, s, {"qkai": [0.25 + s / 2048]}) for s in range(0, 900, 50)]
+    (firing,) = bt.replay(rules, reports)
+    assert firing.rule == "qkai_forecast" and firing.step == 750  # the first report within 200 steps of 921.6
+    assert firing.predicted_step == 922
+
+
 def test_a_history_answer_becomes_one_report_per_step_and_the_loss():
     nan = math.nan
     columns = {  # as Client.history(..., frame=False) gives them: a row per (step, layer) measured

@@ -1,0 +1,522 @@
+"""``python -m experiments.instability``: trouble qkwatch did not make, and how early its alerts see it.
+
+The suite trains the runs of a YAML file (``experiments/instability_runs.yml`` by default: a
+learning-rate sweep in the style of Wortsman et al. 2023 over vanilla, qk_norm, sigma_reparam and
+RAA; the key contraction alone, *induced*; no warmup at a high rate; healthy controls) into one
+collector, through the agent, and reads every run back over REST. Then:
+
+1. every run gets its outcome from its logged loss alone (``qkwatch.monitor.outcomes``: the rule
+   was fixed before any detector was scored, and is not moved here);
+2. each detector family's parameters are chosen on the ``tune`` split (most bad runs flagged
+   before their outcome, with no firing on a healthy tune run), and scored on ``test``;
+3. the scoreboard (``docs/instability.md``, its figures, ``experiments/results/instability.json``)
+   reports recall, false alarms, lead in steps and reports, the forecast's error, the
+   learning-rate sensitivity of each variant, and what RAA does on the contraction band.
+
+``--train-only`` trains and stops; ``--report`` rewrites the page from the committed results alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments import instability_report
+from experiments.common import ROOT, Campaign, RunSpec, load, log, save
+from qkwatch.monitor import backtest
+from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.backtest import RuleScore, RunHistory, summarize
+from qkwatch.monitor.client import Client
+from qkwatch.monitor.outcomes import Outcome, OutcomeRule, label
+
+DEFAULT_RUNS = ROOT / "instability_runs.yml"
+SPLITS = ("tune", "test")
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """One run of the suite, as the YAML file lists it (a grid expanded)."""
+
+    name: str
+    recipe: str
+    seed: int
+    split: str
+    pressure: str
+    variant: str = "vanilla"
+    sets: tuple[str, ...] = ()
+    induced: bool = False
+    lr: float | None = None
+    group: str = ""
+
+    def spec(self) -> RunSpec:
+        sets = [*self.sets, f"seed={self.seed}"]
+        return RunSpec(self.name, self.recipe, sets, tags={"split": self.split, "variant": self.variant})
+
+
+def load_runs(path: Path) -> list[SuiteRun]:
+    """The runs of a suite file; ValueError names the entry and the key that is wrong."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    unknown = sorted(set(data) - {"grids", "runs"})
+    if unknown:
+        raise ValueError(f"{path}: unknown key {unknown[0]!r} (known: grids, runs)")
+    runs = [r for g in data.get("grids") or [] for r in _expand(g)]
+    for i, item in enumerate(data.get("runs") or []):
+        runs.append(_run(item, f"runs[{i}]", group=item.get("pressure", "")))
+    names = [r.name for r in runs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{path}: run name {dupes[0]!r} is used twice")
+    return runs
+
+
+def _expand(grid: dict[str, Any]) -> list[SuiteRun]:
+    name = grid.get("name", "")
+    out = []
+    for (variant, sets), lr, (seed, split) in itertools.product(
+        grid["variants"].items(), grid["lr"], grid["seeds"].items()
+    ):
+        item = {
+            "name": name.format(variant=variant, lr=f"{lr:g}", seed=seed),
+            "recipe": grid["recipe"],
+            "seed": seed,
+            "split": split,
+            "pressure": grid.get("pressure", ""),
+            "variant": variant,
+            "induced": grid.get("induced", False),
+            "sets": [*sets, f"optim.lr={lr!r}"],
+            "lr": lr,
+        }
+        out.append(_run(item, f"grid {name!r}", group=grid.get("pressure", "")))
+    return out
+
+
+def _run(item: dict[str, Any], where: str, group: str) -> SuiteRun:
+    known = {"name", "recipe", "seed", "split", "pressure", "variant", "sets", "induced", "lr"}
+    unknown = sorted(set(item) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}")
+    for key in ("name", "recipe", "seed", "split"):
+        if key not in item:
+            raise ValueError(f"{where}: {key} is required")
+    if item["split"] not in SPLITS:
+        raise ValueError(f"{where} ({item['name']}): split must be tune or test, got {item['split']!r}")
+    lr = item.get("lr")
+    if lr is None:
+        lr = next((float(s.split("=", 1)[1]) for s in item.get("sets", []) if s.startswith("optim.lr=")), None)
+    return SuiteRun(
+        name=str(item["name"]),
+        recipe=str(item["recipe"]),
+        seed=int(item["seed"]),
+        split=str(item["split"]),
+        pressure=str(item.get("pressure", "")),
+        variant=str(item.get("variant", "vanilla")),
+        sets=tuple(str(s) for s in item.get("sets", [])),
+        induced=bool(item.get("induced", False)),
+        lr=lr,
+        group=group,
+    )
+
+
+@dataclass
+class Options:
+    runs: Path = DEFAULT_RUNS
+    campaign: str = "instability"
+    root: Path | None = None
+    workers: int = 2
+    outcome: str = "delta=0.5,for=5"
+    train_only: bool = False
+    report_only: bool = False
+    results: str = "instability"
+    docs: Path | None = None
+    png: bool = True
+
+
+def train(opts: Options, runs: Sequence[SuiteRun]) -> None:
+    with Campaign(opts.campaign, workers=opts.workers, root=opts.root) as campaign:
+        campaign.run([r.spec() for r in runs])
+
+
+# --- reading back -------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunData:
+    """One run as the collector holds it, with what the scoreboard needs of it."""
+
+    run: SuiteRun
+    history: RunHistory
+    outcome: Outcome
+    init_loss: float
+    final_loss: float
+    """Mean of the last ten logged training losses (NaN when they are not finite)."""
+    val_loss: float | None
+    """The last validation loss, None when none was logged (a run that stopped early)."""
+    peaks: dict[str, float]
+    """Per metric, the largest (``stable_rank``, ``attn_entropy``: also smallest) value over layers and reports."""
+
+    def row(self) -> dict[str, Any]:
+        r = self.run
+        return {
+            "name": r.name,
+            "split": r.split,
+            "pressure": r.pressure,
+            "variant": r.variant,
+            "lr": r.lr,
+            "seed": r.seed,
+            "induced": r.induced,
+            "outcome": self.outcome.label,
+            "outcome_step": self.outcome.step,
+            "why": self.outcome.why,
+            "init_loss": self.init_loss,
+            "final_loss": self.final_loss,
+            "val_loss": self.val_loss,
+            "reports": len({x.step for x in self.history.reports}),
+            "loss_steps": len(self.history.losses),
+            "peaks": self.peaks,
+            "loss_curve": _curve(self.history.loss_steps, self.history.losses),
+        }
+
+
+def _curve(steps: Sequence[int], values: Sequence[float], points: int = 100) -> list[list[float]]:
+    """At most ``points`` (step, value) pairs, evenly spaced, for the figures (NaN as None in JSON)."""
+    stride = max(1, math.ceil(len(steps) / points))
+    return [[s, v] for s, v in list(zip(steps, values, strict=True))[::stride]]
+
+
+def read_back(client: Client, campaign: str, runs: Sequence[SuiteRun], outcome: OutcomeRule) -> list[RunData]:
+    out = []
+    for r in runs:
+        history = backtest.read(client, f"{campaign}/{r.name}")
+        if not history.losses:
+            raise RuntimeError(f"{r.name}: no loss was logged; the suite needs every run's loss")
+        val = client.series(f"{campaign}/{r.name}", "val_loss").values
+        finite_val = [v for v in val if v is not None and math.isfinite(v)]
+        tail = history.losses[-10:]
+        out.append(
+            RunData(
+                r,
+                history,
+                label(history.loss_steps, history.losses, outcome),
+                history.losses[0],
+                statistics.fmean(tail) if all(math.isfinite(x) for x in tail) else math.nan,
+                finite_val[-1] if finite_val else None,
+                _peaks(history),
+            )
+        )
+    return out
+
+
+def _peaks(history: RunHistory) -> dict[str, float]:
+    values: dict[str, list[float]] = {}
+    for report in history.reports:
+        for metric, layers in report.layers.items():
+            values.setdefault(metric, []).extend(v for v in layers if v is not None and math.isfinite(v))
+    out = {f"{m}_max": max(v) for m, v in values.items() if v}
+    out |= {f"{m}_min": min(v) for m, v in values.items() if v and m in ("stable_rank", "attn_entropy")}
+    return out
+
+
+# --- detectors: chosen on tune, scored on test -----------------------------------------------------------
+
+FIXED: list[dict[str, Any]] = [
+    {"name": "qkai_high", "metric": "qkai", "op": ">", "for_reports": 3},
+    {"name": "collapse_band", "band_of": "qkai_high", "min_layers": 3, "severity": "critical"},
+]
+"""The user's collapse rules: kept as they are, never tuned."""
+
+FAMILIES: dict[str, list[dict[str, Any]]] = {
+    "logit_growth": [
+        {
+            "kind": "growth",
+            "metric": "logit_max",
+            "factor": f,
+            "baseline_reports": 5,
+            "skip_reports": 1,
+            "for_reports": n,
+        }
+        for f in (1.5, 2.0, 3.0, 5.0)
+        for n in (2, 3)
+    ],
+    "attn_one_hot": [
+        {"metric": "attn_entropy", "op": "<", "threshold": x, "for_reports": 3} for x in (0.05, 0.1, 0.2, 0.3)
+    ],
+    "attn_uniform": [
+        {"metric": "attn_entropy", "op": ">", "threshold": x, "for_reports": 3} for x in (0.95, 0.97, 0.98, 0.99)
+    ],
+    "stable_rank_low": [
+        {"metric": "stable_rank", "op": "<", "threshold": x, "for_reports": 3} for x in (1.1, 1.2, 1.3, 1.5)
+    ],
+    "qkai_forecast": [
+        {"kind": "forecast", "metric": "qkai", "op": ">", "window": w, "horizon_steps": h, "for_reports": n}
+        for w in (6, 10)
+        for h in (100, 250, 500)
+        for n in (1, 2)
+    ],
+    "stable_rank_forecast": [
+        {
+            "kind": "forecast",
+            "metric": "stable_rank",
+            "op": "<",
+            "threshold": x,
+            "window": w,
+            "horizon_steps": h,
+            "for_reports": 2,
+        }
+        for x in (1.2, 1.5)
+        for w in (6, 10)
+        for h in (100, 250)
+    ],
+}
+"""Each detector family's candidate parameters, in order from the most conservative; the first
+candidate with the best tune score wins a tie."""
+
+
+def ruleset(rules: Sequence[dict[str, Any]], collapse: float) -> RuleSet:
+    return RuleSet.from_mapping({"rules": list(rules)}, collapse)
+
+
+def score(data: Sequence[RunData], rules: RuleSet, outcome: OutcomeRule) -> list[RuleScore]:
+    return summarize([backtest.backtest(d.history, rules, outcome) for d in data])
+
+
+def choose(tune: Sequence[RunData], collapse: float, outcome: OutcomeRule) -> dict[str, dict[str, Any]]:
+    """Per family, the candidate flagging most bad tune runs before their outcome with no healthy
+    tune run fired on; ties go to the longer median lead in reports, then to the earlier candidate.
+    A family whose every candidate fires on a healthy tune run, or that flags nothing, is not chosen.
+    """
+    chosen = {}
+    for family, candidates in FAMILIES.items():
+        best: tuple[tuple[float, float], dict[str, Any], RuleScore] | None = None
+        for params in candidates:
+            rule = {"name": family, **params}
+            (s, _) = score(tune, ruleset([rule], collapse), outcome)
+            key = (float(s.flagged), s.median_lead_reports or 0.0)
+            if s.false_alarms == 0 and s.flagged > 0 and (best is None or key > best[0]):
+                best = (key, rule, s)
+        if best is not None:
+            chosen[family] = {"rule": best[1], "tune": best[2].to_json()}
+        log(
+            f"  {family}: {'chose ' + str(best[1]) if best else 'nothing chosen (no candidate flags a bad tune run without a false alarm)'}"
+        )
+    return chosen
+
+
+def detector_table(
+    data: Sequence[RunData], chosen: dict[str, dict[str, Any]], collapse: float, outcome: OutcomeRule
+) -> dict[str, Any]:
+    """The default rules (the user's, plus every chosen family) over ``data``: per rule and any rule."""
+    rules = ruleset([*FIXED, *(c["rule"] for c in chosen.values())], collapse)
+    results = [backtest.backtest(d.history, rules, outcome) for d in data]
+    return {
+        "scores": [s.to_json() for s in summarize(results)],
+        "runs": [r.to_json() for r in results],
+    }
+
+
+# --- forecasts, learning-rate sensitivity, the contraction band ------------------------------------------
+
+
+def forecast_errors(
+    data: Sequence[RunData], chosen: dict[str, dict[str, Any]], collapse: float
+) -> list[dict[str, Any]]:
+    """Each forecast alert's predicted crossing step against the step its layer really crossed.
+
+    The error is relative to the time the forecast looked ahead: ``|predicted - actual| / (actual -
+    fired)``. A forecast whose layer never crossed by the end of the run is listed without an error.
+    """
+    out = []
+    forecasts = [c["rule"] for name, c in chosen.items() if c["rule"].get("kind") == "forecast"]
+    for rule in forecasts:
+        rs = ruleset([rule], collapse)
+        spec = rs.forecasts[0]
+        for d in data:
+            for firing in backtest.replay(rs, d.history.reports):
+                if firing.predicted_step is None:
+                    continue
+                (layer,) = firing.layers
+                actual = _crossing(d.history, spec.metric, spec.op, spec.threshold, layer, firing.step)
+                error = None if actual is None else abs(firing.predicted_step - actual) / max(actual - firing.step, 1)
+                out.append(
+                    {
+                        "run": d.run.name,
+                        "rule": rule["name"],
+                        "layer": layer,
+                        "fired": firing.step,
+                        "predicted": firing.predicted_step,
+                        "actual": actual,
+                        "relative_error": error,
+                    }
+                )
+    return out
+
+
+def _crossing(history: RunHistory, metric: str, op: str, threshold: float, layer: int, after: int) -> int | None:
+    past = {
+        ">": lambda v: v > threshold,
+        ">=": lambda v: v >= threshold,
+        "<": lambda v: v < threshold,
+        "<=": lambda v: v <= threshold,
+    }[op]
+    for report in sorted(history.reports, key=lambda r: r.step):
+        values = report.layers.get(metric) or []
+        if report.step > after and layer < len(values) and values[layer] is not None and past(values[layer]):
+            return report.step
+    return None
+
+
+def lr_sensitivity(data: Sequence[RunData]) -> dict[str, Any]:
+    """Wortsman et al.'s LR sensitivity per variant: the mean over the swept rates of
+    ``min(loss, loss at init) - best loss``, from each run's last validation loss (the loss at init
+    where a run has none or it is not finite), per seed, then the mean over seeds."""
+    sweep = [d for d in data if d.run.pressure == "learning rate" and d.run.lr is not None]
+    out: dict[str, Any] = {}
+    for variant in sorted({d.run.variant for d in sweep}):
+        per_seed = []
+        curve: dict[float, list[float]] = {}
+        for seed in sorted({d.run.seed for d in sweep}):
+            runs = [d for d in sweep if d.run.variant == variant and d.run.seed == seed]
+            losses = [min(_loss(d), d.init_loss) for d in runs]
+            for d, x in zip(runs, losses, strict=True):
+                curve.setdefault(float(d.run.lr or 0), []).append(x)
+            per_seed.append(statistics.fmean(x - min(losses) for x in losses))
+        out[variant] = {
+            "sensitivity": statistics.fmean(per_seed),
+            "per_seed": per_seed,
+            "curve": {lr: statistics.fmean(v) for lr, v in sorted(curve.items())},
+        }
+    return out
+
+
+def _loss(d: RunData) -> float:
+    if d.val_loss is not None and math.isfinite(d.val_loss):
+        return d.val_loss
+    return d.final_loss if math.isfinite(d.final_loss) else d.init_loss
+
+
+BAND = (3, 4, 5)
+"""collapse_cpu's intervention layers."""
+
+
+def contraction(data: Sequence[RunData]) -> list[dict[str, Any]]:
+    """The key-contraction runs (induced): the band's and the other layers' geometry at the last report."""
+    out = []
+    for d in data:
+        if d.run.pressure != "key contraction":
+            continue
+        last = max(d.history.reports, key=lambda r: r.step)
+        row: dict[str, Any] = {
+            "run": d.run.name,
+            "variant": d.run.variant,
+            "split": d.run.split,
+            "step": last.step,
+            "val_loss": d.val_loss,
+            "outcome": d.outcome.label,
+        }
+        for metric in ("qkai", "stable_rank", "attn_entropy", "par", "lambda"):
+            values = last.layers.get(metric) or []
+            band = [v for i, v in enumerate(values) if i in BAND and v is not None]
+            rest = [v for i, v in enumerate(values) if i not in BAND and v is not None]
+            row[metric] = {
+                "band": statistics.fmean(band) if band else None,
+                "rest": statistics.fmean(rest) if rest else None,
+            }
+        low = [
+            min(v for i, v in enumerate(r.layers.get("stable_rank") or []) if i in BAND and v is not None)
+            for r in d.history.reports
+            if any(i in BAND and v is not None for i, v in enumerate(r.layers.get("stable_rank") or []))
+        ]
+        row["band_stable_rank_min"] = min(low) if low else None
+        out.append(row)
+    return out
+
+
+def analyse(opts: Options, runs: Sequence[SuiteRun]) -> dict[str, Any]:
+    outcome = OutcomeRule.parse(opts.outcome)
+    with Campaign(opts.campaign, workers=opts.workers, root=opts.root) as campaign:
+        collapse = campaign.client.thresholds().collapse
+        data = read_back(campaign.client, opts.campaign, runs, outcome)
+    tune = [d for d in data if d.run.split == "tune"]
+    test = [d for d in data if d.run.split == "test"]
+    log(
+        f"read {len(data)} runs: "
+        + ", ".join(f"{k} {sum(d.outcome.label == k for d in data)}" for k in ("diverged", "spiked", "healthy"))
+    )
+    log("choosing each detector family's parameters on the tune split")
+    chosen = choose(tune, collapse, outcome)
+    return {
+        "outcome_rule": outcome.describe(),
+        "collapse_threshold": collapse,
+        "runs": [d.row() for d in data],
+        "families": FAMILIES,
+        "fixed": FIXED,
+        "chosen": chosen,
+        "tune": detector_table(tune, chosen, collapse, outcome),
+        "test": detector_table(test, chosen, collapse, outcome),
+        "candidates_on_test": {
+            family: [
+                {
+                    "rule": {"name": family, **params},
+                    "score": score(test, ruleset([{"name": family, **params}], collapse), outcome)[0].to_json(),
+                }
+                for params in candidates
+            ]
+            for family, candidates in FAMILIES.items()
+        },
+        "forecast": forecast_errors(data, chosen, collapse),
+        "lr_sensitivity": lr_sensitivity(data),
+        "contraction": contraction(data),
+    }
+
+
+def write_report(opts: Options) -> int:
+    results = load(opts.results)
+    if results is None:
+        raise SystemExit(f"no experiments/results/{opts.results}.json: run the suite first")
+    command = "python -m experiments.instability" + ("" if opts.runs == DEFAULT_RUNS else f" --runs {opts.runs}")
+    instability_report.write(results, opts.docs or instability_report.DOCS, png=opts.png, command=command)
+    return 0
+
+
+def parse(argv: list[str] | None) -> Options:
+    p = argparse.ArgumentParser(prog="python -m experiments.instability", description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="the suite's YAML file")
+    p.add_argument("--campaign", default="instability", help="collector folder under experiments/out/")
+    p.add_argument("--root", type=Path, default=None, help="the campaign's folder (default experiments/out/NAME)")
+    p.add_argument("--workers", type=int, default=2, help="trainings at once (one CPU thread each)")
+    p.add_argument("--outcome", default="delta=0.5,for=5", help="the outcome rule (fixed: see monitor/outcomes.py)")
+    p.add_argument("--train-only", action="store_true", help="train the runs and stop")
+    p.add_argument("--report", action="store_true", help="rewrite the page from the committed results only")
+    p.add_argument("--results", default="instability", help="experiments/results/NAME.json")
+    p.add_argument("--no-png", action="store_true", help="skip the PNG figures (no Chromium)")
+    p.add_argument("--docs", type=Path, default=None, help="where instability.md goes (default docs/)")
+    a = p.parse_args(argv)
+    return Options(
+        a.runs, a.campaign, a.root, a.workers, a.outcome, a.train_only, a.report, a.results, a.docs, not a.no_png
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse(argv)
+    runs = load_runs(opts.runs)
+    log(f"{len(runs)} runs in {opts.runs}")
+    if opts.report_only:
+        return write_report(opts)
+    train(opts, runs)
+    if opts.train_only:
+        return 0
+    results = analyse(opts, runs)
+    path = save(opts.results, results, strict=True)
+    log(f"wrote {path}")
+    return write_report(opts)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
