@@ -23,7 +23,7 @@ from experiments.common import load, log
 EXPERIMENTS = ("seed001", "seed003", "seed000", "qkai_scale")
 """In the report's order."""
 COMMANDS = {
-    "seed000": "python -m experiments.seed000 --seeds 0",
+    "seed000": "python -m experiments.seed000 --seeds 0,1",
     "seed001": "python -m experiments.seed001 --steps 300 --seeds 37,42",
     "seed003": "python -m experiments.seed003",
     "qkai_scale": "python -m experiments.qkai_scale",

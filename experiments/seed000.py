@@ -41,6 +41,8 @@ from experiments.common import Campaign, RunSpec, fmt, last, log, md_table, read
 NAME = "seed000"
 BAND = [3, 4, 5]
 ONSET = 150
+PAPER_FLAGGED = 7 / 24
+"""Seed 000: the schedule "activated the full penalty on only about 7 of 24 layers for most of training"."""
 VARIANTS: dict[str, list[str]] = {
     "vanilla": [],
     "par": ["raa.enabled=true", "raa.rotation=false", "raa.scheduling=false"],
@@ -166,6 +168,83 @@ def _by_variant(results: dict) -> dict[str, list[dict]]:
     return out
 
 
+def _trajectory(records: list[dict], metric: str) -> tuple[list[int], np.ndarray]:
+    """The seed-mean band trajectory of ``metric`` (the seeds report at the same steps)."""
+    runs = [r[metric] for r in records if r.get(metric)]
+    if not runs:
+        return [], np.array([])
+    n = min(len(m["band"]) for m in runs)
+    return runs[0]["steps"][:n], np.nanmean([m["band"][:n] for m in runs], axis=0)
+
+
+def _lowest(records: list[dict], metric: str, after: int) -> tuple[float, float]:
+    """The lowest value of the seed-mean band trajectory from step ``after`` on, and its step."""
+    steps, values = _trajectory(records, metric)
+    late = [i for i, s in enumerate(steps) if s >= after and math.isfinite(values[i])]
+    if not late:
+        return math.nan, math.nan
+    i = min(late, key=lambda i: values[i])
+    return float(values[i]), float(steps[i])
+
+
+def _val_loss(record: dict) -> float:
+    return last((record["val_loss"]["steps"], record["val_loss"]["values"])) if "val_loss" in record else math.nan
+
+
+def _mean_from(record: dict, metric: str, step: int) -> float:
+    """The mean of ``record``'s band ``metric`` over the reports at ``step`` and after."""
+    m = record.get(metric)
+    v = [x for s, x in zip(m["steps"], m["band"], strict=True) if s >= step] if m else []
+    return float(np.mean(v)) if v else math.nan
+
+
+def balance(results: dict) -> dict[str, Any]:
+    """RAA's hold of the induced band, predicted from the two penalties and measured at full strength.
+
+    Per band head, with ``S = sum_i c_i^2 = r QKAI``, PAR adds ``lambda ReLU(S - tau)^2``
+    (``tau = tau_factor r``, trainer/raa.py) and ``qk_collapse`` adds ``mu ReLU(target ramp r - S)^2``
+    (trainer/interventions.py). Between ``tau`` and ``target ramp r`` both act, and the derivative of
+    their sum in ``S``, ``2 lambda (S - tau) - 2 mu (target ramp r - S)``, vanishes at
+    ``S / r = (lambda tau_factor + mu target ramp) / (lambda + mu)``: the penalties alone hold the
+    band there, whatever RAA does otherwise. ``lambda`` is the schedule's for the band's measured
+    entropy, ``lambda_0 sigmoid((H - h_star) / beta)``, for full RAA, and ``lambda_0`` for the
+    unscheduled ablations (``par``, ``par_rotation``); the weights are collapse_cpu's
+    (trainer/recipes.py), the recipe these results were trained with.
+    """
+    from qkwatch.monitor.scheduling import sigmoid
+    from qkwatch.trainer.recipes import collapse_cpu
+
+    cfg = collapse_cpu()
+    schedule, pressure = cfg.raa.schedule, cfg.intervention
+    full = pressure.collapse_start + pressure.collapse_ramp
+    by = _by_variant(results)
+    runs = by["raa"]
+    entropy = float(np.mean([_mean_from(r, "attn_entropy", full) for r in runs]))
+    share = sigmoid((entropy - schedule.h_star) / schedule.beta)
+    lam, mu = share * schedule.lambda_0, pressure.collapse_align
+
+    def point(lam: float) -> float:
+        return (lam * cfg.raa.tau_factor + mu * pressure.collapse_target) / (lam + mu)
+
+    fixed = {v: [_mean_from(r, "qkai", full) for r in by[v]] for v in ("par", "par_rotation") if by.get(v)}
+    return {
+        "full_from": full,
+        "entropy": entropy,
+        "share": share,
+        "lambda_0": schedule.lambda_0,
+        "mu": mu,
+        "tau_factor": cfg.raa.tau_factor,
+        "target": pressure.collapse_target,
+        "h_star": schedule.h_star,
+        "beta": schedule.beta,
+        "predicted": point(lam),
+        "measured": [_mean_from(r, "qkai", full) for r in runs],
+        "seeds": [r["seed"] for r in runs],
+        "predicted_fixed": point(schedule.lambda_0),
+        "measured_fixed": fixed,
+    }
+
+
 def _flagged_fraction(record: dict, late: bool = False) -> float:
     """The mean fraction of layers RAA's schedule flagged, over the run or its second half."""
     if "raa_flagged_fraction" not in record:
@@ -191,12 +270,13 @@ def summary(results: dict) -> dict[str, dict[str, float]]:
             "qkai_outside_final": avg(lambda r: _final(r, "qkai", "outside")),
             "srank_final": avg(lambda r: _final(r, "stable_rank")),
             "srank_onset": avg(lambda r: _at(r, "stable_rank", results["onset"])),
+            **dict(
+                zip(("srank_low", "srank_low_step"), _lowest(records, "stable_rank", results["onset"]), strict=True)
+            ),
             "entropy_final": avg(lambda r: _final(r, "attn_entropy")),
             "entropy_outside_final": avg(lambda r: _final(r, "attn_entropy", "outside")),
             "qk_erank_final": avg(lambda r: _final(r, "qk_erank")),
-            "val_loss": avg(
-                lambda r: last((r["val_loss"]["steps"], r["val_loss"]["values"])) if "val_loss" in r else math.nan
-            ),
+            "val_loss": avg(_val_loss),
             "flagged": avg(_flagged_fraction),
             "flagged_late": avg(lambda r: _flagged_fraction(r, late=True)),
             **{
@@ -228,7 +308,7 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
             "variant",
             f"band QKAI step {results['onset']} → last (peak)",
             "outside, last",
-            "band srank last",
+            f"band srank step {results['onset']} → lowest (step) → last",
             "band entropy last",
             "band QK^T erank",
             "val loss",
@@ -244,7 +324,8 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
                 v,
                 f"{fmt(r['qkai_onset'], '.2f')} → {fmt(r['qkai_final'], '.2f')} ({fmt(r['qkai_peak'], '.2f')})",
                 fmt(r["qkai_outside_final"], ".2f"),
-                fmt(r["srank_final"], ".2f"),
+                f"{fmt(r['srank_onset'], '.2f')} → {fmt(r['srank_low'], '.2f')} ({fmt(r['srank_low_step'], '.0f')})"
+                f" → {fmt(r['srank_final'], '.2f')}",
                 fmt(r["entropy_final"], ".2f"),
                 fmt(r["qk_erank_final"], ".2f"),
                 fmt(r["val_loss"], ".3f"),
@@ -303,6 +384,38 @@ def section(results: dict) -> tuple[str, list[tuple[str, Any]]]:
     figs.append(("seed000-passkey", fig2))
 
     v, raa = rows["vanilla"], rows["raa"]
+    bal = balance(results)
+    held = bal["measured"]
+    # the short-context cost, seed by seed: (vanilla, RAA) validation loss of each seed
+    pairs = [(_val_loss(a), _val_loss(b)) for a, b in zip(by["vanilla"], by["raa"], strict=True)]
+    worse = sum(b > a for a, b in pairs)
+    cost_verdict = _verdict(worse == 0) + (
+        f": RAA's validation loss is higher in {'every' if worse == len(pairs) else f'{worse} of {len(pairs)}'} seed"
+        + ("" if worse == len(pairs) else "s")
+        if worse
+        else ""
+    )
+    # the flagged share: the whole run is what "for most of training" measures
+    flag_ok = abs(raa["flagged"] - PAPER_FLAGGED) <= 0.10
+    band = len(results["band"])
+    all_flagged = [
+        max((s for s, f in _series(r["raa_flagged_fraction"]) if f >= 1.0), default=None)
+        for r in by["raa"]
+        if "raa_flagged_fraction" in r
+    ]
+    all_flagged = [s for s in all_flagged if s is not None]
+    flag_verdict = _verdict(flag_ok) + (
+        ""
+        if flag_ok
+        else f": {raa['flagged']:.0%} over the run against {PAPER_FLAGGED:.0%}"
+        + (
+            f"; every layer is flagged until step {_span(all_flagged)}, while attention is near uniform"
+            if all_flagged
+            else ""
+        )
+        + f"; the 2nd half's {raa['flagged_late']:.0%} is about the induced band, {band} of 8 layers ({band / 8:.0%}),"
+        " which the recipe sets"
+    )
     text = f"""## Seed 000: the collapse band, RAA, its ablations and the peers (`collapse_cpu`)
 
 **Command:** `python -m experiments.seed000 --seeds {",".join(map(str, results["seeds"]))}` then
@@ -331,17 +444,34 @@ that training produces by itself.
 | claim (seed 000) | paper | here | carried over? |
 |---|---|---|---|
 | band QKAI rises past 0.70 in vanilla training | 0.31 → 0.78 (1.3B) | {fmt(v["qkai_onset"], ".2f")} → {fmt(v["qkai_final"], ".2f")} (induced) | by construction: the band is induced |
-| RAA holds the band's QKAI | 0.42-0.49 | {fmt(raa["qkai_final"], ".2f")} (peak {fmt(raa["qkai_peak"], ".2f")}) | {_verdict(raa["qkai_final"] <= 0.55)}{", a little above the paper's range" if 0.49 < raa["qkai_final"] <= 0.55 else ""} |
-| stable rank of W_Q W_K^T higher under RAA (layer 15) | 22.3 → 41.6 of 128 | band {fmt(v["srank_final"], ".2f")} → {fmt(raa["srank_final"], ".2f")} of 32 | {_verdict(raa["srank_final"] > v["srank_final"])} |
+| RAA holds the band's QKAI | 0.42-0.49 | {fmt(raa["qkai_final"], ".2f")} (peak {fmt(raa["qkai_peak"], ".2f")}); {_span([fmt(x, ".3f") for x in held])} from step {bal["full_from"]}, where the two penalties' balance predicts {fmt(bal["predicted"], ".3f")} | {_verdict(raa["qkai_final"] <= 0.55)}, at the balance point of the recipe's weights (see below){", a little above the paper's range" if 0.49 < raa["qkai_final"] <= 0.55 else ""} |
+| stable rank of W_Q W_K^T higher under RAA (layer 15) | 22.3 → 41.6 of 128 | band, last: {fmt(v["srank_final"], ".2f")} → {fmt(raa["srank_final"], ".2f")} of 32; lowest on the way: vanilla {fmt(v["srank_low"], ".2f")} (step {fmt(v["srank_low_step"], ".0f")}), RAA {fmt(raa["srank_low"], ".2f")} (step {fmt(raa["srank_low_step"], ".0f")}) | {_verdict(raa["srank_final"] > v["srank_final"])} at the end; under RAA too it first falls from {fmt(raa["srank_onset"], ".2f")} at step {results["onset"]} to as low as vanilla's |
 | mid-layer entropy lower under RAA | 0.94 → 0.71-0.76 | {fmt(v["entropy_final"], ".2f")} → {fmt(raa["entropy_final"], ".2f")} | {_verdict(raa["entropy_final"] < v["entropy_final"] - 0.05)} |
-| schedule activates about 7 of 24 layers for most of training | 29 % | {_flagged(raa)} of 8 (all / 2nd half) | {_verdict(0.1 <= raa["flagged_late"] <= 0.5)} |
+| schedule activates about 7 of 24 layers for most of training | {PAPER_FLAGGED:.0%} | {_flagged(raa)} of 8 (all / 2nd half) | {flag_verdict} |
 | passkey gain of RAA (32k, 1 needle) | 61.2 → 84.7 % | exact {fmt(v["passkey1_acc_256"], ".2f")} → {fmt(raa["passkey1_acc_256"], ".2f")}, digits {fmt(v["passkey1_digits_256"], ".2f")} → {fmt(raa["passkey1_digits_256"], ".2f")} at 256 | {_verdict(raa["passkey1_digits_256"] > v["passkey1_digits_256"] + 0.05)} |
 | five-needle passkey | 38 → 66 % | exact {fmt(v["passkey5_acc_256"], ".2f")} → {fmt(raa["passkey5_acc_256"], ".2f")}, digits {fmt(v["passkey5_digits_256"], ".2f")} → {fmt(raa["passkey5_digits_256"], ".2f")} | {_verdict(raa["passkey5_digits_256"] > v["passkey5_digits_256"] + 0.05)} |
-| no short-context cost | ppl 11.87 → 11.83 at 2k | {fmt(v["ppl_128"], ".2f")} → {fmt(raa["ppl_128"], ".2f")} at 128 | {_verdict(raa["ppl_128"] <= v["ppl_128"] * 1.02)} |
+| no short-context cost | ppl 11.87 → 11.83 at 2k | val loss {fmt(v["val_loss"], ".3f")} → {fmt(raa["val_loss"], ".3f")} (by seed: {", ".join(f"{fmt(a, '.3f')} → {fmt(b, '.3f')}" for a, b in pairs)}); ppl {fmt(v["ppl_128"], ".2f")} → {fmt(raa["ppl_128"], ".2f")} at 128 ({raa["ppl_128"] / v["ppl_128"] - 1:+.1%}) | {cost_verdict} |
 | QK-norm, sigma-Reparam fix scale, not orientation | 71.4 %, 68.9 % passkey (RAA 84.7 %) | band QKAI {fmt(rows["qk_norm"]["qkai_final"], ".2f")}, {fmt(rows["sigma_reparam"]["qkai_final"], ".2f")} (RAA {fmt(raa["qkai_final"], ".2f")}) | {_verdict(min(rows["qk_norm"]["qkai_final"], rows["sigma_reparam"]["qkai_final"]) > 0.7)}, see below |
 
+**What RAA's hold of the band measures.** The induced pressure is PAR's mirror image: per band head,
+with `S = sum_i c_i^2` (r times QKAI), PAR adds `lambda ReLU(S - tau)^2` with `tau = {bal["tau_factor"]} r`
+and `qk_collapse` adds `mu ReLU(target ramp r - S)^2`. Between the two thresholds both act, and the
+derivative of their sum, `2 lambda (S - tau) - 2 mu (target ramp r - S)`, vanishes at
+`S / r = (lambda {bal["tau_factor"]} + mu target ramp) / (lambda + mu)`. With the recipe's
+`mu = {bal["mu"]:g}`, `lambda_0 = {bal["lambda_0"]:g}` and `target = {bal["target"]:g}` at full ramp (from step
+{bal["full_from"]}), and the band's lambda at `sigmoid((H - {bal["h_star"]:g}) / {bal["beta"]:g}) = {bal["share"]:.3f}` of
+`lambda_0` for its measured entropy H = {bal["entropy"]:.2f}, that point is {fmt(bal["predicted"], ".4f")}; the RAA
+runs' band QKAI averages {", ".join(f"{fmt(x, '.4f')} (seed {seed})" for x, seed in zip(held, bal["seeds"], strict=True))}
+over the reports from step {bal["full_from"]} on. The unscheduled ablations put `lambda_0` itself on the band,
+for which the point is {fmt(bal["predicted_fixed"], ".4f")}; they hold
+{"; ".join(f"{v} {', '.join(fmt(x, '.4f') for x in xs)}" for v, xs in bal["measured_fixed"].items())}
+(seeds {" and ".join(str(seed) for seed in bal["seeds"])}). So the level at which RAA holds this band is set by the recipe's weights: it
+shows that the pipeline (metrics, collector, schedule, PAR) works end to end, not that RAA, or the
+alerts, handle trouble that nobody designed.
+
 **Entropy and retrieval.** RAA holds the band's subspaces apart (QKAI {fmt(raa["qkai_final"], ".2f")}
-against {fmt(v["qkai_final"], ".2f")}) and its stable rank above vanilla's, but the band's attention
+against {fmt(v["qkai_final"], ".2f")}) and its final stable rank above vanilla's (after the same dip, to
+{fmt(raa["srank_low"], ".2f")} at step {fmt(raa["srank_low_step"], ".0f")}), but the band's attention
 still ends uniform (normalised entropy {fmt(raa["entropy_final"], ".2f")}): the induced pressure also
 contracts the band's keys toward zero every 5 steps, which drives the logits to 0 whatever the
 subspaces' orientation, and nothing in RAA opposes a shrinking key norm. In seed 000 the collapse
@@ -390,6 +520,16 @@ def _flagged(r: dict) -> str:
     if not math.isfinite(r["flagged"]):
         return "-"
     return f"{r['flagged']:.0%} / {r['flagged_late']:.0%}"
+
+
+def _series(m: dict) -> list[tuple[int, float]]:
+    return list(zip(m["steps"], m["values"], strict=True))
+
+
+def _span(values: list) -> str:
+    """``a`` or ``a-b``: the range of a few values (formatted strings sort as their numbers here)."""
+    lo, hi = min(values), max(values)
+    return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
 def _verdict(ok: bool) -> str:

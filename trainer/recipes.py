@@ -80,12 +80,16 @@ def collapse_cpu() -> RunConfig:
     r / d_model, at initialisation) to ~0.9, the stable rank of ``W_Q W_K^T`` falls to ~1 and the
     normalised entropy rises toward 1, while layers 0-2 and 6-7 stay at QKAI ~0.3. Vanilla by
     default; ``--set raa.enabled=true`` gives full RAA, whose schedule flags the band and whose PAR
-    holds its QKAI near 0.5.
+    holds its QKAI near 0.53, the balance point of the two penalties (below).
 
     ``lambda_0`` follows ``ScheduleConfig``'s rule, PAR of a layer at the alert threshold ~ 1 nat:
-    ``1 / (4 heads x (0.25 x 32)^2)`` ~ 4e-3, rounded up to 5e-3 so that ``lambda >= 3 mu`` (the
-    intervention's ``mu = 1e-3``) holds the band at QKAI <= 0.55 with the band's lambda at 0.9
-    lambda_0. The report cadence (every 25 steps: 32 reports) shows the band forming.
+    ``1 / (4 heads x (0.25 x 32)^2)`` ~ 4e-3, rounded up to 5e-3. Against the intervention's
+    ``mu = 1e-3`` PAR holds the band where the two penalties' gradients cancel (trainer/interventions.py):
+    at full strength QKAI = (0.45 lambda + 0.9 mu) / (lambda + mu). ``lambda = 3 mu`` gives 0.5625;
+    QKAI <= 0.55 takes ``lambda >= 3.5 mu`` (= 0.7 lambda_0). At the band's entropy of ~1.00 the
+    schedule gives it ``sigmoid((1.00 - 0.85) / 0.04)`` = 0.977 lambda_0 = 4.9 mu, hence QKAI
+    ~0.5265: the level RAA holds here is set by these weights. The report cadence (every 25 steps:
+    32 reports) shows the band forming.
     """
     return RunConfig(
         recipe="collapse_cpu",
