@@ -44,7 +44,8 @@ strength ``ramp(t)`` rising linearly from 0 at ``collapse_start`` to 1 ``collaps
 
 Against RAA the alignment pressure meets PAR head on: PAR's ``lambda (sum c^2 - tau)`` against this
 ``mu (target r - sum c^2)`` settle where ``sum c^2 = (lambda tau + mu target r) / (lambda + mu)``,
-so ``lambda >= 3 mu`` holds a target of 0.9 at QKAI <= 0.55. PAR does not undo the contraction,
+so with a target of 0.9 (tau = 0.45 r) ``lambda = 3 mu`` settles at QKAI (0.45 x 3 + 0.9) / 4 =
+0.5625, and QKAI <= 0.55 takes ``lambda >= 3.5 mu``. PAR does not undo the contraction,
 so under RAA the band's entropy stays high and the entropy-floor schedule keeps the band flagged.
 """
 
