@@ -164,9 +164,9 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     if args.collector:
         os.environ["QKWATCH_URL"] = args.collector
-    monitor = open_monitor(
-        loaded.model, config={"eval": tasks, "checkpoint": str(args.checkpoint)}, run=loaded.run, project=loaded.project
-    )
+    # The run's own config goes with the results: an attach resumes the run, and the config it sends
+    # replaces the stored one, so anything else would overwrite the training's (its schedule included).
+    monitor = open_monitor(loaded.model, config=loaded.config, run=loaded.run, project=loaded.project)
     try:
         monitor.log(loaded.step or 0, **{r.name: r.value for r in results})
     finally:

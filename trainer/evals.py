@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +55,8 @@ class Loaded:
     run: str | None
     project: str | None
     corpus: str
+    config: dict[str, Any] = field(default_factory=dict)
+    """The run's config.json: what its training sent the collector (empty when the folder has none)."""
 
 
 # --- loading -----------------------------------------------------------------------------------------
@@ -83,8 +85,9 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loa
     else:
         raise ValueError(f"{path}: no such checkpoint file or folder")
     info = _read_json(run_dir / "run.json")
-    corpus = _read_json(run_dir / "config.json").get("data", {}).get("corpus", "pydoc")
-    return Loaded(model, step, info.get("run"), info.get("project"), corpus)
+    config = _read_json(run_dir / "config.json")
+    corpus = config.get("data", {}).get("corpus", "pydoc")
+    return Loaded(model, step, info.get("run"), info.get("project"), corpus, config)
 
 
 def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:

@@ -69,6 +69,10 @@ def test_a_campaign_trains_evaluates_reads_back_and_resumes(tmp_path: Path) -> N
         evals = read_run(campaign.client, ids["a"], [])[1]
         assert {"ppl_64", "ppl_128"} <= set(evals)
         assert all(1 < last(evals[k]) < 300 for k in ("ppl_64", "ppl_128"))  # 256 symbols: ppl below 256-ish
+        # the evaluation resumed the run to log its results, and left the training's config as it was
+        stored = campaign.client.run(ids["a"])["config"]
+        assert stored == json.loads((tmp_path / "runs" / "a" / "config.json").read_text()) | {"n_layers": 4}
+        assert stored["schedule"]["lambda_0"] == 1e-3  # debug_cpu's, not the default 1e-4
         assert campaign.done(specs[0]) and campaign.done(specs[1])
         log_a = (tmp_path / "logs" / "a.log").stat().st_mtime
         assert campaign.run(specs) == ids  # resumes: nothing trained twice
