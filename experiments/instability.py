@@ -131,7 +131,7 @@ class Options:
     campaign: str = "instability"
     root: Path | None = None
     workers: int = 2
-    outcome: str = "delta=0.5,for=5"
+    outcome: str = "delta=0.5,for=5,window=20"
     train_only: bool = False
     report_only: bool = False
     results: str = "instability"
@@ -491,7 +491,9 @@ def parse(argv: list[str] | None) -> Options:
     p.add_argument("--campaign", default="instability", help="collector folder under experiments/out/")
     p.add_argument("--root", type=Path, default=None, help="the campaign's folder (default experiments/out/NAME)")
     p.add_argument("--workers", type=int, default=2, help="trainings at once (one CPU thread each)")
-    p.add_argument("--outcome", default="delta=0.5,for=5", help="the outcome rule (fixed: see monitor/outcomes.py)")
+    p.add_argument(
+        "--outcome", default="delta=0.5,for=5,window=20", help="the outcome rule (fixed: see monitor/outcomes.py)"
+    )
     p.add_argument("--train-only", action="store_true", help="train the runs and stop")
     p.add_argument("--report", action="store_true", help="rewrite the page from the committed results only")
     p.add_argument("--results", default="instability", help="experiments/results/NAME.json")

@@ -75,13 +75,19 @@ python -m experiments.instability --report      # this page from experiments/res
 
 ## How a run is judged
 
-The outcome comes from the logged training loss alone (`monitor/outcomes.py`), by a rule written
-down and committed before any detector was scored, and not moved since: `{r["outcome_rule"]}`.
-A non-finite loss, or a run that did not train, *diverged*; otherwise an *excursion* is a loss at
-least `delta` nats above its running minimum for `for` consecutive logged steps; the first
-excursion *spiked* the run if the loss came back below that line, else the run *diverged* there.
-No excursion: *healthy*. Every logged loss is stored (the agent keeps every step's value), so the
+The outcome comes from the logged training loss alone (`monitor/outcomes.py`), by a rule fixed
+before any detector was scored on the suite, and not moved since: `{r["outcome_rule"]}`. A
+non-finite loss, or a run that did not train, *diverged*; otherwise the loss is smoothed by a
+trailing mean of `window` logged values, and an *excursion* is a smoothed loss at least `delta`
+nats above its running minimum for `for` consecutive logged steps; the first excursion *spiked*
+the run if the smoothed loss came back below that line, else the run *diverged* there. No
+excursion: *healthy*. Every logged loss is stored (the agent keeps every step's value), so the
 rule sees every step.
+
+The rule was revised once, before any detector was scored: its first version (commit 924f0e1)
+did not smooth, and assumed a batch's loss varies by 0.05 nats; on this data it varies by about
+0.2, with rare easy batches 0.6 lower, and the first version called 11 of the first 20 runs
+"spiked" from batch noise alone. `monitor/outcomes.py` records the measurement and the revision.
 """
 
 

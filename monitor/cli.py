@@ -472,8 +472,8 @@ def _backtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--outcome",
         metavar="RULE",
         default="",
-        help="how the outcome is read from the loss: delta=X,for=K (either may be left out; "
-        "default: the documented rule, see the README)",
+        help="how the outcome is read from the loss: delta=X,for=K,window=W (any may be left out; "
+        "default: the documented rule, delta=0.5,for=5,window=20)",
     )
     p.add_argument("--json", action="store_true", help='print {"runs": [...], "summary": [...]} as JSON')
     _client_args(p)

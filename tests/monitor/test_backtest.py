@@ -37,6 +37,9 @@ from tests.monitor.conftest import PG_ADMIN_URL, report
 HOT, COLD = 0.9, 0.3
 """QKAI well above and well below the collapse threshold."""
 RULES = RuleSet.default()
+OUTCOME = OutcomeRule(window=1)
+"""These histories log their loss at report steps only: unsmoothed, a jump's outcome is its own step
+(the default rule's trailing mean of 20 logged losses is checked in test_outcomes.py)."""
 
 
 def history(
@@ -69,7 +72,7 @@ def test_first_firing_and_lead_are_exact_on_a_run_built_to_know_them():
     # each of them, and the band of those three fires at the same report. The loss jumps by 1 nat at
     # step 160 and stays: diverged at 160 (outcome rule: 0.5 nats above the minimum for 5 losses).
     steps = range(0, 210, 10)
-    result = bt.backtest(history(ramp(steps, 100, (1, 2, 3)), falling_then(steps, 160)), RULES)
+    result = bt.backtest(history(ramp(steps, 100, (1, 2, 3)), falling_then(steps, 160)), RULES, OUTCOME)
     assert (result.outcome, result.outcome_step, result.reports) == ("diverged", 160, 21)
     high, band = result.rule("qkai_high"), result.rule("collapse_band")
     assert (high.first_fire_step, high.onset_step, high.layers, high.firings) == (120, 100, (1,), 3)
@@ -91,7 +94,7 @@ def test_first_firing_and_lead_are_exact_on_a_run_built_to_know_them():
 
 def test_a_rule_that_fires_after_the_outcome_has_a_negative_lead():
     steps = range(0, 300, 10)
-    result = bt.backtest(history(ramp(steps, 150, (0, 1, 2)), falling_then(steps, 100, jump=2.0)), RULES)
+    result = bt.backtest(history(ramp(steps, 150, (0, 1, 2)), falling_then(steps, 100, jump=2.0)), RULES, OUTCOME)
     assert (result.outcome, result.outcome_step) == ("diverged", 100)
     high = result.rule("qkai_high")
     assert (high.first_fire_step, high.lead_steps, high.lead_reports) == (170, -70, -7)  # 100, 110, ..., 160
@@ -99,7 +102,7 @@ def test_a_rule_that_fires_after_the_outcome_has_a_negative_lead():
 
 def test_a_firing_on_a_healthy_run_is_a_false_alarm_without_a_lead():
     steps = range(0, 200, 10)
-    result = bt.backtest(history(ramp(steps, 50, (2,)), falling_then(steps, None)), RULES)
+    result = bt.backtest(history(ramp(steps, 50, (2,)), falling_then(steps, None)), RULES, OUTCOME)
     assert (result.outcome, result.outcome_step) == ("healthy", None)
     high, band = result.rule("qkai_high"), result.rule("collapse_band")
     assert (high.first_fire_step, high.lead_steps, high.lead_reports, high.firings) == (70, None, None, 1)
@@ -109,7 +112,7 @@ def test_a_firing_on_a_healthy_run_is_a_false_alarm_without_a_lead():
 
 def test_a_run_without_a_loss_has_an_unknown_outcome_and_still_its_firings():
     steps = range(0, 100, 10)
-    result = bt.backtest(history(ramp(steps, 0, (0, 1, 2))), RULES)
+    result = bt.backtest(history(ramp(steps, 0, (0, 1, 2))), RULES, OUTCOME)
     assert (result.outcome, result.outcome_step) == ("unknown", None)
     assert "no training loss" in result.why
     high = result.rule("qkai_high")
@@ -120,7 +123,7 @@ def test_a_run_without_a_loss_has_an_unknown_outcome_and_still_its_firings():
 def test_the_outcome_rule_is_the_one_given():
     steps = range(0, 210, 10)
     run = history(ramp(steps, 100, (1, 2, 3)), falling_then(steps, 160))
-    lenient = bt.backtest(run, RULES, OutcomeRule.parse("delta=2"))  # a 1-nat jump is no excursion of 2
+    lenient = bt.backtest(run, RULES, OutcomeRule.parse("delta=2,window=1"))  # a 1-nat jump is no excursion of 2
     assert (lenient.outcome, lenient.outcome_step, lenient.false_alarm) == ("healthy", None, True)
     assert lenient.rule("qkai_high").lead_steps is None
 
@@ -149,7 +152,7 @@ def test_a_new_attempt_starts_every_streak_over():
     a2 = history({s: [HOT] for s in range(30, 80, 10)}, attempt=2).reports
     firings = bt.replay(RULES, [*a2, *a1])
     assert [(f.attempt, f.onset_step, f.step) for f in firings] == [(2, 30, 50)]
-    result = bt.backtest(bt.RunHistory("p/r", [*a1, *a2]), RULES)
+    result = bt.backtest(bt.RunHistory("p/r", [*a1, *a2]), RULES, OUTCOME)
     assert (result.rule("qkai_high").first_fire_step, result.rule("qkai_high").attempt) == (50, 2)
 
 
@@ -201,7 +204,7 @@ def test_a_history_answer_becomes_one_report_per_step_and_the_loss():
     assert repr(run.reports[0].layers) == repr({"qkai": [0.2, None, nan], "stable_rank": [1.5]})
     assert run.reports[1].layers == {"qkai": [None, 0.9]}
     assert run.loss_steps == [0, 10, 20] and repr(run.losses) == repr([5.0, nan, 4.0])
-    assert bt.backtest(run, RULES).outcome_step == 10  # the NaN loss: diverged there
+    assert bt.backtest(run, RULES, OUTCOME).outcome_step == 10  # the NaN loss: diverged there
 
 
 def test_lead_in_reports_counts_reports_between_firing_and_outcome():
@@ -214,13 +217,15 @@ def test_lead_in_reports_counts_reports_between_firing_and_outcome():
 
 def test_the_summary_scores_recall_false_alarms_and_median_leads():
     steps = range(0, 300, 10)
-    early = bt.backtest(history(ramp(steps, 100, (0, 1, 2)), falling_then(steps, 200), run="p/early"), RULES)
-    earlier = bt.backtest(history(ramp(steps, 50, (0, 1, 2)), falling_then(steps, 200), run="p/earlier"), RULES)
-    late = bt.backtest(history(ramp(steps, 250, (0, 1, 2)), falling_then(steps, 200), run="p/late"), RULES)
-    missed = bt.backtest(history(ramp(steps, 999, ()), falling_then(steps, 200), run="p/missed"), RULES)
-    alarm = bt.backtest(history(ramp(steps, 100, (1,)), falling_then(steps, None), run="p/alarm"), RULES)
-    calm = bt.backtest(history(ramp(steps, 999, ()), falling_then(steps, None), run="p/calm"), RULES)
-    unknown = bt.backtest(history(ramp(steps, 0, (0,)), run="p/unknown"), RULES)
+    early = bt.backtest(history(ramp(steps, 100, (0, 1, 2)), falling_then(steps, 200), run="p/early"), RULES, OUTCOME)
+    earlier = bt.backtest(
+        history(ramp(steps, 50, (0, 1, 2)), falling_then(steps, 200), run="p/earlier"), RULES, OUTCOME
+    )
+    late = bt.backtest(history(ramp(steps, 250, (0, 1, 2)), falling_then(steps, 200), run="p/late"), RULES, OUTCOME)
+    missed = bt.backtest(history(ramp(steps, 999, ()), falling_then(steps, 200), run="p/missed"), RULES, OUTCOME)
+    alarm = bt.backtest(history(ramp(steps, 100, (1,)), falling_then(steps, None), run="p/alarm"), RULES, OUTCOME)
+    calm = bt.backtest(history(ramp(steps, 999, ()), falling_then(steps, None), run="p/calm"), RULES, OUTCOME)
+    unknown = bt.backtest(history(ramp(steps, 0, (0,)), run="p/unknown"), RULES, OUTCOME)
     assert [r.rule("qkai_high").lead_steps for r in (early, earlier, late)] == [80, 130, -70]
     scores = {s.rule: s for s in bt.summarize([early, earlier, late, missed, alarm, calm, unknown])}
     assert list(scores) == ["qkai_high", "collapse_band", bt.ANY_RULE]
@@ -340,7 +345,7 @@ def test_the_backtest_reproduces_the_live_collectors_firing_steps_exactly(served
         history = bt.read(c, run.ref)
     assert collapse == float(SERVED_COLLAPSE)
     rules = RuleSet.from_file(rules_file, collapse) if rules_given else RuleSet.default(collapse)
-    result = bt.backtest(history, rules)
+    result = bt.backtest(history, rules, OUTCOME)
     firings = bt.replay(rules, history.reports)
     names = set(bt.rule_names(rules))
     expected = [a for a in live if a[0] in names]
@@ -355,7 +360,7 @@ def test_the_backtest_reproduces_the_live_collectors_firing_steps_exactly(served
     assert (result.outcome, result.outcome_step) == ("spiked", 300)
     assert all(r.lead_steps == 300 - r.first_fire_step for r in result.rules if r.first_fire_step is not None)
     # the command, which takes the collector's collapse threshold itself
-    argv = ["alerts", "backtest", run.ref, "--json", "--url", served]
+    argv = ["alerts", "backtest", run.ref, "--json", "--outcome", "window=1", "--url", served]
     assert main([*argv, *(["--rules", str(rules_file)] if rules_given else [])]) == 0
     (shown,) = json.loads(capsys.readouterr().out)["runs"]
     assert {r["rule"]: r["first_fire_step"] for r in shown["rules"] if r["first_fire_step"] is not None} == first
@@ -450,7 +455,8 @@ def test_the_command_prints_the_backtest_as_json_and_as_a_table(collector, tmp_p
         c.send_reports(quiet, [report(s, {"qkai": [HOT] * 3}) for s in range(0, 50, 10)])
     assert live and set(live) == {"qkai_high", "collapse_band"}  # the collector's default rules
 
-    assert main(["alerts", "backtest", f"{project}/bad", calm.id, f"{project}/no-loss", "--json", "--url", url]) == 0
+    argv = ["alerts", "backtest", f"{project}/bad", calm.id, f"{project}/no-loss", "--json", "--outcome", "window=1"]
+    assert main([*argv, "--url", url]) == 0
     body = json.loads(capsys.readouterr().out)
     assert set(body) >= {"runs", "summary"}
     runs = {r["run"]: r for r in body["runs"]}
@@ -469,7 +475,7 @@ def test_the_command_prints_the_backtest_as_json_and_as_a_table(collector, tmp_p
     any_rule = next(s for s in body["summary"] if s["rule"] == bt.ANY_RULE)
     assert (any_rule["bad_runs"], any_rule["flagged"], any_rule["recall"], any_rule["false_alarms"]) == (1, 1, 1.0, 0)
 
-    assert main(["alerts", "backtest", f"{project}/bad", "--url", url]) == 0
+    assert main(["alerts", "backtest", f"{project}/bad", "--outcome", "window=1", "--url", url]) == 0
     table = capsys.readouterr().out
     assert f"{project}/bad: spiked at step 300" in table and "qkai_high" in table and "collapse_band" in table
     assert str(live["qkai_high"]) in table and str(300 - live["qkai_high"]) in table
