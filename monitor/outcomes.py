@@ -27,8 +27,9 @@ Revision (v2). The first version (v1, commit 924f0e1) had no smoothing and assum
 noise of 0.05 nats. Measured on the suite's first 20 runs it is about four times that, and v1
 labelled 11 of them "spiked" between steps 171 and 265 from batch noise alone (e.g. lr 1e-3,
 seed 0: a running minimum of 1.35 from one easy batch, then ordinary batches at 2.0); v2 labels
-those 11 healthy and keeps the 3 spikes in the first 6 steps of the lr 0.1 and 0.3 runs. The rule was revised to v2 before any
-detector was scored on the suite (no backtest of it had run), and it is not moved after.
+those 11 healthy and keeps the 3 spikes in the first 6 steps of the lr 0.1 and 0.3 runs. The rule
+was revised to v2 before any detector was scored on the suite (no backtest of it had run), and it
+is not moved after.
 """
 
 from __future__ import annotations
