@@ -48,7 +48,7 @@ from qkwatch.agent.layouts import Layout
 from qkwatch.agent.probe import Capture, Plan
 from qkwatch.agent.report import Packed, Packer, encode, encode_logged, missing_layers_event
 from qkwatch.agent.transport import HttpTransport, transports
-from qkwatch.monitor.wire import STATUS_REASON_MAX, RunConfig
+from qkwatch.monitor.wire import STATUS_REASON_MAX, RunConfig, clean_metric_name
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ class Agent:
         self._first_report = True
         self._logged: dict[int, dict[str, float | Tensor]] = {}  # step -> scalars logged at it
         self._logged_at: dict[int, float] = {}  # step -> when it was first logged
+        self._renamed: set[str] = set()  # metric names already warned about
         self._layer_values: dict[str, tuple[int, Any]] = {}
         self._applied: dict[int, list[float]] = {}
         self._overhead = Overhead()
@@ -173,14 +174,23 @@ class Agent:
             logged = self._logged[step] = {}
             self._logged_at[step] = time.time()
         for name, value in scalars.items():
-            logged[name] = value.detach() if isinstance(value, Tensor) else value
+            logged[self._metric_name(name)] = value.detach() if isinstance(value, Tensor) else value
 
     def log_layers(self, step: int, values: dict[str, Any]) -> None:
         """Per-layer values (e.g. ``{"lambda": [...], "par": tensor}``) for the report of ``step``."""
         if self._skip() or self.rank != 0:
             return
         for name, value in values.items():
-            self._layer_values[name] = (step, value.detach() if isinstance(value, Tensor) else value)
+            self._layer_values[self._metric_name(name)] = (step, value.detach() if isinstance(value, Tensor) else value)
+
+    def _metric_name(self, name: str) -> str:
+        """``name`` as the collector accepts it; a name it would refuse (and with it the whole batch
+        of reports) is cleaned, with a warning the first time."""
+        cleaned = clean_metric_name(name)
+        if cleaned != name and name not in self._renamed:
+            self._renamed.add(name)
+            logger.warning("qkwatch: metric %r is stored as %r (names are letters, digits and _.:/-)", name, cleaned)
+        return cleaned
 
     def close(self, timeout: float = 10.0, *, status: str | None = "finished", reason: str | None = None) -> None:
         """Finish the last report, say how the run ended, deliver what can be delivered within ``timeout``.

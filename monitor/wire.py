@@ -47,6 +47,24 @@ WireValue = Number | NonFinite | None
 _DECODE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 METRIC_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,127}$"
 MetricName = Annotated[str, Field(pattern=METRIC_NAME_PATTERN)]
+_METRIC_NAME = re.compile(METRIC_NAME_PATTERN)
+
+
+def clean_metric_name(name: str) -> str:
+    """``name`` in the metric alphabet (``[A-Za-z_][A-Za-z0-9_.:/-]``, at most 128 characters).
+
+    A report with a name outside it is refused, and with it the batch it rides in, so senders
+    clean names first: every other character becomes ``_`` (``"val acc"`` -> ``"val_acc"``), and a
+    leading digit or sign gets a ``_`` in front.
+    """
+    if _METRIC_NAME.match(name):
+        return name
+    cleaned = re.sub(r"[^A-Za-z0-9_.:/-]", "_", name)
+    if not re.match(r"[A-Za-z_]", cleaned):
+        cleaned = "_" + cleaned
+    return cleaned[:128]
+
+
 NAME_PATTERN = r"^[^\s/\x00-\x1f\x7f]+$"
 """Project and run names: no whitespace, slash or control characters."""
 

@@ -48,7 +48,6 @@ import json
 import logging
 import math
 import numbers
-import re
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -64,15 +63,14 @@ except ImportError as exc:  # the extra is optional: say which one
 from torch import Tensor, nn
 
 from qkwatch.agent import Agent, attach, exception_reason
-from qkwatch.monitor.wire import METRIC_NAME_PATTERN
+from qkwatch.monitor.wire import clean_metric_name
 
-__all__ = ["QKWatchCallback", "QKWatchLogger", "metric_name"]
+__all__ = ["QKWatchCallback", "QKWatchLogger"]
 
 logger = logging.getLogger(__name__)
 
 MAX_HPARAMS_BYTES = 64 * 1024
 """The module's and datamodule's hyperparameters go into the run config up to this size as compact JSON."""
-_METRIC_NAME = re.compile(METRIC_NAME_PATTERN)
 
 
 class QKWatchCallback(pl.Callback):
@@ -168,7 +166,7 @@ class QKWatchCallback(pl.Callback):
             if number is None:
                 self._warn_once(f"value:{name}", f"qkwatch: {name!r} is not a number ({type(value).__name__}); skipped")
                 continue
-            stored = metric_name(name)
+            stored = clean_metric_name(name)
             if stored != name:
                 self._warn_once(f"name:{name}", f"qkwatch: metric {name!r} is stored as {stored!r}")
             values[stored] = number
@@ -209,7 +207,7 @@ class QKWatchLogger(Logger):
 
     Build it through the callback: it has no agent of its own. Each ``log_metrics`` call stores
     every value at the step Lightning gives; names outside the collector's alphabet are renamed
-    (see :func:`metric_name`). Hyperparameters reach the run config at attach, so
+    (see :func:`qkwatch.monitor.wire.clean_metric_name`). Hyperparameters reach the run config at attach, so
     ``log_hyperparams`` has nothing left to do.
     """
 
@@ -240,21 +238,6 @@ class QKWatchLogger(Logger):
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace, *args: Any, **kwargs: Any) -> None:
         """Nothing to do: the callback put them in the run config when it attached (the fit's start)."""
-
-
-def metric_name(name: str) -> str:
-    """``name`` in the collector's metric alphabet (``[A-Za-z_][A-Za-z0-9_.:/-]``, 128 characters).
-
-    A name outside it would have the collector refuse the whole batch of reports it rides in, so
-    every other character becomes ``_`` (``"val acc"`` -> ``"val_acc"``), and a leading digit or
-    sign gets a ``_`` in front.
-    """
-    if _METRIC_NAME.match(name):
-        return name
-    cleaned = re.sub(r"[^A-Za-z0-9_.:/-]", "_", name)
-    if not re.match(r"[A-Za-z_]", cleaned):
-        cleaned = "_" + cleaned
-    return cleaned[:128]
 
 
 def _number(value: Any) -> float | Tensor | None:

@@ -16,6 +16,7 @@ import torch
 from qkwatch import agent
 from qkwatch.agent.agent import MAX_LOGGED_STEPS
 from qkwatch.agent.disk_spool import SpoolConfig
+from qkwatch.monitor.wire import Report
 from tests.agent.tiny import TinyGPT, train
 from tests.live import LiveCollector
 
@@ -89,3 +90,18 @@ def test_logged_steps_ship_on_their_own_when_no_report_comes(tmp_path: Path) -> 
     assert waiting < MAX_LOGGED_STEPS  # bounded: what waits never reaches the bound
     assert len(before_close) >= MAX_LOGGED_STEPS - 1
     assert sorted(after_close) == list(range(MAX_LOGGED_STEPS + 40))
+
+
+def test_a_name_the_collector_would_refuse_is_cleaned_not_sent_to_sink_the_batch(tmp_path: Path, caplog) -> None:
+    model = TinyGPT()
+    a = agent.attach(model, url=None, project="tests", run="names", spool=str(tmp_path), every=1, **FAST)
+    a.step(0)
+    model(torch.randint(0, 64, (2, 16)))
+    a.log(0, **{"val top-1 acc": 0.5, "eval/loss": 1.0})
+    a.log_layers(0, {"my metric": [1.0] * 4})
+    a.close(timeout=1)
+    (report,) = [r for r in spooled(tmp_path) if r["step"] == 0]
+    assert report["scalars"]["val_top-1_acc"] == 0.5 and report["scalars"]["eval/loss"] == 1.0
+    assert "my_metric" in report["layers"]
+    assert Report.model_validate(report)  # the collector's own schema accepts the report
+    assert sum("is stored as 'val_top-1_acc'" in r.getMessage() for r in caplog.records) == 1
