@@ -13,9 +13,26 @@ The trainer meets the agent here and in :mod:`qkwatch.agent.metrics` only (``tra
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Agent", "AgentConfig", "Layout", "Mapping", "ScheduleConfig", "attach", "exception_reason"]
+if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers
+    from torch import nn
+
+    from qkwatch.agent.adapters import Site
+    from qkwatch.agent.agent import Agent
+    from qkwatch.agent.layouts import Layout
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "Layout",
+    "Mapping",
+    "ScheduleConfig",
+    "Site",
+    "attach",
+    "exception_reason",
+    "find_sites",
+]
 
 
 def attach(model: Any, **kwargs: Any) -> Any:
@@ -32,6 +49,22 @@ def exception_reason(exc: BaseException) -> str:
     return _exception_reason(exc)
 
 
+def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
+    """The attention layers of ``model`` the agent measures, in layer order, found as :func:`attach` finds them.
+
+    Each :class:`Site` gives the layer's per-head ``wq (H, D, hs)`` and ``wk (G, D, hs)`` through
+    ``site.weights()``: views of the model's own parameters, so a loss built on them
+    (``qkwatch.raa.par_loss``) reaches the projections' gradients. See
+    :func:`qkwatch.agent.adapters.find_sites`.
+
+    Raises:
+        qkwatch.agent.adapters.AdapterError: no attention found, or a layout that does not fit.
+    """
+    from qkwatch.agent.adapters import find_sites as _find_sites
+
+    return _find_sites(model, layout)
+
+
 def __getattr__(name: str) -> Any:
     if name == "Agent":
         from qkwatch.agent.agent import Agent
@@ -45,6 +78,10 @@ def __getattr__(name: str) -> Any:
         from qkwatch.monitor.scheduling import ScheduleConfig
 
         return ScheduleConfig
+    if name == "Site":  # one attention layer as the agent sees it (weights, tap, head counts)
+        from qkwatch.agent.adapters import Site
+
+        return Site
     if name in ("Layout", "Mapping"):  # Mapping: the older name of an explicit layout
         from qkwatch.agent.layouts import Layout
 

@@ -16,10 +16,13 @@ and ``qkwatch.trainer`` (``qkwatch/agent`` is a link to ``agent/``, and so on). 
   itself and the geometry functions of ``qkwatch.agent.metrics``. It does not import the glue.
   Only its seam, ``qkwatch.trainer.monitoring``, imports the ``qkwatch.agent`` package itself.
 * nothing imports ``qkwatch.trainer`` but the trainer itself and the glue (the ``qkwatch`` command).
+* the glue's framework integrations (``qkwatch.integrations``) and ``qkwatch.raa`` are imported by
+  nothing in the agent, the monitor or the trainer; they meet the agent through its public API.
 * no two modules of ours import each other, directly or around a circle (imports inside functions
   count; so does a script's ``if __name__ == "__main__":`` block).
 * ``bench/`` and ``experiments/`` import nothing from ``tests/``, never patch ``sys.path`` (they run
-  as modules, ``python -m bench.ingest``), and no package imports them.
+  as modules, ``python -m bench.ingest``), and no package imports them; nor do the scripts of
+  ``examples/`` (run as files, ``python examples/hf_trainer.py``, they ``import qkwatch``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"qkwatch.agent": "agent", "qkwatch.monitor": "monitor", "qkwatch.trainer": "trainer"}
 """Package -> the top-level folder that holds it (``qkwatch/<name>`` links to it)."""
 GLUE = "qkwatch"
-"""The top-level package's own modules (``qkwatch/*.py``): the command line, the demo, the launcher."""
+"""The top-level package's own modules (``qkwatch/*.py`` and ``qkwatch/integrations/``): the command line,
+the demo, the launcher, RAA for any loop, the framework integrations."""
+INTEGRATIONS = "qkwatch.integrations"
 MONITOR_PURE = {"qkwatch.monitor.wire", "qkwatch.monitor.scheduling", "qkwatch.monitor.thresholds"}
 AGENT_PUBLIC = {"qkwatch.agent", "qkwatch.agent.metrics"}
 IMPURE_FOR_METRICS = {
@@ -75,7 +80,8 @@ def relative_imports(path: Path) -> list[int]:
 
 
 def glue_modules() -> dict[str, Path]:
-    return {module_of(p): p for p in sorted((ROOT / "qkwatch").glob("*.py"))}
+    files = [*(ROOT / "qkwatch").glob("*.py"), *(ROOT / "qkwatch" / "integrations").rglob("*.py")]
+    return {module_of(p): p for p in sorted(files)}
 
 
 def module_of(path: Path) -> str:
@@ -193,6 +199,22 @@ def test_nothing_imports_the_trainer(package: str) -> None:
         assert not [n for n in imports_of(path) if within(n, "qkwatch.trainer")], name
 
 
+@pytest.mark.parametrize(("name", "path"), cases({n: p for package in FOLDERS for n, p in modules(package).items()}))
+def test_no_package_imports_the_integrations_or_raa(name: str, path: Path) -> None:
+    """They sit on top: the agent, the monitor and the trainer work without transformers or Lightning."""
+    bad = [n for n in imports_of(path) if within(n, INTEGRATIONS) or within(n, "qkwatch.raa")]
+    assert not bad, f"{name} imports {bad}"
+
+
+@pytest.mark.parametrize(
+    ("name", "path"), cases({n: p for n, p in glue_modules().items() if within(n, INTEGRATIONS) or n == "qkwatch.raa"})
+)
+def test_the_integrations_and_raa_meet_the_agent_through_its_public_api(name: str, path: Path) -> None:
+    agent = [n for n in imports_of(path) if within(n, "qkwatch.agent")]
+    private = [n for n in agent if n not in AGENT_PUBLIC and n.rsplit(".", 1)[0] not in AGENT_PUBLIC]
+    assert not private, f"{name} reaches into the agent: {private}"
+
+
 @pytest.mark.parametrize(("name", "path"), cases(ours()))
 def test_no_package_imports_bench_experiments_or_tests(name: str, path: Path) -> None:
     bad = [n for n in imports_of(path) if n.split(".")[0] in {"bench", "experiments", "tests"}]
@@ -200,7 +222,12 @@ def test_no_package_imports_bench_experiments_or_tests(name: str, path: Path) ->
 
 
 SCRIPTS = sorted(
-    [*(ROOT / "bench").glob("*.py"), *(ROOT / "experiments").rglob("*.py"), *(ROOT / "dashboards").rglob("*.py")]
+    [
+        *(ROOT / "bench").glob("*.py"),
+        *(ROOT / "experiments").rglob("*.py"),
+        *(ROOT / "dashboards").rglob("*.py"),
+        *(ROOT / "examples").glob("*.py"),
+    ]
 )
 
 
