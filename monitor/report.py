@@ -5,8 +5,9 @@ to an incident, mail it, keep it after the collector's retention deleted the run
 heatmaps (QKAI on the live page's colour scale, which breaks at the collapse threshold; stable rank,
 attention entropy, lambda), QKAI per layer over steps, the latest QKAI per layer, the loss, the alerts
 (one still firing when its run ended reads "run ended while firing", with the run's last step and its
-last values, never "resolved"), the lambdas with their override audit trail, the config and the status. Given a second run (``--vs``)
-every figure shows both runs, side by side on the same colour scale and step range.
+last values, never "resolved"), the lambdas with their override audit trail, the config and the
+status. Given a second run (``--vs``) every figure shows both runs, side by side on the same colour
+scale and step range.
 
 Only the collector's REST API is read, through :class:`qkwatch.monitor.client.Client`. The figures are
 ``monitor.report_figures``; this module reads the runs and lays out the page.
