@@ -13,10 +13,11 @@ batches, so a rule kind the collector can evaluate is replayed without this modu
 it. A report's values are the stored per-layer values of that step (NaN as NaN, which breaks a
 streak; not measured as None, which is skipped), as the ingest hands them to the rules. When an
 attempt gives way to the next, the run ends first (:func:`~qkwatch.monitor.alerting.evaluator.end_of_run`):
-live, a run is marked crashed (by the agent, or as stale) before it resumes, and its streaks start
-over. A rule's *first firing step* is the step of the report at which the collector opened its
-first alert (a band's alert, or any layer's); its *onset step* is where the condition began to
-hold (the alert's ``onset_step``).
+live, a run is marked crashed (by the agent, or as stale) before it resumes: an alert firing then
+carries on into the next attempt (re-opened, not opened again) while its condition holds, and
+the streaks that had not fired start over. A rule's *first firing step* is the step of the
+report at which the collector opened its first alert (a band's alert, or any layer's); its
+*onset step* is where the condition began to hold (the alert's ``onset_step``).
 
 The replay can differ from what a collector did at the time in three ways, none of which a
 history records: the collector ran other rules or another collapse threshold; a batch arrived
@@ -206,8 +207,11 @@ class _Ledger:
     def queue_notification(self, alert_id: int, status: str) -> None:
         """Nothing is sent."""
 
-    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
+    def end_alert(self, alert_id: int, step: int | None, how: str) -> None:
         """The run ended before the next attempt (see :func:`replay`)."""
+
+    def reopen_alert(self, alert_id: int) -> None:
+        """The next attempt carries an ended alert on: not a new firing."""
 
 
 def replay(rules: RuleSet, reports: Iterable[ReportValues]) -> list[Firing]:

@@ -271,12 +271,29 @@ def cmd_token_create(args: argparse.Namespace) -> int:
 def cmd_token_list(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
-        for t in store.list_tokens():
-            state = "revoked" if t.revoked_at else "active"
-            print(f"{t.id}\t{t.name}\t{t.project}\t{','.join(sorted(t.scopes))}\t{state}")
+        tokens = store.list_tokens()
     finally:
         store.close()
+    rows = [
+        [t.id, t.name, t.project, ",".join(sorted(t.scopes)), "revoked" if t.revoked_at else "active"] for t in tokens
+    ]
+    print(table(["id", "name", "project", "scopes", "state"], rows))
     return 0
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table: a header row, then one line per row, columns aligned two spaces apart.
+
+    Plain text so that it greps, pipes and pastes; ``--json`` is the form for programs. The last
+    column is not padded (a long summary does not drag trailing blanks along).
+    """
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=False)) + "  " + line[-1]
+        if len(line) > 1
+        else line[0]
+        for line in [headers, *rows]
+    )
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
@@ -347,7 +364,10 @@ def _runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls.add_argument("--json", action="store_true", help="print the runs as JSON (epoch and ISO 8601 times)")
     _client_args(ls)
     ls.set_defaults(handler=cmd_runs_list)
-    show = rsub.add_parser("show", help="one run as JSON: the run, its lambdas and its firing alerts")
+    show = rsub.add_parser(
+        "show",
+        help="one run as JSON: the run, its lambdas and its open alerts (firing, or ended with the run while firing)",
+    )
     show.add_argument("run", help="run id or project/name")
     _client_args(show)
     show.set_defaults(handler=cmd_runs_show)
@@ -393,11 +413,18 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"data": [r.raw for r in runs], "count": len(runs)}, indent=2))
         return 0
-    for r in runs:
-        print(
-            f"{r.id}\t{r.ref}\t{r.status}\tattempt {r.latest_attempt}\tstep {r.last_step}\t"
-            f"updated {r.updated_at.isoformat(timespec='seconds')}"
-        )
+    rows = [
+        [
+            r.id,
+            r.ref,
+            r.status,
+            str(r.latest_attempt),
+            "-" if r.last_step is None else str(r.last_step),
+            r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+        ]
+        for r in runs
+    ]
+    print(table(["id", "run", "status", "attempt", "last step", "updated (UTC)"], rows))
     return 0
 
 
@@ -407,16 +434,9 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     try:
         with _client(args) as c:
             run = c.run(args.run)
-            print(
-                json.dumps(
-                    {
-                        "run": run.raw,
-                        "lambdas": c.lambdas(run.id).raw,
-                        "alerts": c.alerts(run=run.id, state="firing").raw["data"],
-                    },
-                    indent=2,
-                )
-            )
+            # Open: nothing resolved them. An alert still firing when the run ended is "ended", with its last values.
+            alerts = [a for state in ("firing", "ended") for a in c.alerts(run=run.id, state=state).raw["data"]]
+            print(json.dumps({"run": run.raw, "lambdas": c.lambdas(run.id).raw, "alerts": alerts}, indent=2))
     except CollectorError as exc:
         return _fail(exc)
     return 0
@@ -441,11 +461,17 @@ def _alerts(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "alerts",
         help="list alerts, or backtest alert rules on stored runs (through the collector's API)",
-        description="Alerts the token may see, newest first: state, severity, run, rule, layers, "
-        "onset step and summary. 'qkwatch alerts backtest RUN...' replays stored runs through alert rules.",
+        description="Alerts the token may see, newest first: state, severity, run, rule, layers, onset step, "
+        "end, last values and summary. An alert still firing when its run ended (finished, crashed or stale) "
+        "is 'run ended while firing', never resolved, with the run's last step and the metric's last values. "
+        "'qkwatch alerts backtest RUN...' replays stored runs through alert rules.",
     )
     p.add_argument("--run", help="only this run (id or project/name)")
-    p.add_argument("--state", choices=["firing", "resolved"], help="only firing or only resolved alerts")
+    p.add_argument(
+        "--state",
+        choices=["firing", "resolved", "ended"],
+        help="only firing, resolved, or ended alerts (ended: the run ended while the alert fired)",
+    )
     p.add_argument("--json", action="store_true", help="print the alerts as JSON (epoch and ISO 8601 times)")
     _client_args(p)
     p.set_defaults(handler=cmd_alerts)
@@ -491,12 +517,43 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(alerts.raw, indent=2))
         return 0
-    for a in alerts.raw["data"]:
-        print(
-            f"{a['state']:8}\t{a['severity']}\t{a['project']}/{a['run_name']}\t{a['rule']}\tlayers "
-            f"{','.join(map(str, a['layers']))}\tonset step {a['onset_step']}\t{a['summary']}"
-        )
+    headers = ["state", "severity", "run", "rule", "layers", "onset step", "end", "last values", "summary"]
+    print(table(headers, [_alert_row(a) for a in alerts.raw["data"]]))
     return 0
+
+
+STATE_TEXT = {"ended": "run ended while firing"}
+"""How a table shows an alert's state; an ended alert is never shown as resolved."""
+
+
+def _alert_row(a: dict[str, Any]) -> list[str]:
+    """One alert as table cells (``a`` as the API sends it)."""
+    if a["state"] == "resolved":
+        end = f"resolved at step {a['resolved_step']}"
+    elif a["state"] == "ended":
+        at = "" if a.get("ended_step") is None else f" at step {a['ended_step']}"
+        end = f"run {a.get('run_end') or 'ended'}{at}"
+    else:
+        end = "-"
+    last = a.get("last_values")
+    values = ", ".join(f"{layer}: {_value(v)}" for layer, v in zip(a["layers"], last, strict=False)) if last else "-"
+    return [
+        STATE_TEXT.get(a["state"], a["state"]),
+        a["severity"],
+        f"{a['project']}/{a['run_name']}",
+        a["rule"],
+        ",".join(map(str, a["layers"])),
+        str(a["onset_step"]),
+        end,
+        values,
+        a["summary"],
+    ]
+
+
+def _value(v: float | str | None) -> str:
+    if v is None:
+        return "-"
+    return v if isinstance(v, str) else f"{v:.4g}"
 
 
 def cmd_alerts_backtest(args: argparse.Namespace) -> int:

@@ -3,9 +3,11 @@
 The file inlines plotly.js once and embeds its data, so it opens from disk with no network (attach it
 to an incident, mail it, keep it after the collector's retention deleted the run). It holds the band
 heatmaps (QKAI on the live page's colour scale, which breaks at the collapse threshold; stable rank,
-attention entropy, lambda), QKAI per layer over steps, the latest QKAI per layer, the loss, the alerts,
-the lambdas with their override audit trail, the config and the status. Given a second run (``--vs``)
-every figure shows both runs, side by side on the same colour scale and step range.
+attention entropy, lambda), QKAI per layer over steps, the latest QKAI per layer, the loss, the alerts
+(one still firing when its run ended reads "run ended while firing", with the run's last step and its
+last values, never "resolved"), the lambdas with their override audit trail, the config and the
+status. Given a second run (``--vs``) every figure shows both runs, side by side on the same colour
+scale and step range.
 
 Only the collector's REST API is read, through :class:`qkwatch.monitor.client.Client`. The figures are
 ``monitor.report_figures``; this module reads the runs and lays out the page.
@@ -228,8 +230,10 @@ table { border-collapse: collapse; font-size: 0.85rem; margin: 0.3rem 0 0.6rem; 
 th, td { border-bottom: 1px solid #e4e4e4; padding: 0.2rem 0.6rem; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .state { font-weight: 700; font-size: 0.75rem; padding: 0 0.35rem; border-radius: 3px; text-transform: uppercase;
-  background: #ddd; color: #555; }
+  white-space: nowrap; background: #ddd; color: #555; }
 tr.firing td { background: #fdecea; color: #5f0010; } tr.firing .state { background: #b00020; color: #fff; }
+tr.ended td { background: #fff1e0; color: #5c2d00; } tr.ended .state { background: #a04000; color: #fff; }
+.ended-text { color: #a04000; font-weight: 600; }
 .status-running { color: #1b7f3b; } .status-crashed { color: #b00020; } .status-finished { color: #666; }
 .bad { color: #b00020; font-weight: 600; } .none { color: #666; font-style: italic; }
 pre { background: #f7f7f7; border: 1px solid #e4e4e4; padding: 0.6rem; font-size: 0.78rem; overflow: auto;
@@ -335,34 +339,81 @@ def curves_section(runs: list[RunData], threshold: float) -> str:
     return f'<section id="layers"><h2>QKAI per layer over steps</h2>{_grid(cells, len(runs))}</section>\n'
 
 
+STATE_TEXT = {"ended": "run ended while firing"}
+"""An alert's state as the report shows it: an alert still firing when its run ended is never "resolved"."""
+STATE_ORDER = {"firing": 0, "ended": 1, "resolved": 2}
+
+
 def alerts_section(runs: list[RunData]) -> str:
+    """Per run: its alerts, firing first, then those its run ended with (their end and last values), then
+    the resolved ones; each group newest first."""
     parts = []
     for d in runs:
         rows = [
             (
                 f'class="{html.escape(a["state"])}"',
                 [
-                    f'<span class="state">{html.escape(a["state"])}</span>',
+                    f'<span class="state">{html.escape(_state_text(a["state"]))}</span>',
                     html.escape(a["severity"]),
                     f"<b>{html.escape(a['rule'])}</b>",
                     _layers(a["layers"]),
                     _num(a["onset_step"]),
-                    _num(a["resolved_step"]),
+                    html.escape(_end(a)),
+                    html.escape(_end_values(a)),
                     _time(a["starts_at"]),
                     html.escape(a["summary"]),
                 ],
             )
-            for a in d.alerts
+            for a in _ordered(d.alerts)
         ]
         parts.append(
             f"<h3>{html.escape(d.label)}</h3>"
             + _table(
-                ["state", "severity", "rule", "layers", "onset step", "resolved step", "since", "summary"],
+                ["state", "severity", "rule", "layers", "onset step", "end", "last values", "since", "summary"],
                 rows,
                 empty="no alerts",
             )
         )
     return f'<section id="alerts"><h2>Alerts</h2>{"".join(parts)}</section>\n'
+
+
+def _state_text(state: str) -> str:
+    return STATE_TEXT.get(state, state)
+
+
+def _ordered(alerts: list[Json]) -> list[Json]:
+    return sorted(alerts, key=lambda a: STATE_ORDER.get(a["state"], 3))  # stable: newest first within a state
+
+
+def _end(a: Json) -> str:
+    """How the alert stopped: "resolved at step 30", "run finished at step 800", or "" while it fires."""
+    if a["state"] == "resolved":
+        return f"resolved at step {a['resolved_step']}"
+    if a["state"] == "ended":
+        at = "" if a.get("ended_step") is None else f" at step {a['ended_step']}"
+        return f"run {a.get('run_end') or 'ended'}{at}"
+    return ""
+
+
+def _end_values(a: Json) -> str:
+    """An ended alert's metric on each of its layers at the run's end: "qkai 3: 0.931, 4: 0.95"."""
+    last = a.get("last_values")
+    if not last:
+        return ""
+    values = ", ".join(f"{layer}: {_value(v)}" for layer, v in zip(a["layers"], last, strict=False))
+    return f"{a['metric']} {values}"
+
+
+def _ended_detail(a: Json) -> str:
+    """ "3-5; last qkai 3: 0.93, 4: 0.95, 5: 0.91": an ended alert's layers and last values."""
+    values = _end_values(a)
+    return _layers(a["layers"]) + (f"; last {values}" if values else "")
+
+
+def _value(v: float | str | None) -> str:
+    if v is None:
+        return "-"
+    return v if isinstance(v, str) else f"{v:.4g}"
 
 
 def lambdas_section(runs: list[RunData]) -> str:
@@ -460,17 +511,25 @@ def _highest_cell(d: RunData) -> str:
 
 
 def _alerts_cell(d: RunData) -> str:
-    """Firing alerts in red, then the resolved ones with the step they resolved at (an ended run's
-    alerts resolve with it, at its last step)."""
+    """Firing alerts in red; then those still firing when the run ended, with where it ended and their
+    last values (never as resolved); then the resolved ones with the step they resolved at."""
     if not d.alerts:
         return "none"
     firing = [a for a in d.alerts if a["state"] == "firing"]
-    done = [a for a in d.alerts if a["state"] != "firing"]
+    ended = [a for a in d.alerts if a["state"] == "ended"]
+    done = [a for a in d.alerts if a["state"] not in ("firing", "ended")]
     parts = []
     if firing:
         parts.append(
             '<span class="bad">firing: '
             + ", ".join(f"{html.escape(a['rule'])} ({_layers(a['layers'])})" for a in firing)
+            + "</span>"
+        )
+    if ended:
+        ends = ", ".join(dict.fromkeys(_end(a) for a in ended))  # one run: one end, but a resume may make two
+        parts.append(
+            f'<span class="ended-text">run ended while firing ({html.escape(ends)}): '
+            + ", ".join(f"{html.escape(a['rule'])} ({html.escape(_ended_detail(a))})" for a in ended)
             + "</span>"
         )
     if done:

@@ -109,8 +109,18 @@ class Run(Result):
         return f"{self.project}/{self.name}"
 
 
+def _alert_field(key: str, value: Any) -> Any:
+    if key == "last_values":
+        return None if value is None else _floats(value)
+    return _timed(key, value)
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Alert(Result):
+    """One alert. ``state`` is "firing", "resolved", or "ended": its run ended (finished, crashed or
+    went stale) while it fired, and nothing resolved it; then ``ended_step``, ``run_end`` and
+    ``last_values`` say where, how and with which values."""
+
     id: int
     run: str
     run_name: str
@@ -125,8 +135,22 @@ class Alert(Result):
     resolved_step: int | None
     starts_at: datetime
     ends_at: datetime | None
+    """When it resolved, or when its run ended; None while it fires."""
+    predicted_step: int | None = None
+    """A forecast rule's alert: the step at which it predicted the crossing when it fired."""
+    ended_step: int | None = None
+    """State "ended": the run's last step."""
+    run_end: str | None = None
+    """State "ended": "finished", "crashed" or "stale"."""
+    last_values: list[float | None] | None = None
+    """State "ended": ``metric`` on each of ``layers`` when the run ended (NaN decoded; None: not kept)."""
 
-    _decode = staticmethod(_timed)
+    _decode = staticmethod(_alert_field)
+
+    @property
+    def ended_while_firing(self) -> bool:
+        """The run ended while this alert fired (state "ended"): not resolved."""
+        return self.state == "ended"
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Callable
 
 from qkwatch import __version__
 
@@ -38,6 +40,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``qkwatch``: the command's exit status. A reader that closes the pipe early (``qkwatch runs list |
+    head -1``) ends the command quietly, with status 1 (see :func:`closed_pipe_safe`)."""
+    return closed_pipe_safe(_main, argv)
+
+
+def closed_pipe_safe(command: Callable[[list[str] | None], int], argv: list[str] | None = None) -> int:
+    """Run ``command(argv)``; when its reader closed stdout, exit quietly instead of with a traceback.
+
+    The recipe of the Python docs (library/signal, "Note on SIGPIPE"): catch ``BrokenPipeError`` at
+    the top, flush inside the ``try`` (a buffered write fails only there), and point stdout at
+    devnull so that the interpreter's own flush at exit does not fail again. Status 1, as Python
+    gives on EPIPE; ``python -m qkwatch.trainer`` does the same.
+    """
+    try:
+        code = command(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     commands = _commands(parser)

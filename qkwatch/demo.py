@@ -220,8 +220,16 @@ def _progress(client: Client, variant: str, run_id: str, band: list[int]) -> str
         if band
         else f"{variant}: step {h['steps'][-1]:>4}  QKAI max {max(_finite(row), default=math.nan):.2f}"
     )
+    return text + _alert_tag(client, run_id)
+
+
+def _alert_tag(client: Client, run_id: str) -> str:
+    """ "  ALERT rule, ..." for the run's open alerts: firing, or still firing when the run ended (an
+    ended run's alerts are not resolved, so the tag stays on the last lines); "" when none is open."""
     firing = {a["rule"] for a in client.alerts(run=run_id, state="firing")["data"]}
-    return text + (f"  ALERT {', '.join(sorted(firing))}" if firing else "")
+    ended = {a["rule"] for a in client.alerts(run=run_id, state="ended")["data"]} - firing
+    tags = sorted(firing) + [f"{rule} (run ended while firing)" for rule in sorted(ended)]
+    return f"  ALERT {', '.join(tags)}" if tags else ""
 
 
 # --- the summary ----------------------------------------------------------------------------------
@@ -260,7 +268,9 @@ def run_facts(client: Client, run_id: str, band: list[int], onset: int) -> dict[
     for name in ("loss", "val_loss"):
         values = _finite(client.series(run_id, name, max_points=100_000)["values"]) if name in have else []
         facts[name] = values[-1] if values else math.nan
-    facts["alerts"] = sorted({a["rule"] for a in client.alerts(run=run_id)["data"]})
+    alerts = client.alerts(run=run_id)["data"]
+    facts["alerts"] = sorted({a["rule"] for a in alerts})
+    facts["open"] = sorted({a["rule"] for a in alerts if a["state"] in ("firing", "ended")})
     return facts
 
 
@@ -278,6 +288,7 @@ def summary_table(client: Client, runs: dict[str, str], band: list[int], onset: 
         ("final train loss", lambda f: _num(f.get("loss"), "{:.3f}")),
         ("final validation loss", lambda f: _num(f.get("val_loss"), "{:.3f}")),
         ("alerts that fired", lambda f: ", ".join(f["alerts"]) or "none"),
+        ("still firing at the end", lambda f: f"ALERT {', '.join(f['open'])}" if f["open"] else "none"),
         ("status", lambda f: f["status"]),
     ]
     names = list(runs)

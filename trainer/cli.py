@@ -135,14 +135,14 @@ def resolve_config(recipe: str, overrides: list[str]) -> RunConfig:
 
 
 def print_recipes() -> None:
+    """The recipes as a table: a header row, then one recipe per line."""
     from qkwatch.trainer import recipes
 
+    print(f"{'recipe':24s} {'layers':>6s} {'d_model':>7s} {'params':>10s}")
     for name, fn in recipes.RECIPES.items():
         cfg = fn()
-        print(
-            f"{name:24s} {cfg.model.n_layers} layers, d_model {cfg.model.d_model}, "
-            f"{cfg.model_config().num_params() / 1e6:,.1f}M params"
-        )
+        params = f"{cfg.model_config().num_params() / 1e6:,.1f}M"
+        print(f"{name:24s} {cfg.model.n_layers:>6d} {cfg.model.d_model:>7d} {params:>10s}")
 
 
 def _eval(args: argparse.Namespace) -> int:

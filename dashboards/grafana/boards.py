@@ -22,6 +22,7 @@ import yaml
 
 from dashboards.grafana.grafana_panels import (
     Layout,
+    alert_state_cells,
     band_matrix,
     colour_cells,
     custom_variable,
@@ -111,37 +112,19 @@ FROM qkwatch_runs_v WHERE run_id = '$run'""",
         table(
             lay,
             "Alerts of the run (collector)",
-            """SELECT rule, severity, state, layers, onset_step,
-       resolved_step, predicted_step, starts_at * 1000 AS starts, ends_at * 1000 AS ends, summary
+            """SELECT rule, severity, state, layers, onset_step, resolved_step, ended_step, run_end,
+       last_values, predicted_step, starts_at * 1000 AS starts, ends_at * 1000 AS ends, summary
 FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             h=6,
             description="The collector's own alerts (persistence counted in reports), of every rule "
             "it runs: by default qkai_high per layer and collapse_band for adjacent layers; with a "
             "rules file also thresholds on other metrics (stable rank, attention entropy), logit "
             "growth against the run's early value and forecasts. A forecast's predicted_step is the "
-            "step at which it expected the crossing when it fired; its summary says why. Their "
-            "onsets are annotations on the time series below.",
-            overrides=[
-                *time_cells("starts", "ends"),
-                {
-                    "matcher": {"id": "byName", "options": "state"},
-                    "properties": [
-                        {"id": "custom.cellOptions", "value": {"type": "color-text"}},
-                        {
-                            "id": "mappings",
-                            "value": [
-                                {
-                                    "type": "value",
-                                    "options": {
-                                        "firing": {"color": "red", "index": 0},
-                                        "resolved": {"color": "green", "index": 1},
-                                    },
-                                }
-                            ],
-                        },
-                    ],
-                },
-            ],
+            "step at which it expected the crossing when it fired; its summary says why. An alert "
+            "still firing when the run ended (finished, crashed or stale) is 'run ended while firing', "
+            "never resolved: ended_step is the run's last step, run_end how it ended, last_values the "
+            "metric on each of its layers then. Their onsets are annotations on the time series below.",
+            overrides=[*time_cells("starts", "ends"), alert_state_cells()],
         )
     )
 
@@ -655,14 +638,17 @@ def runs_dashboard(t: Thresholds) -> dict[str, Any]:
     panels.append(
         table(
             lay,
-            "Firing alerts",
-            """SELECT project, run_name, rule, severity, layers, onset_step,
-       predicted_step, starts_at * 1000 AS starts, summary
-FROM qkwatch_alerts_v WHERE state = 'firing' ORDER BY starts_at DESC""",
+            "Open alerts: firing, or firing when their run ended",
+            """SELECT project, run_name, state, rule, severity, layers, onset_step, ended_step, run_end,
+       last_values, predicted_step, starts_at * 1000 AS starts, summary
+FROM qkwatch_alerts_v WHERE state IN ('firing', 'ended')
+ORDER BY CASE state WHEN 'firing' THEN 0 ELSE 1 END, starts_at DESC""",
             h=6,
-            description="The collector's firing alerts over all runs, of every rule it runs; a forecast's "
-            "predicted_step is the step at which it expects the crossing.",
-            overrides=time_cells("starts"),
+            description="The collector's alerts that nothing resolved, over all runs, of every rule it runs: "
+            "firing ones first, then those still firing when their run ended (run ended while firing: "
+            "ended_step is the run's last step, run_end how it ended, last_values the metric on each of "
+            "the alert's layers then). A forecast's predicted_step is the step at which it expects the crossing.",
+            overrides=[*time_cells("starts"), alert_state_cells()],
         )
     )
 

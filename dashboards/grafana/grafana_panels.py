@@ -381,6 +381,22 @@ def status_cells(name: str = "status") -> dict[str, Any]:
     }
 
 
+def alert_state_cells(name: str = "state") -> dict[str, Any]:
+    """An alert's state in colour; "ended" reads "run ended while firing" (in orange), never as resolved."""
+    options = {
+        "firing": {"color": "red", "index": 0},
+        "ended": {"color": "orange", "index": 1, "text": "run ended while firing"},
+        "resolved": {"color": "green", "index": 2},
+    }
+    return {
+        "matcher": {"id": "byName", "options": name},
+        "properties": [
+            {"id": "custom.cellOptions", "value": {"type": "color-text"}},
+            {"id": "mappings", "value": [{"type": "value", "options": options}]},
+        ],
+    }
+
+
 def time_cells(*names: str) -> list[dict[str, Any]]:
     return [
         {"matcher": {"id": "byName", "options": n}, "properties": [{"id": "unit", "value": "dateTimeAsIso"}]}

@@ -6,8 +6,16 @@ store implements the ledger over the ingest transaction's connection, so an aler
 notification (an outbox row) and the streak that raised it commit with the batch, or not at all.
 
 The state the store keeps per (rule, layer) is :class:`StoredState`: a layer is firing exactly
-while it has an open alert, so "firing" is the alert's id, not a column of its own. Growth and
+while it has an alert, so "firing" is the alert's id, not a column of its own. Growth and
 forecast rules keep their per-layer values (baseline, recent points) in ``memory``.
+
+When a run ends while an alert fires (:func:`end_of_run`), nothing has resolved it: the alert is
+kept in state ``ended`` ("run ended while firing") with the run's last step and its last values,
+and an ``ended`` notification is queued. The rule keeps holding the layer as firing, so a run that
+resumes (a new attempt, or reports after it was marked stale) carries on where it stopped: its
+first report that the rule judges re-opens the same alert (``firing`` again, a ``firing``
+notification) while the condition still holds, or resolves it (a ``resolved`` notification) once it
+no longer does. One alert, one incident, however often the run stops and resumes.
 """
 
 from __future__ import annotations
@@ -33,9 +41,12 @@ class StoredState:
     step: int
     band_layers: tuple[int, ...]
     alert_id: int | None
-    """The firing alert of this rule and layer; None while it does not fire."""
+    """The alert this rule and layer fire under; None while it does not fire."""
     memory: dict[str, Any] | None = None
     """A growth or forecast rule's values for the layer (:attr:`LayerState.memory`); None for the others."""
+    alert_ended: bool = False
+    """The alert ended with its run while it fired (state ``ended``); the next report of the resumed
+    run re-opens or resolves it. The store reads this from the alert itself."""
 
 
 class AlertLedger(Protocol):
@@ -58,15 +69,20 @@ class AlertLedger(Protocol):
         ...
 
     def resolve_alert(self, alert_id: int, t: Transition) -> None:
-        """The alert stopped firing at ``t.step``."""
+        """The alert (firing, or ended with its run) stopped firing at ``t.step``."""
         ...
 
     def queue_notification(self, alert_id: int, status: str) -> None:
-        """Queue a notification ("firing" or "resolved") of the alert for the webhooks."""
+        """Queue a notification ("firing", "resolved" or "ended") of the alert for the webhooks."""
         ...
 
-    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
-        """A firing alert resolves because its run ended (at ``step``, its last); ``note`` says how."""
+    def end_alert(self, alert_id: int, step: int | None, how: str) -> None:
+        """The alert's run ended while it fired, at ``step`` (its last), ``how`` being "finished",
+        "crashed" or "stale": the alert becomes ``ended`` and keeps the metric's last values."""
+        ...
+
+    def reopen_alert(self, alert_id: int) -> None:
+        """An ended alert fires again: its run resumed and the condition still holds."""
         ...
 
 
@@ -95,37 +111,50 @@ def evaluate_batch(
     stored = ledger.load_states()
     state = {key: _layer_state(s) for key, s in stored.items()}
     alert_ids = {key: s.alert_id for key, s in stored.items()}
+    ended = {key for key, s in stored.items() if s.alert_ended and s.alert_id is not None}
     # A shallow copy is enough: the rules replace a state's memory, never change it in place.
     before = {key: replace(s) for key, s in state.items()}
-    queued = sum(_record(ledger, t, alert_ids) for t in evaluate(rules, state, reports))
-    changed = {key: _stored_state(s, alert_ids.get(key)) for key, s in state.items() if before.get(key) != s}
+    queued = sum(_record(ledger, t, alert_ids, ended) for t in evaluate(rules, state, reports))
+    # An ended alert whose rule judged a report of the resumed run and still holds fires again.
+    for key in [k for k in ended if state[k].firing and state[k] != before[k]]:
+        queued += _reopen(ledger, key, alert_ids[key], ended)
+    changed = {
+        key: _stored_state(s, alert_ids.get(key), key in ended) for key, s in state.items() if before.get(key) != s
+    }
     if changed:
         ledger.save_states(changed)
     return queued
 
 
-def end_of_run(ledger: AlertLedger, step: int | None, status: str) -> int:
-    """The run ended with ``status`` (finished, or crashed, stale included): nothing of it can fire
-    any more, so each firing alert resolves at the run's last step with a note that the run ended,
-    and each rule's streak starts over (a resumed run raises its alerts afresh). Prometheus does the
-    same: an ended run leaves ``/metrics``. Returns the notifications queued."""
+def end_of_run(ledger: AlertLedger, step: int | None, how: str) -> int:
+    """The run ended at ``step`` (its last), ``how`` being "finished", "crashed" or "stale".
+
+    Nothing resolved its firing alerts, so none is shown as resolved: each becomes ``ended`` ("run
+    ended while firing"), keeps the metric's last values and queues an ``ended`` notification
+    (once: ending a run again only updates how and where it ended). The rules keep holding those
+    layers as firing, so a resumed run re-opens or resolves the same alert on its next report (see
+    the module docstring). A streak that had not fired yet starts over: a resume may go back to an
+    earlier checkpoint. Returns the notifications queued.
+    """
     stored = ledger.load_states()
     queued = 0
     changed = {}
     for key, s in stored.items():
         if s.alert_id is not None:
-            ledger.end_alert(s.alert_id, step, f"closed: the run {status}")
-            ledger.queue_notification(s.alert_id, "resolved")
-            queued += 1
-        if s.alert_id is not None or s.streak or s.since_step is not None:
-            changed[key] = replace(s, streak=0, since_step=None, band_layers=(), alert_id=None)
+            ledger.end_alert(s.alert_id, step, how)
+            if not s.alert_ended:
+                ledger.queue_notification(s.alert_id, "ended")
+                queued += 1
+                changed[key] = replace(s, alert_ended=True)
+        elif s.streak or s.since_step is not None:
+            changed[key] = replace(s, streak=0, since_step=None, band_layers=())
     if changed:
         ledger.save_states(changed)
     return queued
 
 
-def _record(ledger: AlertLedger, t: Transition, alert_ids: dict[StateKey, int | None]) -> int:
-    """Record one transition through the ledger; returns the notifications queued (0 or 1)."""
+def _record(ledger: AlertLedger, t: Transition, alert_ids: dict[StateKey, int | None], ended: set[StateKey]) -> int:
+    """Record one transition through the ledger; returns the notifications queued (0, 1 or 2)."""
     alert_id: int | None
     if t.kind == "firing":
         alert_id = alert_ids[t.state_key] = ledger.open_alert(t)
@@ -134,11 +163,22 @@ def _record(ledger: AlertLedger, t: Transition, alert_ids: dict[StateKey, int | 
         if alert_id is None:
             return 0
         if t.kind == "update":
+            queued = _reopen(ledger, t.state_key, alert_id, ended) if t.state_key in ended else 0
             ledger.update_alert(alert_id, t)
-            return 0
-        ledger.resolve_alert(alert_id, t)
+            return queued
+        ledger.resolve_alert(alert_id, t)  # an ended alert too: the resumed run healed
+        ended.discard(t.state_key)
         alert_ids[t.state_key] = None
     ledger.queue_notification(alert_id, t.kind)
+    return 1
+
+
+def _reopen(ledger: AlertLedger, key: StateKey, alert_id: int | None, ended: set[StateKey]) -> int:
+    """An ended alert fires again (its run resumed, still in trouble); returns the notifications queued."""
+    assert alert_id is not None
+    ledger.reopen_alert(alert_id)
+    ended.discard(key)
+    ledger.queue_notification(alert_id, "firing")
     return 1
 
 
@@ -154,7 +194,7 @@ def _layer_state(s: StoredState) -> LayerState:
     )
 
 
-def _stored_state(s: LayerState, alert_id: int | None) -> StoredState:
+def _stored_state(s: LayerState, alert_id: int | None, alert_ended: bool) -> StoredState:
     return StoredState(
         streak=s.streak,
         since_step=s.since_step,
@@ -163,4 +203,5 @@ def _stored_state(s: LayerState, alert_id: int | None) -> StoredState:
         band_layers=s.band_layers,
         alert_id=alert_id,
         memory=s.memory,
+        alert_ended=alert_ended,
     )

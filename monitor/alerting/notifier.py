@@ -5,6 +5,21 @@ none is lost when the process dies; a replica claims a due one with a lease befo
 so several replicas do not send it twice. A failed delivery is retried with exponential backoff
 up to ``webhook_max_attempts`` times, then given up and logged.
 
+**A run that ends while an alert fires.** Alertmanager's format knows two statuses, ``firing``
+and ``resolved``; qkwatch's alert has a third, ``ended`` (the run finished, crashed or went stale
+while the alert fired: see :mod:`qkwatch.monitor.alerting.evaluator`). Its notification is sent as
+``firing``, with the same fingerprint as the alert's first one, and says so in its annotations:
+``run_ended`` (``finished``, ``crashed`` or ``stale``), ``ended_step`` (the run's last step),
+``last_values`` (``layer=value`` of the alert's metric at the end) and a summary that begins "run
+ended while firing". ``resolved`` would be the dishonest choice: nothing resolved it, the layer's
+QKAI may well still be 0.93 in the model the run left behind, and a receiver shows a resolved alert
+as healed (green, closed incident) whatever an annotation adds. ``firing`` keeps the incident open
+until someone looks, which is what the alert asks for; the annotations tell them that no later
+notification will resolve it by itself, unless the run resumes: then the same alert (same
+fingerprint) either fires on or resolves, and the receiver hears that too. The annotation is not a
+label on purpose: labels are an alert's identity to Alertmanager, and a label would make the end
+a different alert.
+
 The notifier needs two things of the store, the :class:`Outbox` protocol, and the rows it hands
 up (:mod:`qkwatch.monitor.alerting.records`); it does not import the store (which imports
 :mod:`qkwatch.monitor.alerting` to evaluate the rules on ingest).
@@ -59,8 +74,36 @@ def alert_labels(alert: AlertRow) -> dict[str, str]:
     }
 
 
+def last_values_text(alert: AlertRow) -> str:
+    """``layer=value`` of the alert's metric at its run's end, comma-separated ("3=0.931,4=0.95");
+    "" when they were not kept."""
+    if alert.last_values is None:
+        return ""
+    return ",".join(f"{layer}={_value(v)}" for layer, v in zip(alert.layers, alert.last_values, strict=False))
+
+
+def ended_summary(alert: AlertRow) -> str:
+    """The summary of an alert whose run ended while it fired: how and where, its last values, then its own summary."""
+    at = "" if alert.ended_step is None else f" at step {alert.ended_step}"
+    values = ""
+    if alert.last_values is not None:
+        pairs = zip(alert.layers, alert.last_values, strict=False)
+        values = f"; last {alert.metric}: " + ", ".join(f"layer {layer} = {_value(v)}" for layer, v in pairs)
+    return f"run ended while firing (run {alert.run_end or 'ended'}{at}{values}): {alert.summary}"
+
+
+def _value(v: float | str | None) -> str:
+    if v is None:
+        return "-"
+    return v if isinstance(v, str) else f"{v:.4g}"
+
+
 def alertmanager_payload(n: PendingNotification, external_url: str, receiver: str = "qkwatch") -> dict[str, Any]:
-    """The body Alertmanager posts to a webhook receiver (version 4), for one alert."""
+    """The body Alertmanager posts to a webhook receiver (version 4), for one alert.
+
+    An ``ended`` notification (the run ended while the alert fired) goes out as ``firing`` with the
+    annotations ``run_ended``, ``ended_step`` and ``last_values`` (see the module docstring).
+    """
     a = n.alert
     labels = alert_labels(a)
     status = "resolved" if n.status == "resolved" else "firing"
@@ -72,6 +115,13 @@ def alertmanager_payload(n: PendingNotification, external_url: str, receiver: st
     }
     if a.predicted_step is not None:  # a forecast's alert: the crossing step it predicted
         annotations["predicted_step"] = str(a.predicted_step)
+    if n.status == "ended":
+        annotations |= {
+            "summary": ended_summary(a),
+            "run_ended": a.run_end or "ended",
+            "ended_step": "" if a.ended_step is None else str(a.ended_step),
+            "last_values": last_values_text(a),
+        }
     item = {
         "status": status,
         "labels": labels,

@@ -7,7 +7,7 @@ with :func:`qkwatch.monitor.wire.encode_value` before they get here, so every re
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, computed_field
 
@@ -187,7 +187,8 @@ class AlertPublic(BaseModel):
     project: str
     rule: str
     severity: str
-    state: str
+    state: Literal["firing", "resolved", "ended"]
+    """``ended``: the run ended (finished, crashed or stale) while the alert fired; nothing resolved it."""
     metric: str
     layers: list[int]
     summary: str
@@ -195,8 +196,16 @@ class AlertPublic(BaseModel):
     resolved_step: int | None
     starts_at: float
     ends_at: float | None
+    """When it resolved, or when its run ended (state ``ended``); null while it fires."""
     predicted_step: int | None = None
     """A forecast rule's alert: the step at which it predicted, when it fired, that the metric would cross."""
+    ended_step: int | None = None
+    """State ``ended`` (the run ended while the alert fired): the run's last step."""
+    run_end: Literal["finished", "crashed", "stale"] | None = None
+    """State ``ended``: how the run ended (``stale``: marked crashed after it went silent)."""
+    last_values: list[Value] | None = None
+    """State ``ended``: ``metric`` on each of ``layers`` (same order) when the run ended; null for an
+    alert that ended before the collector kept them."""
 
     @computed_field
     def starts_at_iso(self) -> str | None:

@@ -14,10 +14,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from qkwatch.monitor.alerting.evaluator import StateKey, StoredState
-from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
+from qkwatch.monitor.alerting.records import AlertRow, PendingNotification, Value
 from qkwatch.monitor.alerting.rules import Transition
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store import sql
+from qkwatch.monitor.wire import encode_value
 
 
 class AlertRows:
@@ -27,7 +28,12 @@ class AlertRows:
         self.conn, self.run_pk, self.now = conn, run_pk, now
 
     def load_states(self) -> dict[StateKey, StoredState]:
-        s = m.alert_state
+        s, a = m.alert_state, m.alerts
+        q = (
+            sa.select(s, a.c.state.label("alert_row_state"))
+            .select_from(s.outerjoin(a, a.c.id == s.c.alert_id))
+            .where(s.c.run_pk == self.run_pk)
+        )
         return {
             (r.rule, r.layer): StoredState(
                 streak=r.streak,
@@ -37,8 +43,9 @@ class AlertRows:
                 band_layers=tuple(json.loads(r.band_layers or "[]")),
                 alert_id=r.alert_id,
                 memory=json.loads(r.memory) if r.memory else None,
+                alert_ended=r.alert_row_state == "ended",
             )
-            for r in self.conn.execute(sa.select(s).where(s.c.run_pk == self.run_pk))
+            for r in self.conn.execute(q)
         }
 
     def save_states(self, states: dict[StateKey, StoredState]) -> None:
@@ -92,12 +99,31 @@ class AlertRows:
             state="resolved",
             resolved_step=t.step,
             ends_at=self.now,
+            **_NOT_ENDED,
         )
 
-    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
+    def end_alert(self, alert_id: int, step: int | None, how: str) -> None:
+        metric, layers = self.conn.execute(
+            sa.select(m.alerts.c.metric, m.alerts.c.layers).where(m.alerts.c.id == alert_id)
+        ).one()
+        values = self._latest(metric, json.loads(layers))
         self._update(
-            alert_id, state="resolved", resolved_step=step, ends_at=self.now, summary=m.alerts.c.summary + f" ({note})"
+            alert_id, state="ended", ended_step=step, run_end=how, ends_at=self.now, last_values=json.dumps(values)
         )
+
+    def reopen_alert(self, alert_id: int) -> None:
+        self._update(alert_id, state="firing", ends_at=None, **_NOT_ENDED)
+
+    def _latest(self, metric: str, layers: list[int]) -> list[Value]:
+        """The run's latest value of ``metric`` on each of ``layers``, wire-encoded (NULL in the table is NaN)."""
+        lt = m.latest
+        rows = self.conn.execute(
+            sa.select(lt.c.layer, lt.c.value).where(
+                lt.c.run_pk == self.run_pk, lt.c.metric == metric, lt.c.layer.in_(layers)
+            )
+        ).all()
+        found = {r.layer: encode_value(sql.from_db(r.value)) for r in rows}
+        return [found.get(layer) for layer in layers]
 
     def queue_notification(self, alert_id: int, status: str) -> None:
         self.conn.execute(
@@ -108,6 +134,10 @@ class AlertRows:
 
     def _update(self, alert_id: int, **values: object) -> None:
         self.conn.execute(sa.update(m.alerts).where(m.alerts.c.id == alert_id).values(**values))
+
+
+_NOT_ENDED: dict[str, Any] = {"ended_step": None, "run_end": None, "last_values": None}
+"""What an alert that fires again, or resolves, no longer says about its run's end."""
 
 
 def alert_row(r: sa.Row[Any]) -> AlertRow:
@@ -127,6 +157,9 @@ def alert_row(r: sa.Row[Any]) -> AlertRow:
         starts_at=r.starts_at,
         ends_at=r.ends_at,
         predicted_step=r.predicted_step,
+        ended_step=r.ended_step,
+        run_end=r.run_end,
+        last_values=json.loads(r.last_values) if r.last_values else None,
     )
 
 

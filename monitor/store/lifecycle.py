@@ -143,8 +143,13 @@ def set_status(
         .values(status=status, status_reason=reason or "patch", updated_at=now)
     )
     if status in runs.TERMINAL:
-        end_of_run(AlertRows(conn, run.pk, now), run.last_step, status)
+        end_of_run(AlertRows(conn, run.pk, now), run.last_step, _how(status, reason))
     return runs.by_pk(conn, run.pk)
+
+
+def _how(status: str, reason: str | None) -> str:
+    """How a run ended, as its alerts keep it: "finished", "crashed", or "stale" (crashed as stale)."""
+    return "stale" if status == "crashed" and reason == "stale" else status
 
 
 def delete(conn: sa.Connection, pk: int) -> None:
@@ -181,7 +186,7 @@ def mark_stale(conn: sa.Connection, timeout_s: float, now: float) -> list[str]:
             .values(status="crashed", status_reason="stale", updated_at=now)
         )
         for run in conn.execute(sa.select(m.runs.c.pk, m.runs.c.last_step).where(m.runs.c.id.in_(ids))):
-            end_of_run(AlertRows(conn, run.pk, now), run.last_step, "crashed (stale)")
+            end_of_run(AlertRows(conn, run.pk, now), run.last_step, "stale")
     return list(ids)
 
 

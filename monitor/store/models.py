@@ -199,6 +199,11 @@ alerts = sa.Table(
     sa.Column("starts_at", sa.Float, nullable=False),
     sa.Column("ends_at", sa.Float),
     sa.Column("predicted_step", sa.BigInteger),  # a forecast's predicted crossing step (migration 0007)
+    # An alert whose run ended while it fired (state "ended", migration 0008): the run's last step,
+    # how it ended (finished, crashed, stale) and the metric's last value on each of its layers (JSON).
+    sa.Column("ended_step", sa.BigInteger),
+    sa.Column("run_end", sa.String(16)),
+    sa.Column("last_values", sa.Text),
     sa.Index("ix_alerts_run_state", "run_pk", "state"),
 )
 

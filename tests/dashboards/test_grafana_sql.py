@@ -253,6 +253,41 @@ def test_runs_latest_alerts_and_events_views_are_the_stores(fed):
     assert {(a.rule, a.predicted_step) for a in forecasts} == {("qkai_forecast", 504)}
 
 
+def test_the_alerts_view_carries_an_ended_alerts_end_and_last_values(scratch_url: str):
+    """A run that finishes while its band collapses: the view says "ended", where, how and with which values,
+    as the store does (migration 0008's columns)."""
+    store = Store(make_engine(scratch_url))
+    try:
+        run, _ = store.create_or_resume_run(RunCreate(project="p", name="ends-collapsed", config={"n_layers": 8}))
+        send(store, run.id, [report(s, True) for s in range(0, 325, 25)])
+        store.set_status(run.id, "finished")
+        alerts = {a.id: a for a in store.list_alerts(projects=None, run_id=run.id)}
+        got = rows(
+            store,
+            "SELECT alert_id, state, resolved_step, ended_step, run_end, last_values FROM qkwatch_alerts_v "
+            "WHERE run_id = :r",
+            r=run.id,
+        )
+        ended = [g for g in got if g.state == "ended"]
+        assert ended and len(got) == len(alerts)
+        for g in got:
+            a = alerts[g.alert_id]
+            last = json.loads(g.last_values) if g.last_values else None
+            assert (g.state, g.resolved_step, g.ended_step, g.run_end, last) == (
+                a.state,
+                a.resolved_step,
+                a.ended_step,
+                a.run_end,
+                a.last_values,
+            )
+        for g in ended:
+            assert (g.ended_step, g.run_end) == (300, "finished") and g.resolved_step is None
+        band = [alerts[g.alert_id] for g in ended if alerts[g.alert_id].rule == "collapse_band"]
+        assert [a.last_values for a in band] == [[0.91, 0.91, 0.91]]  # 0.29 + 0.62 at full collapse
+    finally:
+        store.close()
+
+
 # --- migration and role --------------------------------------------------------------------------
 
 

@@ -49,6 +49,8 @@ def test_demo_shows_the_band_forming_without_raa_and_held_with_it(tmp_path: Path
     assert link, out
     assert "HTTP Request" not in out + done.stderr  # httpx is quiet: the link is not buried
     assert re.search(r"alerts that fired\s+collapse_band, qkai_high\s+none", out), out
+    # the vanilla run ends with its band collapsed: its alerts ended with it while firing, and the tag stays
+    assert re.search(r"still firing at the end\s+ALERT (collapse_band|qkai_high)[, \w]*\s+none\n", out), out
     assert re.search(r"status\s+finished\s+finished", out), out
     with pytest.raises(httpx.ConnectError):  # the collector stopped with the demo
         httpx.get(f"{link.group(1)}/healthz", timeout=2)

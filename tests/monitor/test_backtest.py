@@ -156,6 +156,16 @@ def test_a_new_attempt_starts_every_streak_over():
     assert (result.rule("qkai_high").first_fire_step, result.rule("qkai_high").attempt) == (50, 2)
 
 
+def test_an_alert_firing_when_an_attempt_ends_carries_on_into_the_next():
+    # Attempt 1 fires at step 20 and crashes at step 40, still hot; attempt 2 resumes at step 30, still hot:
+    # the collector re-opens the alert that ended with attempt 1, so the replay opens no second one.
+    # Once attempt 2 cools and heats again, that is a new alert.
+    a1 = history({s: [HOT] for s in range(0, 50, 10)}).reports
+    a2 = history({s: [HOT if s < 60 or s >= 90 else COLD] for s in range(30, 120, 10)}, attempt=2).reports
+    firings = bt.replay(RULES, [*a1, *a2])
+    assert [(f.attempt, f.onset_step, f.step) for f in firings] == [(1, 0, 20), (2, 90, 110)]
+
+
 def test_every_rule_is_reported_whatever_its_kind_and_whether_it_fired():
     rules = RuleSet(
         thresholds=(ThresholdRule("rank_low", metric="stable_rank", op="<", threshold=1.5, for_reports=2),),
@@ -409,6 +419,27 @@ def test_a_resumed_run_is_replayed_attempt_by_attempt(served):
     assert history.loss_steps == list(range(0, 90, 10))  # the merged view: attempt 2 from step 30
 
 
+def test_an_alert_carried_into_a_resumed_attempt_is_replayed_as_one(served):
+    """Attempt 1 fires (layers 0-2 and their band) and ends crashed while firing; attempt 2 resumes from an
+    earlier step, still hot: the collector re-opens the same alerts, and the replay opens none anew."""
+    project = f"bt-{uuid.uuid4().hex[:8]}"
+    hot = [HOT] * 3 + [COLD] * 3
+    with Client(served) as c:
+        run = c.create_run(project, "carried", attempt_key="first")
+        first = [report(s, {"qkai": hot if s >= 10 else [COLD] * 6}) for s in range(60)[::10]]
+        seen = ingest(c, run.id, first, [1])
+        c.set_status(run.id, "crashed", attempt=1)
+        assert {a.state for a in c.alerts(run=run.id)} == {"ended"}
+        assert c.create_run(project, "carried", attempt_key="second").attempt == 2
+        seen = ingest(c, run.id, [report(s, {"qkai": hot}) for s in range(40, 90, 10)], [1]) | seen  # first seen
+        live = live_alerts(c, run.id, seen)
+        assert {a.state for a in c.alerts(run=run.id)} == {"firing"}
+        history = bt.read(c, run.id)
+    firings = bt.replay(RuleSet.default(float(SERVED_COLLAPSE)), history.reports)
+    assert sorted((f.rule, f.onset_step, f.step) for f in firings) == live
+    assert {(f.attempt, f.step) for f in firings} == {(1, 30)} and len(live) == 4
+
+
 class InProcess(httpx.BaseTransport):
     """The client's requests through a TestClient: an app on a real database, in this process."""
 
@@ -487,7 +518,7 @@ def test_the_command_prints_the_backtest_as_json_and_as_a_table(collector, tmp_p
     assert (only["rule"], only["first_fire_step"]) == ("strict", None)
     # the plain listing is still there
     assert main(["alerts", "--run", f"{project}/no-loss", "--url", url]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 4  # qkai_high on 3 layers and the band
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 4  # the header; qkai_high on 3 layers and the band
 
 
 def test_the_command_names_what_is_wrong_in_one_line(collector, tmp_path, capsys):

@@ -101,13 +101,15 @@ def test_runs_and_alerts_take_project_slash_name_and_search(collector, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["run"]["id"] == band.id and shown["run"]["created_at_iso"] and len(shown["alerts"]) == 4
     assert main(["alerts", "--run", f"{project}/calm", "--url", url]) == 0
-    assert capsys.readouterr().out == ""
+    (header,) = capsys.readouterr().out.splitlines()  # no alerts: the header alone
+    assert header.split()[:4] == ["state", "severity", "run", "rule"]
     assert main(["alerts", "--run", f"{project}/band", "--state", "firing", "--url", url]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 4 and all(f"{project}/band" in line for line in lines)
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.startswith("state") and len(lines) == 4 and all(f"{project}/band" in line for line in lines)
     assert main(["runs", "list", "--project", project, "--qkai-above", "0.7", "--url", url]) == 0
-    (line,) = capsys.readouterr().out.splitlines()
-    assert line.split("\t")[:3] == [band.id, f"{project}/band", "running"] and "updated 20" in line
+    header, line = capsys.readouterr().out.splitlines()
+    assert re.split(r"\s{2,}", header) == ["id", "run", "status", "attempt", "last step", "updated (UTC)"]
+    assert re.split(r"\s{2,}", line)[:5] == [band.id, f"{project}/band", "running", "1", "2"] and " 20" in line
     assert main(["runs", "list", "--project", project, "--no-collapse-band", "--json", "--url", url]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)["data"]] == ["calm"]
     assert main(["runs", "show", f"{project}/nope", "--url", url]) == 1

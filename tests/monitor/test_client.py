@@ -174,6 +174,19 @@ def test_results_are_typed_with_timezone_aware_times(c, project):
     assert json.loads(json.dumps(dict(got)))["id"] == run.id
 
 
+def test_an_alert_its_run_ended_with_is_typed_as_ended_with_its_last_values(c, project):
+    run = fed_run(c, project, rows=[[0.9, 0.2, 0.2, 0.2]] * 2 + [["inf", 0.2, 0.2, 0.2]])
+    c.set_status(run, "crashed")
+    (alert,) = c.alerts(run=run, state="ended")
+    assert isinstance(alert, Alert) and alert.state == "ended" and alert.ended_while_firing
+    assert (alert.ended_step, alert.run_end, alert.resolved_step) == (20, "crashed", None)
+    assert alert.last_values == [math.inf] and alert["last_values"] == ["inf"]  # typed; the JSON as sent
+    assert alert.ends_at is not None and alert.ends_at.tzinfo == timezone.utc
+    assert c.alerts(run=run, state="firing").count == 0 and c.alerts(run=run, state="resolved").count == 0
+    live = fed_run(c, project, "live", rows=[[0.9] * 4] * 3)
+    assert not any(a.ended_while_firing or a.last_values for a in c.alerts(run=live))
+
+
 def test_nan_and_infinities_are_floats_in_every_result(c, project):
     run = fed_run(c, project)
     s = c.series(run, "stable_rank", layer=1)

@@ -23,6 +23,7 @@ from qkwatch.monitor.client import Client, CollectorError
 from qkwatch.monitor.report import explain
 from tests.live import ROOT, LiveCollector
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size, references
+from tests.monitor.ui.runs import reports as reports_of
 from tests.monitor.ui.runs import seed
 
 OVERRIDE = (4, 0.002)  # layer, lambda
@@ -145,7 +146,7 @@ def test_the_report_opens_offline_from_disk_with_every_plot_drawn(reports, tmp_p
     assert "<b>0.70 collapse</b>" in shown.figures["fig-heatmap-qkai-0"]["texts"]
     assert "qkwatch report: demo/vanilla" in dom
     assert "demo/raa" not in dom
-    # state, severity, rule, layers, onset step, resolved step, since, summary
+    # state, severity, rule, layers, onset step, end, last values, since, summary
     assert [c[:4] for c in shown.table("firing") if c[2] == "collapse_band"] == [
         ["firing", "critical", "collapse_band", "3-5"]
     ]
@@ -176,6 +177,30 @@ def test_with_vs_both_runs_are_side_by_side(reports, served, tmp_path: Path) -> 
     assert shown.fact("layers above 0.70 (latest qkai)") == ["3-5", "none"]
     assert shown.fact("alerts")[1] == "none"
     assert shown.fact("alerts")[0].startswith("firing: collapse_band (3-5)")
+
+
+def test_alerts_a_run_ended_with_are_shown_as_ended_while_firing_with_their_last_values(served, tmp_path) -> None:
+    """A run finished with its band collapsed: the report shows its alerts as "run ended while firing", with the
+    step it finished at and the band's last QKAI, in the alerts table and the summary; none as resolved."""
+    url = served[0]
+    with Client(url) as client:
+        run = client.create_run("ends", "collapsed", {"n_layers": 8})
+        client.send_reports(run, reports_of(range(0, 301, 5), peak=0.86, floor=1.3))
+        client.set_status(run, "finished")
+        ended = {a.rule: a for a in client.alerts(run=run) if a.rule == "collapse_band"}
+    out = tmp_path / "ended.html"
+    assert main(["report", "ends/collapsed", "--url", url, "--out", str(out)]) == 0
+    shown = drawn(out.read_text())
+    rows = shown.table("ended")  # state, severity, rule, layers, onset step, end, last values, since, summary
+    assert len(rows) == 4 and not shown.table("resolved") and not shown.table("firing")
+    assert {r[0] for r in rows} == {"run ended while firing"} and {r[5] for r in rows} == {"run finished at step 300"}
+    band = ended["collapse_band"]
+    last = ", ".join(f"{la}: {v:.4g}" for la, v in zip(band.layers, band.last_values, strict=True))
+    (band_row,) = [r for r in rows if r[2] == "collapse_band"]
+    assert band_row[3] == "3-5" and band_row[6] == f"qkai {last}"
+    (cell,) = shown.fact("alerts")
+    assert cell.startswith(f"run ended while firing (run finished at step 300): collapse_band (3-5; last qkai {last})")
+    assert cell.count("qkai_high") == 3 and "resolved" not in cell
 
 
 def test_screenshot_of_the_report(reports, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -246,7 +247,27 @@ def test_python_dash_m_trains_from_the_command_line():
         [sys.executable, "-m", "qkwatch.trainer", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[0] == "debug_cpu" and "collapse_cpu" in done.stdout
+    header, first = done.stdout.splitlines()[:2]
+    assert header.split() == ["recipe", "layers", "d_model", "params"]
+    assert first.split()[0] == "debug_cpu" and "collapse_cpu" in done.stdout
+
+
+def test_python_dash_m_ends_quietly_when_its_reader_closes_the_pipe():
+    """``python -m qkwatch.trainer --list | head -3`` at its extreme, the reader gone before the first line:
+    status 1, no traceback."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "qkwatch.trainer", "--list"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=300) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err, err
 
 
 def test_crash_reason_names_the_exception_and_says_how_to_continue_after_an_interrupt():

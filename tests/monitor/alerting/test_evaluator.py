@@ -34,10 +34,6 @@ class MemoryLedger:
         self.loads = 0
         self.opened: list[Transition] = []
 
-    def load_states(self) -> dict[StateKey, StoredState]:
-        self.loads += 1
-        return dict(self.states)
-
     def save_states(self, states: dict[StateKey, StoredState]) -> None:
         self.saved.append(states)
         self.states.update(states)
@@ -53,12 +49,30 @@ class MemoryLedger:
 
     def resolve_alert(self, alert_id: int, t: Transition) -> None:
         self.alerts[alert_id].update(state="resolved", layers=t.layers, resolved=t.step)
+        for key in ("ended", "how"):  # as the store: a resolved alert says nothing of an end
+            self.alerts[alert_id].pop(key, None)
 
     def queue_notification(self, alert_id: int, status: str) -> None:
         self.notifications.append((alert_id, status))
 
-    def end_alert(self, alert_id: int, step: int | None, note: str) -> None:
-        self.alerts[alert_id].update(state="resolved", resolved=step, note=note)
+    def end_alert(self, alert_id: int, step: int | None, how: str) -> None:
+        self.alerts[alert_id].update(state="ended", ended=step, how=how)
+
+    def reopen_alert(self, alert_id: int) -> None:
+        a = self.alerts[alert_id]
+        assert a["state"] == "ended", a  # only an ended alert is re-opened
+        a["state"] = "firing"
+        del a["ended"], a["how"]
+
+    def load_states(self) -> dict[StateKey, StoredState]:
+        """As the store: whether a state's alert ended is read from the alert itself."""
+        self.loads += 1
+        return {
+            k: replace(
+                s, alert_ended=s.alert_id is not None and self.alerts.get(s.alert_id, {}).get("state") == "ended"
+            )
+            for k, s in self.states.items()
+        }
 
 
 def qkai(start: int, rows: list[list[float | None]]) -> list[tuple[int, dict[str, list[float | None]]]]:
@@ -101,18 +115,80 @@ def test_a_stored_alert_id_is_a_firing_layer_that_resolves() -> None:
     assert ledger.states[("qkai_high", 0)] == StoredState(0, None, 1, 15, (), None)
 
 
-def test_the_end_of_a_run_resolves_its_firing_alerts_and_restarts_every_streak() -> None:
+def test_the_end_of_a_run_ends_its_firing_alerts_and_restarts_the_streaks_that_had_not_fired() -> None:
     ledger = MemoryLedger()
     evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.9, 0.1]] * 3))  # layers 0, 1 fire
     evaluate_batch(RuleSet.default(), ledger, 1, qkai(3, [[0.9, 0.9, 0.8]]))  # layer 2: a streak of 1
     firing = sorted(ledger.alerts)
     assert len(firing) == 2 and ledger.notifications == [(a, "firing") for a in firing]
     assert end_of_run(ledger, 3, "finished") == 2
-    assert [ledger.alerts[a]["state"] for a in firing] == ["resolved", "resolved"]
-    assert {ledger.alerts[a]["note"] for a in firing} == {"closed: the run finished"}
-    assert ledger.notifications[2:] == [(a, "resolved") for a in firing]
-    assert all(s.alert_id is None and s.streak == 0 and s.since_step is None for s in ledger.states.values())
-    assert end_of_run(ledger, 3, "finished") == 0  # idempotent: nothing is firing any more
+    assert [(ledger.alerts[a]["state"], ledger.alerts[a]["ended"]) for a in firing] == [("ended", 3)] * 2
+    assert "resolved" not in {a["state"] for a in ledger.alerts.values()}  # nothing resolved them
+    assert {ledger.alerts[a]["how"] for a in firing} == {"finished"}
+    assert ledger.notifications[2:] == [(a, "ended") for a in firing]
+    # the rules still hold layers 0 and 1 firing, under the same alerts; layer 2's streak starts over
+    assert [ledger.states[("qkai_high", i)].alert_id for i in (0, 1)] == firing
+    assert all(ledger.states[("qkai_high", i)].alert_ended for i in (0, 1))
+    assert ledger.states[("qkai_high", 2)] == StoredState(0, None, 1, 3, (), None)
+    assert end_of_run(ledger, 3, "finished") == 0  # idempotent: each end is told once
+    assert len(ledger.notifications) == 4
+
+
+def test_ending_again_updates_how_the_run_ended_without_a_second_notification() -> None:
+    """Marked stale, then the agent's own end arrives: the alert says how the run really ended."""
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9]] * 3))
+    assert end_of_run(ledger, 2, "stale") == 1
+    assert end_of_run(ledger, 2, "finished") == 0
+    assert (ledger.alerts[100]["state"], ledger.alerts[100]["how"]) == ("ended", "finished")
+    assert ledger.notifications == [(100, "firing"), (100, "ended")]
+
+
+def test_a_resumed_run_still_in_trouble_reopens_the_same_alert() -> None:
+    """The run went stale with layer 0 firing; it reports again (same attempt) and layer 0 still holds:
+    the same alert fires again, with a firing notification; no second alert is opened."""
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.2]] * 3))
+    end_of_run(ledger, 2, "stale")
+    assert evaluate_batch(RuleSet.default(), ledger, 1, qkai(3, [[0.95, 0.2]])) == 1
+    assert ledger.alerts == {100: {"rule": "qkai_high", "state": "firing", "layers": (0,), "onset": 0}}
+    assert ledger.notifications == [(100, "firing"), (100, "ended"), (100, "firing")]
+    assert ledger.states[("qkai_high", 0)] == StoredState(4, 0, 1, 3, (), 100)
+    assert evaluate_batch(RuleSet.default(), ledger, 1, qkai(4, [[0.95, 0.2]])) == 0  # firing on: nothing new
+
+
+def test_a_new_attempt_that_healed_resolves_the_ended_alert() -> None:
+    """Attempt 2 resumes from an earlier checkpoint and the layer is below the threshold: the alert
+    that ended with attempt 1 resolves at attempt 2's first report (the receiver's incident closes)."""
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(10, [[0.9]] * 3))
+    end_of_run(ledger, 12, "crashed")
+    assert evaluate_batch(RuleSet.default(), ledger, 2, qkai(5, [[0.4]])) == 1
+    assert ledger.alerts[100] == {"rule": "qkai_high", "state": "resolved", "layers": (0,), "onset": 10, "resolved": 5}
+    assert ledger.notifications == [(100, "firing"), (100, "ended"), (100, "resolved")]
+    assert ledger.states[("qkai_high", 0)] == StoredState(0, None, 2, 5, (), None)
+
+
+def test_a_band_that_ended_reopens_with_its_new_layers() -> None:
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.9, 0.9, 0.1]] * 3))
+    band = next(i for i, a in ledger.alerts.items() if a["rule"] == "collapse_band")
+    end_of_run(ledger, 2, "crashed")
+    assert all(a["state"] == "ended" for a in ledger.alerts.values())
+    sent = len(ledger.notifications)
+    evaluate_batch(RuleSet.default(), ledger, 2, qkai(3, [[0.9, 0.9, 0.9, 0.9]] * 3))  # the band grows
+    assert (ledger.alerts[band]["state"], ledger.alerts[band]["layers"]) == ("firing", (0, 1, 2, 3))
+    assert [n for n in ledger.notifications[sent:] if n[0] == band] == [(band, "firing")]  # re-opened once
+    assert [a["rule"] for a in ledger.alerts.values()].count("collapse_band") == 1
+
+
+def test_an_ended_alert_whose_rule_judges_nothing_stays_ended() -> None:
+    """A resumed run's report without the layer (or its rule's metric) leaves the ended alert as it is."""
+    ledger = MemoryLedger()
+    evaluate_batch(RuleSet.default(), ledger, 1, qkai(0, [[0.9, 0.2]] * 3))
+    end_of_run(ledger, 2, "stale")
+    assert evaluate_batch(RuleSet.default(), ledger, 1, [(3, {"loss": [1.0]}), (4, {"qkai": [None, 0.2]})]) == 0
+    assert ledger.alerts[100]["state"] == "ended"
 
 
 def test_a_band_that_grows_updates_its_alert_without_a_notification() -> None:

@@ -105,3 +105,40 @@ def test_background_thread_delivers_when_woken(make_harness, receiver: Receiver)
     h.send(run["id"], qkai_reports(0, [[0.9]] * 3))  # queues a notification and wakes the thread
     assert receiver.got.wait(30), "the maintenance thread did not deliver the notification"
     assert receiver.bodies[0]["alerts"][0]["labels"]["run_id"] == run["id"]
+
+
+def test_a_run_that_ends_while_firing_is_told_as_firing_with_the_end_annotated(make_harness):
+    """Finished with layer 0 collapsed: the notification stays "firing" (same fingerprint), says that the run
+    ended while it fired, where, and with which value; when the run resumes and heals, the same alert resolves."""
+    r = Receiver()
+    try:
+        h = make_harness(webhook_urls=r.url)
+        notifier = h.app.state.notifier
+        run = h.create_run(attempt_key="first")
+        h.send(run["id"], qkai_reports(0, [[0.9]] * 2 + [[0.934]]))
+        assert notifier.deliver_pending() == 1
+        fired = r.bodies[-1]["alerts"][0]
+        patch = h.client.patch(f"/v1/runs/{run['id']}", json={"status": "finished"}, headers=h.headers("ingest"))
+        assert patch.status_code == 200, patch.text
+        assert notifier.deliver_pending() == 1
+        body = r.bodies[-1]
+        ended = body["alerts"][0]
+        assert body["status"] == ended["status"] == "firing"
+        assert ended["fingerprint"] == fired["fingerprint"] and ended["endsAt"] == "0001-01-01T00:00:00Z"
+        notes = ended["annotations"]
+        assert (notes["run_ended"], notes["ended_step"], notes["last_values"]) == ("finished", "20", "0=0.934")
+        assert notes["resolved_step"] == "" and "run_ended" not in ended["labels"]
+        assert notes["summary"] == (
+            "run ended while firing (run finished at step 20; last qkai: layer 0 = 0.934): "
+            + fired["annotations"]["summary"]
+        )
+        assert notifier.deliver_pending() == 0  # told once
+
+        h.create_run(run["name"], attempt_key="second")
+        h.send(run["id"], qkai_reports(30, [[0.2]]), attempt=2)
+        assert notifier.deliver_pending() == 1
+        healed = r.bodies[-1]["alerts"][0]
+        assert (r.bodies[-1]["status"], healed["fingerprint"]) == ("resolved", fired["fingerprint"])
+        assert healed["annotations"]["resolved_step"] == "30" and "run_ended" not in healed["annotations"]
+    finally:
+        r.close()

@@ -139,14 +139,23 @@ def test_alerts_of_runs_that_had_ended_are_closed(db_url: str):
         _downgrade(engine, "0005")  # the alerts raised, back to before 0006
         with engine.begin() as conn:  # ended the old way: the status only
             conn.execute(sa.update(m.runs).where(m.runs.c.pk == ended.pk).values(status="finished"))
-        upgrade(engine)
+        upgrade(engine, "0006")  # (0008 makes these "ended": see below)
         with engine.connect() as conn:
-            rows = {r.run_pk: r for r in conn.execute(sa.select(m.alerts))}
-            streaks = {r.run_pk: (r.streak, r.alert_id) for r in conn.execute(sa.select(m.alert_state)) if r.layer == 0}
+            rows = {r.run_pk: r for r in conn.execute(sa.text("SELECT * FROM alerts"))}
+            states = conn.execute(sa.text("SELECT run_pk, layer, streak, alert_id FROM alert_state"))
+            streaks = {r.run_pk: (r.streak, r.alert_id) for r in states if r.layer == 0}
         assert rows[ended.pk].state == "resolved" and rows[ended.pk].resolved_step == 20
         assert rows[ended.pk].summary.endswith("(closed: the run finished)") and rows[ended.pk].ends_at
         assert rows[live.pk].state == "firing"  # a running run's alert is left alone
         assert streaks[ended.pk] == (0, None) and streaks[live.pk][1] == rows[live.pk].id
+        upgrade(engine)
+        alerts = {a.run_id: a for a in store.list_alerts(projects=["p"], run_id=None)}
+        assert (alerts[ended.id].state, alerts[ended.id].ended_step, alerts[ended.id].run_end) == (
+            "ended",
+            20,
+            "finished",
+        )
+        assert alerts[live.id].state == "firing"
     finally:
         engine.dispose()
 
@@ -187,14 +196,15 @@ def test_rule_memory_and_predicted_step_arrive_empty_and_leave_cleanly(db_url: s
                 {"pk": run.pk},
             )
             assert "predicted_step" not in columns(conn, sa.text("SELECT * FROM qkwatch_alerts_v"))
-        upgrade(engine)
+        upgrade(engine, "0007")
         with engine.connect() as conn:
-            (memory,) = conn.execute(sa.select(m.alert_state.c.memory).where(m.alert_state.c.run_pk == run.pk)).one()
+            (memory,) = conn.execute(sa.text("SELECT memory FROM alert_state WHERE run_pk = :pk"), {"pk": run.pk}).one()
             view = conn.execute(sa.text("SELECT * FROM qkwatch_alerts_v WHERE run_id = :id"), {"id": run.id})
             row = view.mappings().one()
             if engine.dialect.name == "postgresql":
                 assert _grafana_may_read(conn, "qkwatch_alerts_v")
         assert memory is None and row["predicted_step"] is None and list(row)[-1] == "predicted_step"
+        upgrade(engine)
         [alert] = store.list_alerts(projects=["p"], run_id=run.id)
         assert (alert.summary, alert.predicted_step) == ("old", None)
 
@@ -208,6 +218,98 @@ def test_rule_memory_and_predicted_step_arrive_empty_and_leave_cleanly(db_url: s
             assert "predicted_step" not in columns(conn, sa.text("SELECT * FROM qkwatch_alerts_v"))
             if engine.dialect.name == "postgresql":
                 assert _grafana_may_read(conn, "qkwatch_alerts_v")
+        upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+OLD_ALERT = (
+    "INSERT INTO alerts (run_pk, rule, severity, state, layers, metric, summary, onset_step, resolved_step, "
+    "starts_at, ends_at) "
+    "VALUES (:pk, 'qkai_high', 'warning', :state, '[0]', 'qkai', :summary, 0, :resolved, 1.0, :ends)"
+)
+
+
+def test_alerts_the_old_code_closed_at_a_runs_end_become_ended_and_back(db_url: str):
+    """0008: an alert that an ended run's close resolved (its summary ends with the note that code wrote) is
+    "ended" with the step and the way the run ended, the note out of its summary, no made-up last values;
+    an alert that really resolved, or fires, is left alone. The downgrade gives back exactly what was there."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        _downgrade(engine, "0007")
+        store = Store(engine)
+        run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
+        before = [
+            ("resolved", "layer 0: qkai > 0.7 (0.81 at onset) (closed: the run finished)", 40, 5.0),
+            ("resolved", "layer 0: qkai > 0.7 (0.82 at onset) (closed: the run crashed)", 41, 6.0),
+            ("resolved", "layer 0: qkai > 0.7 (0.83 at onset) (closed: the run crashed (stale))", 42, 7.0),
+            ("resolved", "layer 0: qkai back to 0.41", 43, 8.0),  # healed: stays resolved
+            ("resolved", "layer 0: (closed: the run finished) is not at the end", 44, 9.0),
+            ("firing", "layer 0: qkai > 0.7 (0.84 at onset)", None, None),
+        ]
+        with engine.begin() as conn:
+            for state, summary, resolved, ends in before:
+                conn.execute(
+                    sa.text(OLD_ALERT),
+                    {"pk": run.pk, "state": state, "summary": summary, "resolved": resolved, "ends": ends},
+                )
+        upgrade(engine)
+        got = sorted(store.list_alerts(projects=["p"], run_id=run.id), key=lambda a: a.id)
+        assert [
+            (a.state, a.summary, a.resolved_step, a.ended_step, a.run_end, a.last_values, a.ends_at) for a in got
+        ] == [
+            ("ended", "layer 0: qkai > 0.7 (0.81 at onset)", None, 40, "finished", None, 5.0),
+            ("ended", "layer 0: qkai > 0.7 (0.82 at onset)", None, 41, "crashed", None, 6.0),
+            ("ended", "layer 0: qkai > 0.7 (0.83 at onset)", None, 42, "stale", None, 7.0),
+            ("resolved", "layer 0: qkai back to 0.41", 43, None, None, None, 8.0),
+            ("resolved", "layer 0: (closed: the run finished) is not at the end", 44, None, None, None, 9.0),
+            ("firing", "layer 0: qkai > 0.7 (0.84 at onset)", None, None, None, None, None),
+        ]
+        with engine.connect() as conn:
+            view = conn.execute(sa.text("SELECT * FROM qkwatch_alerts_v WHERE run_id = :id"), {"id": run.id})
+            assert list(view.keys())[-4:] == ["predicted_step", "ended_step", "run_end", "last_values"]
+            assert sorted((r.state, r.ended_step, r.run_end) for r in view) == sorted(
+                (a.state, a.ended_step, a.run_end) for a in got
+            )
+            if engine.dialect.name == "postgresql":
+                assert _grafana_may_read(conn, "qkwatch_alerts_v")
+
+        _downgrade(engine, "0007")
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT state, summary, resolved_step, ends_at FROM alerts ORDER BY id")).all()
+            assert "ended_step" not in columns(conn, sa.text("SELECT * FROM qkwatch_alerts_v"))
+            if engine.dialect.name == "postgresql":
+                assert _grafana_may_read(conn, "qkwatch_alerts_v")
+        assert [tuple(r) for r in rows] == before
+        upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def test_the_downgrade_of_an_alert_ended_by_the_collector_restarts_its_rule(db_url: str):
+    """An alert the collector ended (its rule still holding it firing) goes back to what the old code wrote:
+    resolved at the run's last step with the note, and its rule's streak started over."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        store = Store(engine)
+        run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
+        reports = [{"step": s, "time": 0.0, "layers": {"qkai": [0.9]}} for s in (0, 10, 20)]
+        batch = ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": reports})
+        store.add_reports(run.id, batch, RuleSet.default())
+        store.set_status(run.id, "crashed", reason="stale")
+        [alert] = store.list_alerts(projects=["p"], run_id=run.id)
+        assert (alert.state, alert.run_end, alert.last_values) == ("ended", "stale", [0.9])
+        _downgrade(engine, "0007")
+        with engine.connect() as conn:
+            a = conn.execute(sa.text("SELECT state, summary, resolved_step FROM alerts WHERE id = :i"), {"i": alert.id})
+            assert tuple(a.one()) == ("resolved", alert.summary + " (closed: the run crashed (stale))", 20)
+            state = conn.execute(
+                sa.text("SELECT streak, alert_id FROM alert_state WHERE run_pk = :pk AND rule = 'qkai_high'"),
+                {"pk": run.pk},
+            )
+            assert tuple(state.one()) == (0, None)
         upgrade(engine)
     finally:
         engine.dispose()

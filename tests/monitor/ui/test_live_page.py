@@ -25,6 +25,8 @@ from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_si
 from tests.monitor.ui.runs import N_LAYERS, STEPS, VAL_EVERY, reports, seed
 
 FIRING_RED = "rgb(176, 0, 32)"  # #b00020, the strip's firing badge
+ENDED_AMBER = "rgb(160, 64, 0)"  # #a04000, the badge of an alert its run ended with
+RESOLVED_GREY = "rgb(221, 221, 221)"  # #ddd
 
 
 class Figures(HTMLParser):
@@ -307,3 +309,49 @@ def test_config_is_served_without_a_token_and_follows_the_settings(sqlite_url: s
     assert r.status_code == 200
     assert r.json() == {"collapse_threshold": 0.65, "h_star": 0.8}
     assert r.headers["cache-control"] == "no-store"
+
+
+def test_an_alert_still_firing_when_its_run_ended_is_amber_and_keeps_its_last_values(tmp_path: Path) -> None:
+    """vanilla finishes with its band collapsed: its alerts show "run ended while firing" on an amber badge,
+    with the step the run finished at and the band's last QKAI, ranked above a resolved alert (grey) of
+    another run that healed; none of the ended ones reads resolved."""
+    need_chromium()
+    with LiveCollector(tmp_path) as live:
+        client = live.client()
+        vanilla, _ = seed(client)
+        client.set_status(vanilla["id"], "finished")
+        healed = client.create_run("demo", "healed", {"n_layers": N_LAYERS})
+        hot = [0.9] + [0.2] * (N_LAYERS - 1)
+        client.send_reports(healed["id"], [{"step": s, "time": float(s), "layers": {"qkai": hot}} for s in (0, 5, 10)])
+        client.send_reports(healed["id"], [{"step": 15, "time": 15.0, "layers": {"qkai": [0.3] * N_LAYERS}}])
+        ended = {a["rule"]: a for a in client.alerts(run=vanilla["id"], state="ended")["data"] if len(a["layers"]) > 1}
+        url = f"{live.url}/?run={vanilla['id']}&run={healed['id']}"
+        rows = alert_rows(chromium(url, tmp_path / "profile", "--dump-dom"))
+        with Page(tmp_path / "profile-tab") as tab:
+            tab.goto(url)
+            style = "(s) => s && getComputedStyle(s).backgroundColor"
+            badge = tab.wait_for(f"({style})(document.querySelector('#alerts .alert.ended .state'))")
+            grey = tab.wait_for(f"({style})(document.querySelector('#alerts .alert.resolved .state'))")
+            upper = tab.eval("getComputedStyle(document.querySelector('#alerts .alert.ended .state')).textTransform")
+            # the finished run's map keeps its last values: the band above the threshold, not healed
+            title = tab.wait_for(
+                f"document.querySelector('#maps .map[data-run=\"{vanilla['id']}\"] .gtitle')?.textContent"
+            )
+            shot = keep(tab.screenshot(tmp_path / "live-page-run-ended-while-firing.png"))
+    assert "(finished)" in title and "3 layers above 0.70: 3, 4, 5" in title
+    assert (badge, grey, upper) == (ENDED_AMBER, RESOLVED_GREY, "uppercase")
+    assert png_size(shot) == (1400, 900)
+    states = [r["state"] for r in rows]
+    assert states == sorted(states, key=["ended", "resolved"].index) and set(states) == {"ended", "resolved"}
+    mine = [r for r in rows if r["run"] == vanilla["id"]]
+    assert mine and all(r["class"].split() == ["alert", "ended"] for r in mine)
+    band = next(r for r in mine if r["rule"] == "collapse_band")
+    last = ", ".join(
+        f"{la}: {v:.3g}"
+        for la, v in zip(ended["collapse_band"]["layers"], ended["collapse_band"]["last_values"], strict=True)
+    )
+    assert band["text"].startswith("run ended while firing")
+    assert f"run finished at step {STEPS[-1]}" in band["text"] and f"last qkai {last}" in band["text"]
+    assert "resolved" not in band["text"]
+    (other,) = [r for r in rows if r["run"] == healed["id"]]
+    assert other["class"].split() == ["alert", "resolved"] and "resolved step 15" in other["text"]
