@@ -182,7 +182,14 @@ class RunData:
             "loss_steps": len(self.history.losses),
             "peaks": self.peaks,
             "loss_curve": _curve(self.history.loss_steps, self.history.losses),
+            "reports_before_outcome": self.reports_before_outcome(),
         }
+
+    def reports_before_outcome(self) -> int | None:
+        """Reports at steps before the outcome's (None for a healthy run)."""
+        if self.outcome.step is None:
+            return None
+        return sum(1 for step in {x.step for x in self.history.reports} if step < self.outcome.step)
 
 
 def _curve(steps: Sequence[int], values: Sequence[float], points: int = 100) -> list[list[float]]:

@@ -136,6 +136,14 @@ def detectors_section(r: dict[str, Any]) -> str:
         for name, s in test.items()
     ]
     verdict = _verdict(test.get("(any rule)"))
+    bad = [x for x in r["runs"] if x["outcome"] != "healthy"]
+    early = [x for x in bad if (x.get("reports_before_outcome") or 0) <= 1]
+    if bad:
+        verdict += (
+            f"\n\n{len(early)} of the {len(bad)} runs that went bad (both splits) had at most one report before "
+            "their outcome, the report at step 0 of the untrained model: no rule can warn of those early, "
+            "whatever its parameters."
+        )
     return f"""## Detectors: chosen on tune, scored on test
 
 Each family's candidates are listed in `experiments/instability.py` (`FAMILIES`). On the tune
