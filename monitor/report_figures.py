@@ -12,15 +12,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from qkwatch.monitor.colour_scale import GAP, colorscale
 from qkwatch.monitor.thresholds import as_text
 from qkwatch.monitor.wire import decode_value
 
 THRESHOLD_METRICS = frozenset({"qkai"})
 UNIT_RANGE = frozenset({"qkai", "attn_entropy"})  # normalised to [0, 1]
-# The live page's scale (monitor/ui/page.html): ColorBrewer Blues below the threshold ending dark, YlOrRd
-# above it starting bright, so 0.68 and 0.72 differ in hue and lightness at once.
-COOL = ("#eff3ff", "#bdd7e7", "#6baed6", "#2171b5", "#08306b")
-HOT = ("#fed976", "#fd8d3c", "#e31a1c", "#800026")
 RUN_COLORS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e")
 LAYER_COLORS = (
     "#1f77b4",
@@ -82,9 +79,8 @@ def colour_scale(metric: str, heatmaps: list[Json], threshold: float) -> Figure:
 
 
 def threshold_scale(lo: float, hi: float, t: float) -> Figure:
-    """The live page's scale: a sharp break at ``t`` (two stops at one position), ``t`` labelled on the bar."""
-    f = (t - lo) / (hi - lo)
-    scale = _ramp(COOL, 0.0, f) + _ramp(HOT, f, 1.0)
+    """The live page's scale (``monitor.colour_scale``): a sharp break at ``t``, ``t`` labelled on the bar."""
+    scale = [list(stop) for stop in colorscale(lo, hi, t)]
     ticks = [v for v in (lo + p * (hi - lo) for p in (0, 0.2, 0.4, 0.6, 0.8, 1)) if abs(v - t) > 0.06 * (hi - lo)]
     tickvals = sorted([*ticks, t])
     ticktext = [f"<b>{as_text(t)} collapse</b>" if v == t else f"{v:.3g}" for v in tickvals]
@@ -94,11 +90,6 @@ def threshold_scale(lo: float, hi: float, t: float) -> Figure:
         "colorscale": scale,
         "colorbar": {"tickvals": tickvals, "ticktext": ticktext, "ticks": "outside"},
     }
-
-
-def _ramp(colors: tuple[str, ...], a: float, b: float) -> list[list[float | str]]:
-    n = len(colors) - 1
-    return [[a + (b - a) * i / n, c] for i, c in enumerate(colors)]
 
 
 def _extent(heatmaps: list[Json]) -> tuple[float, float]:
@@ -154,7 +145,7 @@ def heatmap_figure(
     layout = {
         "title": {"text": title, "font": {"size": 14}, "x": 0.02, "xanchor": "left"},
         "margin": {"t": 62, "r": 8, "b": 44, "l": 52},
-        "plot_bgcolor": "#d9d9d9",
+        "plot_bgcolor": GAP,
         "xaxis": {"title": {"text": "step"}, "range": x_range},
         "yaxis": {"title": {"text": "layer"}, "range": y_range, "dtick": 1 if y_range[1] < 24 else None},
     }

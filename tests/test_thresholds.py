@@ -27,6 +27,7 @@ import yaml
 
 from dashboards import generate
 from qkwatch.cli import main as qkwatch_main
+from qkwatch.monitor import colour_scale
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.main import load_rules
 from qkwatch.monitor.scheduling import ScheduleConfig
@@ -37,7 +38,7 @@ from tests.dashboards.promstack import find_binary
 from tests.live import ROOT, LiveCollector
 from tests.monitor.ui.browser import chromium, need_chromium
 from tests.monitor.ui.runs import seed
-from tests.monitor.ui.test_live_page import figures
+from tests.monitor.ui.test_live_page import css_rgb, figures
 
 MOVED = Thresholds(collapse=0.65, h_star=0.80)
 MOVED_ENV = {ENV["collapse"]: "0.65", ENV["h_star"]: "0.80"}
@@ -186,7 +187,7 @@ def test_moved_grafana_dashboards() -> None:
         assert not OLD.search(text.replace('"groupWidth": 0.7', "")), OLD.search(text)  # a bar width, not QKAI
         assert not [s for s in strings(board) if OLD_H.search(s)]
     # thresholds: the QKAI colours break at 0.65, the entropy colours at 0.80; the trend lines sit there
-    heatmap = titled(run, "QKAI per layer and step (yellow to red above 0.65)")
+    heatmap = titled(run, "QKAI per layer and step (orange to red above 0.65)")
     assert 0.65 in step_values(heatmap) and 0.7 not in step_values(heatmap)
     entropy = titled(run, "Attention entropy per layer and step (orange above h_star 0.80)")
     assert 0.80 in step_values(entropy) and 0.85 not in step_values(entropy)
@@ -211,7 +212,8 @@ def moved_collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
 
 def test_moved_collector_config_metrics_and_alerts(moved_collector) -> None:
     url, vanilla, _ = moved_collector
-    assert httpx.get(f"{url}/ui/config.json").json() == {"collapse_threshold": 0.65, "h_star": 0.80}
+    config = httpx.get(f"{url}/ui/config.json").json()
+    assert config == {"collapse_threshold": 0.65, "h_star": 0.80, "colour_scale": colour_scale.as_json()}
     metrics = httpx.get(f"{url}/metrics").text
     assert "# HELP qkwatch_collapsed_layers Layers whose latest qkai exceeds 0.65." in metrics
     assert 'qkwatch_collapsed_layers{project="demo",run="vanilla"} 3.0' in metrics
@@ -227,7 +229,7 @@ def test_moved_live_page_breaks_its_colours_at_the_served_threshold(moved_collec
     (qkai,) = shown["maps"]
     assert "3 layers above 0.65: 3, 4, 5" in qkai["title"]
     at = [color for offset, color in qkai["stops"] if offset == "65%"]
-    assert at == ["rgb(8, 48, 107)", "rgb(254, 217, 118)"], qkai["stops"]  # dark blue, then light yellow
+    assert at == [css_rgb(colour_scale.BELOW[-1]), css_rgb(colour_scale.ABOVE[0])], qkai["stops"]  # calm, then alarm
     assert "<b>0.65 collapse</b>" in qkai["texts"] and "collapse 0.65" in shown["latest"]["texts"]
     drawn = [qkai["title"], *qkai["texts"], shown["latest"]["title"], *shown["latest"]["texts"]]
     assert not [t for t in drawn if OLD.search(t)]

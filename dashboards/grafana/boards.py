@@ -40,6 +40,7 @@ from dashboards.grafana.grafana_panels import (
     time_cells,
     timeseries,
 )
+from qkwatch.monitor import colour_scale
 from qkwatch.monitor.dashboards import (
     FOLDER_TITLE,
     FOLDER_UID,
@@ -52,24 +53,11 @@ from qkwatch.monitor.thresholds import Thresholds, as_text
 GRAFANA_DASHBOARDS = "/var/lib/grafana/dashboards/qkwatch"
 """Where docker-compose.yml mounts dashboards/grafana/dashboards inside the Grafana container."""
 
-# Discrete colour steps around a threshold t, as (offset from t, colour): blues below t, yellow to
-# red above it, so 0.68 and 0.72 never look alike around a break at 0.70 (the live page's QKAI
-# scale breaks at the same place). The light blue starts 0.15 below t: "approaching".
-QKAI_COLOURS = [
-    (None, "#1f3d7a"),
-    (-0.35, "#3274d9"),
-    (-0.15, "#8ab8ff"),
-    (0, "#fade2a"),
-    (0.1, "#ff9830"),
-    (0.2, "#e02f44"),
-]
-ENTROPY_COLOURS = [(None, "#1f3d7a"), (-0.35, "#3274d9"), (-0.15, "#8ab8ff"), (0, "#ff9830"), (0.1, "#e02f44")]
-
-
-def break_steps(t: float, colours: list[tuple[float | None, str]]) -> list[tuple[float | None, str]]:
-    """Grafana threshold steps breaking exactly at ``t``; steps that would leave (0, 1] are dropped."""
-    steps = [(None if d is None else t if d == 0 else round(t + d, 3), colour) for d, colour in colours]
-    return [(v, colour) for v, colour in steps if v is None or 0 < v <= 1]
+# Discrete colour steps around a threshold t, as offsets from t, on the live page's scale
+# (qkwatch.monitor.colour_scale): light and calm far below t, straw from 0.15 below ("approaching"),
+# orange to dark red above, so 0.68 and 0.72 never look alike around a break at 0.70.
+QKAI_EDGES = (-0.35, -0.15, 0.0, 0.1, 0.2)
+ENTROPY_EDGES = (-0.35, -0.15, 0.0, 0.1)
 
 
 # --- shared by both dashboards -----------------------------------------------------------------------
@@ -86,7 +74,7 @@ RUN_LABELS = 'project="$project", run="$run_name"'
 
 
 def qkai_steps(t: Thresholds) -> list[tuple[float | None, str]]:
-    return break_steps(t.collapse, QKAI_COLOURS)
+    return colour_scale.discrete(t.collapse, QKAI_EDGES)
 
 
 def run_dashboard(t: Thresholds) -> dict[str, Any]:
@@ -132,14 +120,14 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
     panels.append(
         band_matrix(
             lay,
-            f"QKAI per layer and step (yellow to red above {c})",
+            f"QKAI per layer and step (orange to red above {c})",
             "$run",
             "qkai",
             {"color": {"mode": "thresholds"}, "thresholds": thresholds(qkai_steps(t))},
             description=f"Query-key alignment index of each layer (rows) at each step (columns; at most $columns, a "
             f"column is a bucket of steps named by its first step and shows the bucket's maximum, so a band "
-            f"is never averaged away). The colours break at {c}, the collapse threshold: blues "
-            f"below, yellow, orange and red above.",
+            f"is never averaged away). The colours break at {c}, the collapse threshold: light and "
+            f"calm below, straw just under it, orange to dark red above.",
         )
     )
     panels.append(
@@ -148,7 +136,7 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             f"Attention entropy per layer and step (orange above h_star {h})",
             "$run",
             "attn_entropy",
-            {"color": {"mode": "thresholds"}, "thresholds": thresholds(break_steps(t.h_star, ENTROPY_COLOURS))},
+            {"color": {"mode": "thresholds"}, "thresholds": thresholds(colour_scale.discrete(t.h_star, ENTROPY_EDGES))},
             description=f"Normalised attention entropy (1 = uniform attention). A collapsed band climbs toward 1. "
             f"The break at {h} is the entropy-floor schedule's default h_star: above it RAA flags the "
             f"layer.",

@@ -14,6 +14,7 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from qkwatch.monitor import colour_scale
 from qkwatch.monitor.api.deps import SettingsDep
 
 router = APIRouter(include_in_schema=False)
@@ -39,9 +40,13 @@ def page() -> HTMLResponse:
 
 @router.get("/ui/config.json")
 def config(settings: SettingsDep) -> JSONResponse:
-    """The collector's thresholds: the collapse threshold, where the page's (and ``qkwatch report``'s) QKAI
-    colour scale breaks from cool to hot, and the target entropy H*."""
-    body = {"collapse_threshold": settings.collapse_threshold, "h_star": settings.h_star}
+    """What the page draws with: the collapse threshold, where its (and ``qkwatch report``'s) QKAI colour
+    scale breaks from calm to alarming, that scale's colours, and the target entropy H*."""
+    body = {
+        "collapse_threshold": settings.collapse_threshold,
+        "h_star": settings.h_star,
+        "colour_scale": colour_scale.as_json(),
+    }
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 
 

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from dashboards import generate
-from dashboards.grafana.boards import iter_queries
+from dashboards.grafana.boards import QKAI_EDGES, iter_queries
+from qkwatch.monitor import colour_scale
 from qkwatch.monitor.dashboards import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
 from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds
 from tests.dashboards.test_grafana_sql import GRAFANA, ROOT, VIEWS
@@ -129,8 +130,8 @@ def qkai_colour_steps(panel: dict) -> list[list[dict]]:
 
 @pytest.mark.parametrize("board", BOARDS, ids=lambda b: b["uid"])
 def test_qkai_colours_break_at_the_collapse_threshold(board):
-    """Every QKAI heatmap, bar gauge and table cell changes colour exactly at the threshold, from a blue to a warm
-    colour."""
+    """Every QKAI heatmap, bar gauge and table cell changes colour exactly at the threshold, from the live page's
+    calm colours to its alarming ones (``qkwatch.monitor.colour_scale``)."""
     coloured = [
         (p["title"], steps)
         for p in qkai_panels(board)
@@ -141,10 +142,7 @@ def test_qkai_colours_break_at_the_collapse_threshold(board):
     for title, steps in coloured:
         values = [s["value"] for s in steps]
         assert COLLAPSE_THRESHOLD in values, title
-        at = values.index(COLLAPSE_THRESHOLD)
-        below, above = steps[at - 1]["color"], steps[at]["color"]
-        assert int(below[1:3], 16) < int(below[5:7], 16), (title, below)  # a blue below
-        assert int(above[1:3], 16) > int(above[5:7], 16), (title, above)  # yellow to red above
+        assert [(s["value"], s["color"]) for s in steps] == colour_scale.discrete(COLLAPSE_THRESHOLD, QKAI_EDGES), title
     for p in qkai_panels(board):
         if p["type"] in ("timeseries", "trend"):
             steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]

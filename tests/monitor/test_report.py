@@ -19,12 +19,14 @@ from pathlib import Path
 import pytest
 
 from qkwatch.cli import main
+from qkwatch.monitor import colour_scale
 from qkwatch.monitor.client import Client, CollectorError
 from qkwatch.monitor.report import explain
 from tests.live import ROOT, LiveCollector
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size, references
 from tests.monitor.ui.runs import reports as reports_of
 from tests.monitor.ui.runs import seed
+from tests.monitor.ui.test_live_page import css_rgb
 
 OVERRIDE = (4, 0.002)  # layer, lambda
 FIGURES = (
@@ -140,9 +142,9 @@ def test_the_report_opens_offline_from_disk_with_every_plot_drawn(reports, tmp_p
         assert shown.figures[figure]["svgs"] >= 1, figure  # plotly drew it
     assert shown.figures["fig-heatmap-qkai-0"]["heatmaps"] == 1
     assert shown.figures["fig-layers-0"]["lines"] == 8  # one curve per layer
-    # The live page's QKAI scale: a sharp break at the threshold, dark blue below, light yellow above.
+    # The live page's QKAI scale: a sharp break at the threshold, the last calm colour below, the first alarm above.
     at = [c for offset, c in shown.figures["fig-heatmap-qkai-0"]["stops"] if offset == "70%"]
-    assert at == ["rgb(8, 48, 107)", "rgb(254, 217, 118)"]
+    assert at == [css_rgb(colour_scale.BELOW[-1]), css_rgb(colour_scale.ABOVE[0])]
     assert "<b>0.70 collapse</b>" in shown.figures["fig-heatmap-qkai-0"]["texts"]
     assert "qkwatch report: demo/vanilla" in dom
     assert "demo/raa" not in dom

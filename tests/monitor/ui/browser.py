@@ -200,14 +200,21 @@ class Page:
             time.sleep(every)
         raise AssertionError(f"not true within {timeout} s: {expression} (last value {value!r})")
 
-    def screenshot(self, path: Path, full_page: bool = False) -> Path:
+    def screenshot(self, path: Path, full_page: bool = False, element: str | None = None, scale: float = 1) -> Path:
+        """A PNG of the viewport, the whole page, or the element a CSS selector names (``scale`` times its size)."""
         params: dict[str, Any] = {"format": "png"}
         if full_page:
             width, height = self.eval("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
             params |= {
                 "captureBeyondViewport": True,
-                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": 1},
+                "clip": {"x": 0, "y": 0, "width": width, "height": height, "scale": scale},
             }
+        elif element:
+            box = self.eval(
+                f"(() => {{ const r = document.querySelector({json.dumps(element)}).getBoundingClientRect();"
+                " return {x: r.x + scrollX, y: r.y + scrollY, width: r.width, height: r.height}; })()"
+            )
+            params |= {"captureBeyondViewport": True, "clip": {**box, "scale": scale}}
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", **params)["data"]))
         return path
 

@@ -1,5 +1,6 @@
-"""Two synthetic runs of project ``demo`` for the page and report tests: ``vanilla`` grows a QKAI band
-above 0.70 at layers 3-5 (so the collector's ``collapse_band`` alert fires), ``raa`` does not."""
+"""Synthetic runs for the page and report tests: two of project ``demo``, where ``vanilla`` grows a QKAI
+band above 0.70 at layers 3-5 (so the collector's ``collapse_band`` alert fires) and ``raa`` does not;
+a run that has reported only its first steps; and a sweep of many runs."""
 
 from __future__ import annotations
 
@@ -60,3 +61,21 @@ def seed(client: Client, steps: Iterable[int] = STEPS) -> tuple[dict, dict]:
         client.send_reports(run["id"], reports(steps, peak, floor))
         runs.append(run)
     return runs[0], runs[1]
+
+
+def first_steps(client: Client, name: str, steps: Iterable[int]) -> dict:
+    """A run of project ``demo`` that has reported only ``steps`` (say just step 0), with the vanilla run's values."""
+    run = client.create_run("demo", name, {"n_layers": N_LAYERS})
+    client.send_reports(run["id"], reports(steps, peak=0.86, floor=1.30))
+    return run
+
+
+def sweep(client: Client, n: int) -> list[dict]:
+    """``n`` runs of a learning-rate sweep over three projects, each with two reports (steps 0 and 5), the
+    last created first in the collector's list."""
+    runs = []
+    for i in range(n):
+        run = client.create_run(f"sweep{i % 3}", f"lr-{i:02d}-warmup-{100 * i}", {"n_layers": N_LAYERS})
+        client.send_reports(run["id"], reports([0, 5 * (1 + i % 4)], peak=0.5, floor=1.30))
+        runs.append(run)
+    return runs
