@@ -1,21 +1,31 @@
 """``qkwatch demo``: the collapse band forming in a vanilla run and held back by RAA, side by side, live.
 
-Starts ``qkwatch serve --open`` on a loopback port over ``.qkwatch/demo/collector.db`` and trains
-the ``collapse_cpu`` recipe twice at once, one CPU thread each, both reporting to it: ``vanilla``
-(RAA off) and ``raa`` (``--set raa.enabled=true``: the entropy-floor schedule, PAR and the key
-rotation). In both, the ``qk_collapse`` intervention induces seed 000's collapse on layers 3-5 from
-step 150 on; the demo prints the live page's link (both runs side by side), a progress line every
-few seconds, and at the end a table read back from the collector: the band's QKAI, entropy and
-stable rank in both runs, the fraction of layers RAA's schedule flagged, the final losses, and the
-alerts that fired. The runs' own logs go to ``.qkwatch/demo/<run>.log``. Ctrl-C stops everything;
-``--keep-serving`` leaves the collector up after training.
+Starts ``qkwatch serve --open`` on 127.0.0.1:8000 (the next free port if 8000 is taken) over
+``.qkwatch/demo/collector.db`` and trains the ``collapse_cpu`` recipe twice at once, one CPU thread
+each, both reporting to it: ``demo/vanilla`` (RAA off) and ``demo/raa`` (``--set raa.enabled=true``:
+the entropy-floor schedule, PAR and the key rotation). In both, the ``qk_collapse`` intervention
+induces seed 000's collapse on layers 3-5 from step 150 on; the demo prints the live page's link
+(both runs side by side), a progress line every few seconds, and at the end a table read back from
+the collector: the band's QKAI, entropy and stable rank in both runs, the fraction of layers RAA's
+schedule flagged, the final losses, and the alerts that fired. The runs' own logs go to
+``.qkwatch/demo/<run>.log``.
+
+Then the collector keeps serving the runs until Ctrl-C (which stops it, exit status 0), and the demo
+prints the commands that query them: ``runs list``, ``runs show``, ``report``, the Python client
+and the live page. ``--no-serve`` stops it after the table instead (scripts, CI). The database is
+kept: a rerun adds a new pair, ``demo/vanilla-2`` and ``demo/raa-2`` (then ``-3``...), beside the
+earlier ones; ``rm -r .qkwatch/demo`` starts afresh. Ctrl-C during training stops everything
+(exit status 130).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,12 +36,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from qkwatch.launch import CollectorProcess
     from qkwatch.monitor.client import Client
     from qkwatch.trainer.config import RunConfig
 
 VARIANTS = {"vanilla": [], "raa": ["raa.enabled=true"]}
 """The two runs of the demo and the overrides that make them differ."""
+PROJECT = "demo"
 PROGRESS_SECONDS = 15.0
+DEFAULT_PORT = 8000
+"""Where the demo's collector listens, unless the port is taken (then the next free one); also the
+default URL of the CLI and the client, so the commands need no ``--url`` there."""
+NOT_SHOWN = (
+    "The band is induced (qk_collapse, see the README): the demo shows that the pipeline works (metrics, "
+    "collector, schedule, PAR); it does not show RAA, or the alerts, working on trouble that nobody designed."
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,10 +61,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--recipe", default="collapse_cpu", help="trainer recipe (default collapse_cpu)")
-    p.add_argument("--port", type=int, default=0, help="collector port (default: a free one)")
+    p.add_argument(
+        "--port", type=int, default=None, help=f"collector port (default {DEFAULT_PORT}, or the next free one)"
+    )
     p.add_argument("--dir", default=".qkwatch/demo", help="where the database, spools, runs and logs live")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe overrides for both runs")
-    p.add_argument("--keep-serving", action="store_true", help="leave the collector running after training")
+    p.add_argument(
+        "--no-serve", action="store_true", help="stop the collector after the summary (scripts, CI) instead of serving"
+    )
     p.set_defaults(handler=run_demo)
 
 
@@ -61,7 +84,7 @@ class Trainee:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from qkwatch.launch import CollectorLaunchError, CollectorProcess
+    from qkwatch.launch import CollectorLaunchError, CollectorProcess, first_free_port, port_is_free
     from qkwatch.trainer.cli import resolve_config
 
     try:
@@ -69,11 +92,13 @@ def run_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"qkwatch demo: {exc}", file=sys.stderr)
         return 2
+    if args.port is not None and not port_is_free(args.port):
+        print(f"qkwatch demo: port {args.port} is taken; pass another --port, or none", file=sys.stderr)
+        return 1
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    collector = CollectorProcess(
-        f"sqlite:///{workdir / 'collector.db'}", port=args.port or None, log=workdir / "collector.log"
-    )
+    port = args.port or first_free_port(DEFAULT_PORT)
+    collector = CollectorProcess(f"sqlite:///{workdir / 'collector.db'}", port=port, log=workdir / "collector.log")
     url = collector.url
     trainees: list[Trainee] = []
     try:
@@ -82,16 +107,14 @@ def run_demo(args: argparse.Namespace) -> int:
         except CollectorLaunchError:
             print(f"qkwatch demo: the collector did not start; see {workdir / 'collector.log'}", file=sys.stderr)
             return 1
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        trainees = [_start_run(variant, f"{variant}-{stamp}", args, url, workdir) for variant in VARIANTS]
-        band = band_layers(cfg)
-        print(
-            f"\nqkwatch demo: {args.recipe} twice, vanilla and with RAA, into the collector at {url}\n"
-            f"  (about {cfg.train.steps} steps each; the band is induced on layers {_layers(band)}; "
-            f"logs in {workdir})",
-            flush=True,
-        )
         with collector.client(timeout=10.0) as client:
+            names = run_names(client)
+            trainees = [_start_run(variant, names[variant], args, url, workdir) for variant in VARIANTS]
+            band = band_layers(cfg)
+            _announce(
+                args.recipe, cfg.train.steps, band, url, workdir, moved=port != DEFAULT_PORT and args.port is None
+            )
+            print(_naming_note(names, workdir), flush=True)
             _announce_page(client, url, trainees)
             _follow(client, trainees, band, cfg.train.steps)
             failed = [t for t in trainees if t.process.returncode != 0]
@@ -103,18 +126,15 @@ def run_demo(args: argparse.Namespace) -> int:
             runs = {t.variant: t.run_id for t in trainees if t.run_id}
             if len(runs) == len(trainees):  # every run reached the collector
                 print(summary_table(client, runs, band, onset(cfg)), flush=True)
+                if band:
+                    print(NOT_SHOWN, flush=True)
         if failed:
             return 1
-        if args.keep_serving:
-            print(f"the collector is still serving at {url}; Ctrl-C stops it", flush=True)
-            collector.wait()
-        else:
-            print(
-                f"the collector stops now; to look again: qkwatch serve --open --database-url "
-                f"sqlite:///{workdir / 'collector.db'}",
-                flush=True,
-            )
-        return 0
+        if args.no_serve:
+            print(f"\nthe collector stops now (--no-serve); {_serve_again(workdir)}", flush=True)
+            return 0
+        print(queryable(url, names, [t.run_id for t in trainees if t.run_id], workdir), flush=True)
+        return _serve(collector, workdir)
     except KeyboardInterrupt:
         return 130
     finally:
@@ -123,6 +143,98 @@ def run_demo(args: argparse.Namespace) -> int:
                 t.process.send_signal(signal.SIGTERM)
                 t.process.wait(timeout=60)
         collector.stop()
+
+
+def _serve(collector: CollectorProcess, workdir: Path) -> int:
+    """Wait for Ctrl-C (0) or the collector's own end (1); the caller stops the collector."""
+    try:
+        code = collector.wait()
+    except KeyboardInterrupt:
+        print(f"\nCtrl-C: the collector stops; {_serve_again(workdir)}", flush=True)
+        return 0
+    print(f"qkwatch demo: the collector exited (status {code}); see {workdir / 'collector.log'}", file=sys.stderr)
+    return 1
+
+
+def run_names(client: Client) -> dict[str, str]:
+    """The names of this demo's runs (variant -> name, in project ``demo``).
+
+    ``vanilla`` and ``raa`` in a database that has neither, else the first free numbered pair,
+    ``vanilla-2`` and ``raa-2``, then ``-3``... A rerun is a new run, not a new attempt of the old
+    one: an attempt continues its run (the collector carries the schedule's running entropy and the
+    alerts' state over to it, and reads merge the attempts), while a rerun starts again at step 0.
+    """
+    pairs = ({variant: variant if n == 1 else f"{variant}-{n}" for variant in VARIANTS} for n in itertools.count(1))
+    return next(pair for pair in pairs if not any(client.runs(project=PROJECT, name=n)["count"] for n in pair.values()))
+
+
+def queryable(url: str, names: dict[str, str], run_ids: list[str], workdir: Path) -> str:
+    """What the demo prints while it serves: the commands that query its runs, each as it runs from here."""
+    from qkwatch.monitor.client import DEFAULT_URL
+
+    default = url == DEFAULT_URL and os.environ.get("QKWATCH_URL", DEFAULT_URL) == DEFAULT_URL
+    at = "" if default else f" --url {url}"
+    qkwatch, python = _commands()
+    vanilla, raa = (f"{PROJECT}/{names[v]}" for v in VARIANTS)
+    page = f"{url}/?" + "&".join(f"run={run_id}" for run_id in run_ids)
+    report = _shown(workdir / "report.html")
+    return "\n".join(
+        [
+            f"\nthe collector keeps serving {vanilla} and {raa} at {url} until Ctrl-C; from this directory,",
+            "in another terminal:",
+            f"  live page:  {page}",
+            f"  {qkwatch} runs list{at}",
+            f"  {qkwatch} runs show {vanilla}{at}",
+            f"  {qkwatch} report {vanilla} --vs {raa} --out {report}{at}",
+            f"  {python}, then:",
+            "    import qkwatch",
+            f'    c = qkwatch.Client("{url}")',
+            f'    print([(r.ref, r.status, r.last_step) for r in c.search_runs("{PROJECT}")])',
+        ]
+    )
+
+
+def _announce(recipe: str, steps: int, band: list[int], url: str, workdir: Path, moved: bool) -> None:
+    taken = f" (port {DEFAULT_PORT} is taken)" if moved else ""
+    print(
+        f"\nqkwatch demo: {recipe} twice, vanilla and with RAA, into the collector at {url}{taken}\n"
+        f"  (about {steps} steps each; the band is induced on layers {_layers(band)}; logs in {_shown(workdir)})",
+        flush=True,
+    )
+
+
+def _naming_note(names: dict[str, str], workdir: Path) -> str:
+    runs = " and ".join(f"{PROJECT}/{name}" for name in names.values())
+    kept = f"kept in {_shown(workdir / 'collector.db')}"
+    afresh = f"rm -r {_shown(workdir)} starts afresh"
+    if all(name == variant for variant, name in names.items()):
+        return f"  runs {runs}, {kept} (a rerun adds {PROJECT}/vanilla-2 and {PROJECT}/raa-2; {afresh})"
+    return f"  runs {runs}, {kept} beside the earlier demo runs ({afresh})"
+
+
+def _serve_again(workdir: Path) -> str:
+    qkwatch, _ = _commands()
+    database = shlex.quote(f"sqlite:///{_shown(workdir / 'collector.db', quote=False)}")
+    return f"the runs stay in its database; to serve them again: {qkwatch} serve --open --database-url {database}"
+
+
+def _commands() -> tuple[str, str]:
+    """The ``qkwatch`` command and the Python of this installation, as a shell here takes them
+    (``.venv/bin/qkwatch`` from the repository root: nothing asks for the venv to be activated)."""
+    python = Path(sys.executable)  # .venv/bin/python3 under the script's shebang; a venv has .venv/bin/python too
+    python = python.with_name("python") if python.with_name("python").is_file() else python
+    script = python.with_name("qkwatch")
+    qkwatch = _shown(script) if script.is_file() else f"{_shown(python)} -m qkwatch.cli"
+    return qkwatch, _shown(python)
+
+
+def _shown(path: Path, quote: bool = True) -> str:
+    """``path`` relative to the working directory when it lies below it (absolute otherwise), for a shell."""
+    try:
+        text = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text) if quote else text
 
 
 def onset(cfg: RunConfig) -> int:
@@ -141,10 +253,14 @@ def band_layers(cfg: RunConfig) -> list[int]:
 
 
 def _start_run(variant: str, name: str, args: argparse.Namespace, url: str, workdir: Path) -> Trainee:
+    # The collector has no run of this name (run_names), so its checkpoints and spool here, if any,
+    # are left from a database since deleted: the trainer would refuse them, the agent replay them.
+    for stale in (workdir / "runs" / name, workdir / "spool" / PROJECT / name):
+        shutil.rmtree(stale, ignore_errors=True)
     env = {
         **os.environ,
         "QKWATCH_URL": url,
-        "QKWATCH_PROJECT": "demo",
+        "QKWATCH_PROJECT": PROJECT,
         "QKWATCH_RUN": name,
         "QKWATCH_SPOOL": str(workdir / "spool"),
     }
@@ -175,7 +291,7 @@ def _announce_page(client: Client, url: str, trainees: list[Trainee], timeout: f
         for t in trainees:
             if t.run_id is None:
                 try:
-                    found = client.runs(project="demo", name=t.name)["data"]
+                    found = client.runs(project=PROJECT, name=t.name)["data"]
                 except CollectorError:
                     found = []
                 t.run_id = found[0]["id"] if found else None

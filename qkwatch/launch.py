@@ -45,6 +45,26 @@ def free_port() -> int:
         return port
 
 
+def port_is_free(port: int) -> bool:
+    """Whether ``qkwatch serve`` could listen on ``127.0.0.1:port`` now.
+
+    The probe binds as uvicorn does, with ``SO_REUSEADDR``: a port whose last connections linger in
+    TIME_WAIT (a collector that just stopped) is free, one that a server listens on is not.
+    """
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def first_free_port(start: int, tries: int = 100) -> int:
+    """``start`` if it is free, else the first free port of the ``tries`` after it, else any free one."""
+    return next((port for port in range(start, start + tries) if port_is_free(port)), None) or free_port()
+
+
 class CollectorLaunchError(RuntimeError):
     """``qkwatch serve`` exited, or did not answer ``/healthz`` in time; the message ends with its log."""
 
