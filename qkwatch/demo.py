@@ -97,6 +97,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
     workdir = Path(args.dir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` ends the demo as Ctrl-C does: nothing left running
     port = args.port or first_free_port(DEFAULT_PORT)
     collector = CollectorProcess(f"sqlite:///{workdir / 'collector.db'}", port=port, log=workdir / "collector.log")
     url = collector.url
@@ -143,6 +144,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 t.process.send_signal(signal.SIGTERM)
                 t.process.wait(timeout=60)
         collector.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: the ``finally`` of :func:`run_demo` stops the trainings and the collector."""
+    raise KeyboardInterrupt
 
 
 def _serve(collector: CollectorProcess, workdir: Path) -> int:
