@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class Agent:
         # Sent in full: the collector then schedules with exactly the parameters the local fallback
         # uses, whatever defaults (QKWATCH_H_STAR) either process was started with.
         sent = {**cfg.config, "n_layers": self.n_layers, "schedule": dataclasses.asdict(run_config.schedule)}
-        self.identity = RunIdentity.agree(cfg.project, cfg.run, sent, self._group)
+        self.identity = RunIdentity.agree(cfg.project, cfg.run, sent, self._group, tags=cfg.tags, notes=cfg.notes)
         self.owned = {s.layer for s in sites if s.layer % self.world == self.rank}
         suffix = f"_rank{self.rank}" if self.world > 1 else ""
         self.spool = cfg.spooling.open(Path(cfg.spool) / cfg.project / self.run / f"rank-{self.rank}")
@@ -437,6 +438,8 @@ def attach(
     spool: str | None = None,
     every: int | None = None,
     config: dict[str, Any] | None = None,
+    tags: Iterable[str] | str | None = None,
+    notes: str | None = None,
     layout: Layout | None = None,
     mapping: Layout | None = None,
     **settings: Any,
@@ -444,16 +447,30 @@ def attach(
     """Attach the agent to ``model`` (any supported transformer, FSDP2-sharded or not).
 
     Settings resolve as: the argument, then the environment (``QKWATCH_URL``, ``QKWATCH_TOKEN``,
-    ``QKWATCH_PROJECT``, ``QKWATCH_RUN``, ``QKWATCH_SPOOL``, ``QKWATCH_EVERY``), then the default
-    (see :class:`qkwatch.agent.config.AgentConfig` for every setting). With FSDP2, call it on every rank
-    after ``fully_shard``; each rank measures ``layer % world == rank``. ``layout`` names the
-    query and key projections of a model no adapter knows (``mapping`` is its older name).
+    ``QKWATCH_PROJECT``, ``QKWATCH_RUN``, ``QKWATCH_SPOOL``, ``QKWATCH_EVERY``, ``QKWATCH_TAGS``,
+    ``QKWATCH_NOTES``), then the default (see :class:`qkwatch.agent.config.AgentConfig` for every
+    setting). With FSDP2, call it on every rank after ``fully_shard``; each rank measures
+    ``layer % world == rank``. ``layout`` names the query and key projections of a model no adapter
+    knows (``mapping`` is its older name).
+
+    ``tags`` (``["baseline", "lr=3e-4"]``, or ``"baseline,lr=3e-4"``) are added to the run's tags; a
+    resume never removes one. ``notes`` (free text) are stored when the run has none yet; a resume
+    keeps notes already set. ``qkwatch runs tag/untag/note`` and ``PATCH /v1/runs/{id}`` change both.
 
     Raises:
         ValueError: a bad setting (named). agent.adapters.AdapterError: no attention found.
     """
     cfg = AgentConfig.resolve(
-        url=url, token=token, project=project, run=run, spool=spool, every=every, config=config, **settings
+        url=url,
+        token=token,
+        project=project,
+        run=run,
+        spool=spool,
+        every=every,
+        config=config,
+        tags=tags,
+        notes=notes,
+        **settings,
     )
     sites = find_sites(model, layout or mapping)
     return Agent(model, cfg, sites)

@@ -1,7 +1,7 @@
 """The agent's settings: explicit argument, then environment variable, then default, then validate.
 
 :func:`qkwatch.agent.attach` takes every setting as a flat keyword (``every=``, ``sample_rows=``,
-``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the six the environment may give
+``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the eight the environment may give
 (:class:`AgentEnvironment`, ``QKWATCH_URL``... as the collector reads its own with
 pydantic-settings) and hands each remaining keyword to the component that owns it: the probe
 (:class:`qkwatch.agent.probe.ProbeConfig`), the spool (:class:`qkwatch.agent.disk_spool.SpoolConfig`), the sender
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from qkwatch.agent.disk_spool import SpoolConfig
 from qkwatch.agent.lambdas import LambdasConfig
 from qkwatch.agent.probe import ProbeConfig
 from qkwatch.agent.shipper import SenderConfig
+from qkwatch.monitor.wire import check_notes, tag_set
 
 NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,200}$")
 COMPONENTS = {"probe": ProbeConfig, "spooling": SpoolConfig, "sender": SenderConfig, "lambdas": LambdasConfig}
@@ -40,6 +42,8 @@ class AgentEnvironment(BaseSettings):
     run: str | None = Field(None, validation_alias="QKWATCH_RUN")
     spool: str | None = Field(None, validation_alias="QKWATCH_SPOOL")
     every: int | None = Field(None, validation_alias="QKWATCH_EVERY")
+    tags: str | None = Field(None, validation_alias="QKWATCH_TAGS")
+    notes: str | None = Field(None, validation_alias="QKWATCH_NOTES")
 
     @classmethod
     def variable(cls, key: str) -> str:
@@ -91,6 +95,13 @@ class AgentConfig:
     initialised with more than one rank); False makes this agent see only its own process."""
     config: dict[str, Any] = field(default_factory=dict)
     """The run's config sent to the collector (recipe, model shape, ``schedule`` parameters)."""
+    tags: tuple[str, ...] = ()
+    """Tags of the run (``QKWATCH_TAGS``, comma-separated: ``baseline,lr=3e-4``); a list, or one string of
+    comma-separated tags. Each 1-64 letters, digits and ``_.:/=-``, at most 50; kept sorted, each once. A
+    resume adds them to the run's tags and never removes one (``qkwatch runs untag`` does)."""
+    notes: str | None = None
+    """Notes of the run (``QKWATCH_NOTES``): free text, at most 10 KiB. Stored when the run has none; a
+    resume keeps notes already set (``qkwatch runs note`` changes them)."""
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     """What a report step samples."""
     spooling: SpoolConfig = field(default_factory=SpoolConfig)
@@ -107,6 +118,9 @@ class AgentConfig:
             value = getattr(self, key)
             if value is not None and not NAME.match(value):
                 raise SettingError(key, f"{key} must be 1-200 characters without whitespace or '/', got {value!r}")
+        self.tags = _tags(self.tags)
+        if self.notes is not None:
+            _check_notes(self.notes)
         positive_ints(self, "every")
         cadences(self, "weight_every", "spectra_every")
         positive_seconds(self, "request_timeout")
@@ -147,3 +161,25 @@ class AgentConfig:
                 raise
             var = AgentEnvironment.variable(exc.key)
             raise ValueError(f"{var}={from_env[exc.key]!r}: {exc}") from None
+
+
+def _tags(value: object) -> tuple[str, ...]:
+    """The ``tags`` setting as sorted unique tags: a list or tuple of tags, or one string of
+    comma-separated tags (``QKWATCH_TAGS``; spaces around a tag and empty items are dropped)."""
+    if isinstance(value, str):
+        value = [t.strip() for t in value.split(",") if t.strip()]
+    elif isinstance(value, Iterable):
+        value = list(value)
+    try:
+        return tuple(tag_set(value))
+    except ValueError as exc:
+        raise SettingError("tags", f"tags: {exc}") from None
+
+
+def _check_notes(value: object) -> None:
+    try:
+        if not isinstance(value, str):
+            raise ValueError(f"notes must be a string, got {type(value).__name__}")
+        check_notes(value)
+    except ValueError as exc:
+        raise SettingError("notes", f"notes: {exc}") from None

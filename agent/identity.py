@@ -25,26 +25,61 @@ class RunIdentity:
     """The run's config as the collector stores it."""
     attempt_key: str | None
     """Shared by every rank of one launch; None for records spooled before attempts had keys."""
+    tags: tuple[str, ...] = ()
+    """Added to the run's tags when it is created or resumed."""
+    notes: str | None = None
+    """The run's notes when it has none yet."""
 
     @classmethod
-    def agree(cls, project: str, name: str | None, config: dict[str, Any], group: Any = None) -> RunIdentity:
-        """Rank 0's name (``name``, or a new ``run-<time>-<hex>``) and a new attempt key, on every rank
-        of ``group`` (a torch.distributed process group; None: this process alone)."""
-        mine = [name or time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], uuid.uuid4().hex]
+    def agree(
+        cls,
+        project: str,
+        name: str | None,
+        config: dict[str, Any],
+        group: Any = None,
+        *,
+        tags: tuple[str, ...] = (),
+        notes: str | None = None,
+    ) -> RunIdentity:
+        """Rank 0's name (``name``, or a new ``run-<time>-<hex>``), tags and notes and a new attempt key,
+        on every rank of ``group`` (a torch.distributed process group; None: this process alone)."""
+        mine: list[Any] = [name or time.strftime("run-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], uuid.uuid4().hex]
+        mine += [tags, notes]
         if group is not None:
             import torch.distributed as dist  # here only: `qkwatch sync` reads identities without torch
 
             dist.broadcast_object_list(mine, src=0, group=group)
-        return cls(project, mine[0], config, mine[1])
+        return cls(project, mine[0], config, mine[1], tuple(mine[2]), mine[3])
 
     @classmethod
     def of_spool(cls, meta: dict[str, Any], attempt_key: str | None) -> RunIdentity:
         """The run a spool belongs to (its ``meta.json``), for a record of ``attempt_key``."""
-        return cls(meta["project"], meta["name"], meta.get("config", {}), attempt_key or None)
+        return cls(
+            meta["project"],
+            meta["name"],
+            meta.get("config", {}),
+            attempt_key or None,
+            tuple(meta.get("tags", ())),
+            meta.get("notes"),
+        )
 
     def create_body(self) -> dict[str, Any]:
-        """``POST /v1/runs``: create this run, or resume it as this attempt."""
-        return {"project": self.project, "name": self.name, "config": self.config, "attempt_key": self.attempt_key}
+        """``POST /v1/runs``: create this run, or resume it as this attempt.
+
+        ``tags`` and ``notes`` go only when there are some, so a run without them can still be
+        delivered to a collector older than them.
+        """
+        body: dict[str, Any] = {
+            "project": self.project,
+            "name": self.name,
+            "config": self.config,
+            "attempt_key": self.attempt_key,
+        }
+        if self.tags:
+            body["tags"] = list(self.tags)
+        if self.notes:
+            body["notes"] = self.notes
+        return body
 
     def claim(self, spool: Spool, *, url: str | None, rank: int) -> None:
         """Record this identity, the collector URL and the rank in the spool's meta.json (keeping its id and run id)."""
@@ -58,6 +93,8 @@ class RunIdentity:
                 "name": self.name,
                 "config": self.config,
                 "attempt_key": self.attempt_key,
+                "tags": list(self.tags),
+                "notes": self.notes,
                 "rank": rank,
             }
         )

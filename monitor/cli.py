@@ -324,7 +324,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def _runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "runs",
-        help="list, search, show or delete runs (through the collector's API)",
+        help="list, search, show, tag, annotate or delete runs (through the collector's API)",
         description="Runs through the collector's API. A run is named by its id or project/name.",
     )
     rsub = p.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
@@ -332,11 +332,14 @@ def _runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "list",
         help="runs matching the filters, latest activity first",
         description="Runs matching every filter given, latest activity first: id, project/name, "
-        "status, latest attempt, last step, last update (UTC).",
+        "status, latest attempt, last step, last update (UTC), tags.",
     )
     ls.add_argument("--project", help="only this project")
     ls.add_argument("--status", choices=["running", "finished", "crashed"], help="only runs with this status")
     ls.add_argument("--name", help="only runs with this name")
+    ls.add_argument(
+        "--tag", action="append", default=[], metavar="TAG", help="only runs with this tag (repeat: runs with all)"
+    )
     ls.add_argument(
         "--qkai-above",
         type=float,
@@ -371,6 +374,27 @@ def _runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show.add_argument("run", help="run id or project/name")
     _client_args(show)
     show.set_defaults(handler=cmd_runs_show)
+    for action, verb, what in (("tag", "add", "add tags to a run"), ("untag", "remove", "remove tags from a run")):
+        t = rsub.add_parser(
+            action,
+            help=f"{what} (an ingest or control token)",
+            description=f"{what[0].upper()}{what[1:]} and print the tags it has then. A tag is 1-64 letters, "
+            "digits and _.:/=- (no space or comma), starting with a letter, digit or _.",
+        )
+        t.add_argument("run", help="run id or project/name")
+        t.add_argument("tags", nargs="+", metavar="TAG", help=f"the tags to {verb}")
+        _client_args(t)
+        t.set_defaults(handler=cmd_runs_tag)
+    note = rsub.add_parser(
+        "note",
+        help="set a run's notes (an ingest or control token)",
+        description="Set the run's notes, replacing what they held: free text up to 10 KiB. '-' reads them "
+        "from standard input; '' clears them.",
+    )
+    note.add_argument("run", help="run id or project/name")
+    note.add_argument("text", help="the notes; '-': read standard input; '': clear them")
+    _client_args(note)
+    note.set_defaults(handler=cmd_runs_note)
     rm = rsub.add_parser("delete", help="delete a run and all its points (control scope)")
     rm.add_argument("run", help="run id or project/name")
     rm.add_argument("--yes", action="store_true", help="do not ask")
@@ -407,7 +431,9 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
     }
     try:
         with _client(args) as c:
-            runs = c.search_runs(args.project, status=args.status, name=args.name, max_results=args.limit, **filters)
+            runs = c.search_runs(
+                args.project, status=args.status, name=args.name, tags=args.tag, max_results=args.limit, **filters
+            )
     except CollectorError as exc:
         return _fail(exc)
     if args.json:
@@ -421,10 +447,42 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
             str(r.latest_attempt),
             "-" if r.last_step is None else str(r.last_step),
             r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+            _tag_cell(r.tags),
         ]
         for r in runs
     ]
-    print(table(["id", "run", "status", "attempt", "last step", "updated (UTC)"], rows))
+    print(table(["id", "run", "status", "attempt", "last step", "updated (UTC)", "tags"], rows))
+    return 0
+
+
+def _tag_cell(tags: tuple[str, ...]) -> str:
+    """A run's tags in one table cell (a tag holds no comma or space): ``a,b``, or ``-`` for none."""
+    return ",".join(tags) or "-"
+
+
+def cmd_runs_tag(args: argparse.Namespace) -> int:
+    from qkwatch.monitor.client import CollectorError
+
+    try:
+        with _client(args) as c:
+            run = c.tag(args.run, *args.tags) if args.runs_command == "tag" else c.untag(args.run, *args.tags)
+    except CollectorError as exc:
+        return _fail(exc)
+    print(f"{run.ref}: tags {_tag_cell(run.tags)}")
+    return 0
+
+
+def cmd_runs_note(args: argparse.Namespace) -> int:
+    from qkwatch.monitor.client import CollectorError
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    try:
+        with _client(args) as c:
+            run = c.update_run(args.run, notes=text)
+    except CollectorError as exc:
+        return _fail(exc)
+    said = f"set ({len(run.notes)} characters)" if run.notes else "cleared"
+    print(f"{run.ref}: notes {said}")
     return 0
 
 

@@ -8,6 +8,7 @@ Shared by ``qkwatch report``, the CLI and users::
         c.send_reports(run.id, [{"step": 0, "time": 0.0, "layers": {"qkai": [0.3] * 24}}])
         c.run("proj/run-1").last_report_at              # a datetime (UTC)
         c.search_runs(project="proj", qkai_above=0.7)   # runs in which some layer's QKAI went above 0.7
+        c.tag("proj/run-1", "baseline"); c.search_runs(tags=["baseline"])   # tags, and runs by them
         df = c.history("proj/run-1", metrics=["qkai", "stable_rank"])  # pandas, when installed
 
 A run is named by its id, by ``"project/name"``, or by a :class:`Run` the client returned.
@@ -84,6 +85,11 @@ def _message(response: httpx.Response) -> str:
 def _ref(run: str | Result | dict[str, Any]) -> str:
     """A run argument -> the id or ``project/name`` it names."""
     return run["id"] if isinstance(run, (Result, dict)) else str(run)
+
+
+def _tags(tags: Iterable[str]) -> list[str]:
+    """Tags as the API takes them: a list; a single string is one tag, not its characters."""
+    return [tags] if isinstance(tags, str) else list(tags)
 
 
 def _when(t: datetime | float | str | None) -> float | str | None:
@@ -167,16 +173,26 @@ class Client:
         return Thresholds(collapse=float(body["collapse_threshold"]), h_star=float(body["h_star"]))
 
     def create_run(
-        self, project: str, name: str, config: dict[str, Any] | None = None, attempt_key: str | None = None
+        self,
+        project: str,
+        name: str,
+        config: dict[str, Any] | None = None,
+        attempt_key: str | None = None,
+        *,
+        tags: Iterable[str] = (),
+        notes: str | None = None,
     ) -> Run:
-        """Create or resume a run; the answer's ``attempt`` is the attempt to report under."""
-        return Run.of(
-            self._json(
-                "POST",
-                "/v1/runs",
-                json={"project": project, "name": name, "config": config or {}, "attempt_key": attempt_key},
-            )
-        )
+        """Create or resume a run; the answer's ``attempt`` is the attempt to report under.
+
+        ``tags`` are added to the run's (a resume never removes one); ``notes`` are stored when the
+        run has none (change them with :meth:`update_run`).
+        """
+        body: dict[str, Any] = {"project": project, "name": name, "config": config or {}, "attempt_key": attempt_key}
+        if tags:
+            body["tags"] = _tags(tags)
+        if notes is not None:
+            body["notes"] = notes
+        return Run.of(self._json("POST", "/v1/runs", json=body))
 
     def runs(
         self,
@@ -185,17 +201,20 @@ class Client:
         name: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        *,
+        tags: Iterable[str] = (),
         **filters: Any,
     ) -> Page[Run]:
-        """One page of runs, latest activity first; ``filters`` as in :meth:`search_runs`."""
-        params = {
-            "project": project,
-            "status": status,
-            "name": name,
-            "limit": limit,
-            "offset": offset,
-            **self._filters(**filters),
-        }
+        """One page of runs, latest activity first; ``tags`` and ``filters`` as in :meth:`search_runs`."""
+        params = [
+            ("project", project),
+            ("status", status),
+            ("name", name),
+            ("limit", limit),
+            ("offset", offset),
+            *(("tag", tag) for tag in _tags(tags)),
+            *self._filters(**filters).items(),
+        ]
         return Page.of(self._json("GET", "/v1/runs", params=params), Run)
 
     def search_runs(
@@ -204,6 +223,7 @@ class Client:
         *,
         status: str | None = None,
         name: str | None = None,
+        tags: Iterable[str] = (),
         qkai_above: float | None = None,
         qkai_latest_above: float | None = None,
         collapse_band: bool | None = None,
@@ -217,6 +237,7 @@ class Client:
         """Runs by what happened in them, latest activity first (all pages, up to ``max_results``).
 
         Args:
+            tags: runs that have every one of these tags (``["baseline", "lr=3e-4"]``).
             qkai_above: some layer's QKAI was above this at some report (any step, any attempt);
                 MLflow's ``search_runs("metrics.qkai > 0.7")`` compares the latest value instead,
                 which is ``qkai_latest_above``.
@@ -244,6 +265,7 @@ class Client:
                 name=name,
                 limit=min(1000, max_results - len(out)),
                 offset=len(out),
+                tags=tags,
                 **filters,
             )
             out += page.data
@@ -271,6 +293,36 @@ class Client:
         """Say how the run ended ("finished", "crashed"); ``reason`` is stored as ``status_reason``."""
         body = {"status": status, "reason": reason, "attempt": attempt}
         return Run.of(self._json("PATCH", self._path(run), json={k: v for k, v in body.items() if v is not None}))
+
+    def update_run(
+        self,
+        run: str | Run | dict[str, Any],
+        *,
+        tags: Iterable[str] | None = None,
+        add_tags: Iterable[str] | None = None,
+        remove_tags: Iterable[str] | None = None,
+        notes: str | None = None,
+    ) -> Run:
+        """Change the run's tags and notes (an ``ingest`` or ``control`` token), all or nothing.
+
+        Args:
+            tags: the run's tags from now on (``[]``: none).
+            add_tags, remove_tags: tags to add and to remove, the others kept (not with ``tags``).
+            notes: the run's notes from now on (``""``: none); None leaves them as they are.
+        """
+        body: dict[str, Any] = {"notes": notes} if notes is not None else {}
+        for key, value in (("tags", tags), ("add_tags", add_tags), ("remove_tags", remove_tags)):
+            if value is not None:
+                body[key] = _tags(value)
+        return Run.of(self._json("PATCH", self._path(run), json=body))
+
+    def tag(self, run: str | Run | dict[str, Any], *tags: str) -> Run:
+        """Add ``tags`` to the run (those it has are kept)."""
+        return self.update_run(run, add_tags=tags)
+
+    def untag(self, run: str | Run | dict[str, Any], *tags: str) -> Run:
+        """Remove ``tags`` from the run (one it lacks is fine)."""
+        return self.update_run(run, remove_tags=tags)
 
     def delete_run(self, run: str | Run | dict[str, Any]) -> None:
         self._request("DELETE", self._path(run))

@@ -5,9 +5,9 @@ to an incident, mail it, keep it after the collector's retention deleted the run
 heatmaps (QKAI on the live page's colour scale, which breaks at the collapse threshold; stable rank,
 attention entropy, lambda), QKAI per layer over steps, the latest QKAI per layer, the loss, the alerts
 (one still firing when its run ended reads "run ended while firing", with the run's last step and its
-last values, never "resolved"), the lambdas with their override audit trail, the config and the
-status. Given a second run (``--vs``) every figure shows both runs, side by side on the same colour
-scale and step range.
+last values, never "resolved"), the lambdas with their override audit trail, the config, the status,
+and the run's tags and notes in its summary. Given a second run (``--vs``) every figure shows both
+runs, side by side on the same colour scale and step range.
 
 Only the collector's REST API is read, through :class:`qkwatch.monitor.client.Client`. The figures are
 ``monitor.report_figures``; this module reads the runs and lays out the page.
@@ -236,6 +236,8 @@ tr.ended td { background: #fff1e0; color: #5c2d00; } tr.ended .state { backgroun
 .ended-text { color: #a04000; font-weight: 600; }
 .status-running { color: #1b7f3b; } .status-crashed { color: #b00020; } .status-finished { color: #666; }
 .bad { color: #b00020; font-weight: 600; } .none { color: #666; font-style: italic; }
+.tag { display: inline-block; background: #e8eef7; color: #1f3d7a; border-radius: 3px; padding: 0 0.4rem;
+  margin: 0 0.3rem 0.15rem 0; font-size: 0.8rem; } .notes { white-space: pre-wrap; max-width: 48rem; }
 pre { background: #f7f7f7; border: 1px solid #e4e4e4; padding: 0.6rem; font-size: 0.78rem; overflow: auto;
   max-height: 36rem; }
 """
@@ -296,6 +298,8 @@ def summary_section(runs: list[RunData], threshold: float) -> str:
     rows: list[tuple[str, Callable[[RunData], str]]] = [
         ("run id", lambda d: f"<code>{html.escape(d.run['id'])}</code>"),
         ("status", _status_cell),
+        ("tags", _tags_cell),
+        ("notes", _notes_cell),
         ("attempt", lambda d: str(d.run["latest_attempt"])),
         ("last step", lambda d: str(d.run["last_step"])),
         ("created", lambda d: _time(d.run["created_at"])),
@@ -496,6 +500,17 @@ def _status_cell(d: RunData) -> str:
     return f'<span class="status-{html.escape(status)}">{html.escape(status)}</span>' + (
         f" ({html.escape(reason)})" if reason else ""
     )
+
+
+def _tags_cell(d: RunData) -> str:
+    tags = d.run.get("tags") or []
+    return " ".join(f'<span class="tag">{html.escape(t)}</span>' for t in tags) or '<span class="none">none</span>'
+
+
+def _notes_cell(d: RunData) -> str:
+    """The notes as the user wrote them (line breaks kept; Markdown shown as its text)."""
+    notes = d.run.get("notes")
+    return f'<div class="notes">{html.escape(notes)}</div>' if notes else '<span class="none">none</span>'
 
 
 def _above_cell(d: RunData, threshold: float) -> str:

@@ -85,6 +85,12 @@ def _timed(key: str, value: Any) -> Any:
     return _time(value) if key in _TIMES else value
 
 
+def _run_field(key: str, value: Any) -> Any:
+    if key == "tags":
+        return tuple(value)
+    return _timed(key, value)
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Run(Result):
     id: str
@@ -100,8 +106,12 @@ class Run(Result):
     updated_at: datetime
     last_report_at: datetime | None
     last_step: int | None
+    tags: tuple[str, ...] = ()
+    """Sorted (a collector older than tags sends none: empty)."""
+    notes: str | None = None
+    """Free text; None when the run has none."""
 
-    _decode = staticmethod(_timed)
+    _decode = staticmethod(_run_field)
 
     @property
     def ref(self) -> str:

@@ -34,6 +34,7 @@ from pydantic import (
     WithJsonSchema,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from qkwatch.monitor.scheduling import ScheduleConfig
@@ -78,6 +79,17 @@ MAX_CONFIG_BYTES = 256 * 1024
 """Largest run config, as compact JSON."""
 MAX_EVENT_DATA_BYTES = 64 * 1024
 """Largest ``data`` of one event, as compact JSON."""
+TAG_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:/=-]{0,63}$"
+"""A run's tag: 1-64 ASCII letters, digits and ``_.:/=-``, starting with a letter, digit or ``_``
+(``baseline``, ``lr=3e-4``, ``sweep/a``): no space or comma, so a tag is one word on a command line,
+in ``QKWATCH_TAGS=a,b`` and in a query string."""
+MAX_TAG_LENGTH = 64
+MAX_TAGS = 50
+"""Most tags one run may have."""
+MAX_NOTES_BYTES = 10 * 1024
+"""Longest notes of a run, in UTF-8 bytes."""
+_TAG = re.compile(TAG_PATTERN)
+_NOT_IN_NOTES = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def decode_value(value: float | int | str | None) -> float | None:
@@ -169,6 +181,49 @@ def _bounded_json(max_bytes: int) -> Callable[[Any], Any]:
     return check
 
 
+def check_tag(tag: str) -> str:
+    """``tag`` when it is a valid tag (:data:`TAG_PATTERN`); ValueError saying what a tag may hold."""
+    if not _TAG.match(tag):
+        raise ValueError(
+            f"tag {_brief(tag)} must be 1-{MAX_TAG_LENGTH} characters of letters, digits and _.:/=- "
+            "(ASCII, no space or comma), starting with a letter, digit or _"
+        )
+    return tag
+
+
+def tag_set(tags: Any) -> list[str]:
+    """Valid tags, each once, sorted: a list (or tuple) of at most :data:`MAX_TAGS` tags; ValueError otherwise."""
+    if isinstance(tags, str) or not isinstance(tags, (list, tuple)):
+        raise ValueError(f"tags must be a list of tags, got {_brief(tags)}")
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"{len(tags)} tags; a run has at most {MAX_TAGS}")
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise ValueError(f"a tag is a string, got {_brief(tag)}")
+        check_tag(tag)
+    return sorted(set(tags))
+
+
+def check_notes(notes: str) -> str:
+    """``notes`` when they fit: at most :data:`MAX_NOTES_BYTES` bytes as UTF-8, and no control
+    character but tab, newline and carriage return (PostgreSQL cannot store NUL); ValueError otherwise."""
+    size = len(notes.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_NOTES_BYTES:
+        raise ValueError(f"notes are {size} bytes as UTF-8; the limit is {MAX_NOTES_BYTES}")
+    bad = _NOT_IN_NOTES.search(notes)
+    if bad:
+        raise ValueError(f"notes may not hold the control character {bad.group()!r} (tab and newlines are fine)")
+    try:
+        notes.encode()
+    except UnicodeEncodeError:
+        raise ValueError("notes must be valid Unicode text (a lone surrogate is not)") from None
+    return notes
+
+
+def _as_set(tags: list[str]) -> list[str]:
+    return sorted(set(tags))
+
+
 def _brief(value: Any) -> str:
     """``repr`` for an error message, short: a huge int (whose repr may even be refused) by its size."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
@@ -208,6 +263,22 @@ Schedule = Annotated[
 written back with every parameter (``lambda_max`` resolved), so a stored run says what it ran with."""
 LayerCount = Annotated[Annotated[int, Strict(), Field(ge=1, le=MAX_LAYERS)] | None, BeforeValidator(_layer_count)]
 EventData = Annotated[dict[str, Any], AfterValidator(_bounded_json(MAX_EVENT_DATA_BYTES))]
+Tag = Annotated[
+    str,
+    Strict(),
+    AfterValidator(check_tag),
+    WithJsonSchema({"type": "string", "pattern": TAG_PATTERN, "minLength": 1, "maxLength": MAX_TAG_LENGTH}),
+]
+"""One tag (:data:`TAG_PATTERN`); a bad one is refused with a message saying what a tag may hold."""
+Tags = Annotated[list[Tag], Field(max_length=MAX_TAGS), AfterValidator(_as_set)]
+"""At most :data:`MAX_TAGS` tags, read as a set: each kept once, sorted."""
+Notes = Annotated[
+    str,
+    Strict(),
+    AfterValidator(check_notes),
+    WithJsonSchema({"type": "string", "maxLength": MAX_NOTES_BYTES}),
+]
+"""Free text (Markdown is kept as it is), at most :data:`MAX_NOTES_BYTES` bytes as UTF-8."""
 LayerValues = Annotated[list[WireValue], Field(max_length=MAX_LAYERS)]
 HeadValues = Annotated[
     list[Annotated[list[WireValue], Field(max_length=MAX_HEADS)] | None], Field(max_length=MAX_LAYERS)
@@ -293,6 +364,15 @@ class RunCreate(_Wire):
     name: str = Field(min_length=1, max_length=200, pattern=NAME_PATTERN)
     config: Annotated[RunConfig, BeforeValidator(_bounded_json(MAX_CONFIG_BYTES))] = Field(default_factory=RunConfig)
     attempt_key: str | None = Field(default=None, min_length=1, max_length=200)
+    tags: Tags = Field(
+        default_factory=list,
+        description="Added to the run's tags (a resume never removes one; PATCH does); "
+        f"beyond {MAX_TAGS} on a resume, the rest are left out.",
+    )
+    notes: Notes | None = Field(
+        default=None,
+        description="The run's notes when it has none yet; a resume keeps notes already set (PATCH changes them).",
+    )
 
 
 RunStatus = Literal["running", "finished", "crashed"]
@@ -302,23 +382,52 @@ STATUS_REASON_MAX = 200
 """Longest status reason the collector stores (the agent truncates longer ones)."""
 
 
-class StatusPatch(_Wire):
-    """``PATCH /v1/runs/{id}``: how the run ended, e.g. ``{"status": "crashed", "reason": "RuntimeError: ..."}``.
+class RunPatch(_Wire):
+    """``PATCH /v1/runs/{id}``: how the run ended, and its tags and notes; give any of them.
 
-    The agent sends it after the run's last report; it is idempotent, so a replay (``qkwatch sync``)
-    is harmless. ``attempt`` names the attempt that ended: a status of an attempt older than the
-    run's latest (a resumed run's earlier process, delivered late) is ignored, so it cannot mark
-    the running attempt crashed.
+    ``{"status": "crashed", "reason": "RuntimeError: ..."}`` is what the agent sends after the run's last
+    report; it is idempotent, so a replay (``qkwatch sync``) is harmless. ``attempt`` names the attempt
+    that ended: a status of an attempt older than the run's latest (a resumed run's earlier process,
+    delivered late) is ignored, so it cannot mark the running attempt crashed.
+
+    ``{"tags": [...]}`` replaces the run's tags (``[]`` removes them all), ``add_tags`` and
+    ``remove_tags`` change only those named, and ``notes`` replaces the notes (``""`` or null clears
+    them). All of it is applied in one transaction, or nothing is.
     """
 
-    status: RunStatus
+    status: RunStatus | None = None
     reason: str | None = Field(
         default=None,
         min_length=1,
         max_length=STATUS_REASON_MAX,
-        description="Stored as status_reason (default: patch).",
+        description="Stored as status_reason (default: patch); only with a status.",
     )
-    attempt: int | None = Field(default=None, ge=1, le=2**31 - 1, description="Default: the run's latest attempt.")
+    attempt: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="Default: the run's latest attempt; only with a status."
+    )
+    tags: Tags | None = Field(default=None, description="The run's tags from now on ([]: none).")
+    add_tags: Tags | None = Field(default=None, description="Tags to add (those the run has are kept).")
+    remove_tags: Tags | None = Field(default=None, description="Tags to remove (one the run lacks is fine).")
+    notes: Notes | None = Field(default=None, description='The notes from now on ("" or null: none).')
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RunPatch:
+        if self.status is None and (self.reason is not None or self.attempt is not None):
+            raise ValueError("reason and attempt go with a status")
+        if self.status is None and not self.annotates():
+            raise ValueError("nothing to change: give status, tags, add_tags, remove_tags or notes")
+        if self.tags is not None and (self.add_tags is not None or self.remove_tags is not None):
+            raise ValueError("tags replaces the run's tags: give it alone, or add_tags and remove_tags")
+        both = set(self.add_tags or ()) & set(self.remove_tags or ())
+        if both:
+            raise ValueError(f"tag {sorted(both)[0]!r} is in both add_tags and remove_tags")
+        return self
+
+    def annotates(self) -> bool:
+        """Whether it changes tags or notes (``"notes": null`` clears them, so it counts)."""
+        return (
+            any(x is not None for x in (self.tags, self.add_tags, self.remove_tags)) or "notes" in self.model_fields_set
+        )
 
 
 class OverridesPut(RootModel[dict[str, Number | None]]):

@@ -497,7 +497,7 @@ def runs_table(t: Thresholds) -> str:
 )
 SELECT r.project, r.run_name, r.status, r.status_reason AS reason, r.attempt, r.last_step,
        r.last_report_at * 1000 AS last_report, w.worst_layer, w.worst_qkai,
-       coalesce(b.band_width, 0) AS band_width, b.band_layers, r.run_id
+       coalesce(b.band_width, 0) AS band_width, b.band_layers, r.tags, r.run_id
 FROM qkwatch_runs_v r
 LEFT JOIN worst w ON w.run_id = r.run_id
 LEFT JOIN band b ON b.run_id = r.run_id
@@ -599,8 +599,8 @@ def runs_dashboard(t: Thresholds) -> dict[str, Any]:
             h=10,
             description="Every run, latest activity first. worst_layer and worst_qkai: the layer with "
             "the highest latest QKAI; band_width: the most adjacent layers whose latest "
-            f"QKAI is above {c} (3 or more is a collapse band), band_layers which ones. "
-            "The run name links to qkwatch / run.",
+            f"QKAI is above {c} (3 or more is a collapse band), band_layers which ones; tags: the "
+            "run's tags, comma-separated. The run name links to qkwatch / run.",
             overrides=[
                 status_cells(),
                 *time_cells("last_report"),

@@ -1,4 +1,4 @@
-"""Runs: create or resume, list and search, detail, status, delete, events, metrics present.
+"""Runs: create or resume, list and search, detail, status, tags and notes, delete, events, metrics present.
 
 Wherever a path takes a run it is its id or ``project/name`` with the slash encoded
 (``/v1/runs/demo%2Fvanilla``; see :mod:`qkwatch.monitor.api.run_ref`).
@@ -9,14 +9,14 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import Field
 
-from qkwatch.monitor.api.deps import Controller, Ingester, Reader, StoreDep, load_run
+from qkwatch.monitor.api.deps import Controller, Ingester, Principal, Reader, StoreDep, authenticate, load_run
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
 from qkwatch.monitor.api.schemas import EventPublic, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
 from qkwatch.monitor.store.models import RunRow
-from qkwatch.monitor.wire import RunCreate, RunStatus, StatusPatch
+from qkwatch.monitor.wire import MAX_TAGS, RunCreate, RunPatch, RunStatus, Tag
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=StrictRunRefRoute)
 
@@ -64,6 +64,10 @@ def list_runs(
     project: str | None = None,
     status: RunStatus | None = None,
     name: str | None = None,
+    tag: Annotated[
+        list[Tag] | None,
+        Query(max_length=MAX_TAGS, description="Runs that have every one of these tags (repeat it: tag=a&tag=b)"),
+    ] = None,
     qkai_above: Annotated[
         float | None,
         Query(
@@ -102,6 +106,7 @@ def list_runs(
         projects=projects,
         status=status,
         name=name,
+        tags=tag or (),
         created=_bounds(created_after, created_before),
         updated=_bounds(updated_after, updated_before),
         ever_above=(QKAI, qkai_above) if qkai_above is not None else None,
@@ -119,11 +124,33 @@ def get_run(run_id: RunRef, store: StoreDep, principal: Reader) -> RunPublic:
 
 
 @router.patch("/{run_id}", response_model=RunPublic)
-def patch_run(run_id: RunRef, body: StatusPatch, store: StoreDep, principal: Ingester) -> RunPublic:
-    """Set the status: the agent says "finished" at the end, "crashed" (with the reason) on an exception
-    or a preemption. Idempotent; a status of an attempt older than the latest is ignored."""
+def patch_run(
+    run_id: RunRef, body: RunPatch, store: StoreDep, principal: Annotated[Principal, Depends(authenticate)]
+) -> RunPublic:
+    """Set the status, the tags or the notes, all or nothing.
+
+    Status: the agent says "finished" at the end, "crashed" (with the reason) on an exception or a
+    preemption; idempotent, and a status of an attempt older than the latest is ignored. It needs the
+    ``ingest`` scope. Tags and notes annotate a run: the ``ingest`` scope (whoever writes the run) or
+    the ``control`` scope (an operator, who may delete it) may set them; ``read`` never writes.
+    """
+    _check_patch_scope(principal, body)
     run = load_run(store, run_id, principal)
-    return RunPublic.of(store.set_status(run.id, body.status, body.reason, body.attempt))
+    return RunPublic.of(store.patch_run(run.id, body))
+
+
+ANNOTATE_SCOPES = ("ingest", "control")
+"""Either of these may set a run's tags and notes."""
+
+
+def _check_patch_scope(principal: Principal, body: RunPatch) -> None:
+    """403 unless the principal may make every change of ``body``."""
+    if body.status is not None and "ingest" not in principal.scopes:
+        raise HTTPException(403, f"token {principal.name!r} lacks the 'ingest' scope (a run's status)")
+    if body.annotates() and not principal.scopes & set(ANNOTATE_SCOPES):
+        raise HTTPException(
+            403, f"token {principal.name!r} lacks the 'ingest' or 'control' scope (a run's tags and notes)"
+        )
 
 
 @router.delete("/{run_id}", status_code=204)

@@ -42,6 +42,10 @@ class RunPublic(BaseModel):
     """The attempt to report under (POST /v1/runs) or the latest attempt (reads)."""
     latest_attempt: int
     config: dict[str, Any]
+    tags: list[str]
+    """Sorted; ``[]`` when it has none."""
+    notes: str | None
+    """Free text; null when it has none."""
     created_at: float
     updated_at: float
     last_report_at: float | None
@@ -70,6 +74,8 @@ class RunPublic(BaseModel):
             attempt=attempt or row.latest_attempt,
             latest_attempt=row.latest_attempt,
             config=row.config.as_dict(),
+            tags=list(row.tags),
+            notes=row.notes,
             created_at=row.created_at,
             updated_at=row.updated_at,
             last_report_at=row.last_report_at,

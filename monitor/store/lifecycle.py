@@ -1,4 +1,4 @@
-"""How a run starts, resumes, ends and goes away: attempts, statuses, the heartbeat, retention."""
+"""How a run starts, resumes, ends and goes away: attempts, statuses, tags and notes, the heartbeat, retention."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from qkwatch.monitor.store import lambdas, runs, sql
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.alerts import AlertRows
 from qkwatch.monitor.store.errors import Invalid
-from qkwatch.monitor.wire import RunConfig, RunCreate
+from qkwatch.monitor.wire import MAX_TAGS, RunConfig, RunCreate, RunPatch
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,11 @@ def create_or_resume(conn: sa.Connection, body: RunCreate, now: float) -> tuple[
     known key re-registers an attempt whose end was already reported (see :func:`_keeps_status`).
     A config given replaces the stored one; when its ``schedule.lambda_max`` is below existing
     overrides, they are clipped (audited). An empty config keeps the stored one.
+
+    Tags given are added to the run's (:func:`_add_tags`): a resume never takes one away, so a tag
+    set through the API outlives the restart of a job that does not know it. Notes given are stored
+    when the run has none; notes already set are kept, since a job's restart or a late ``qkwatch sync``
+    re-sends the notes it started with and must not undo an edit (PATCH changes them).
     """
     row = runs.locked_by_name(conn, body.project, body.name)
     if row is None:
@@ -36,6 +41,9 @@ def create_or_resume(conn: sa.Connection, body: RunCreate, now: float) -> tuple[
     values: dict[str, Any] = {"updated_at": now, "latest_attempt": max(attempt, row.latest_attempt)}
     if not (known is not None and _keeps_status(row)):
         values.update(status="running", status_reason=None)
+    _add_tags(conn, row, body.tags)
+    if body.notes and not row.notes:
+        values["notes"] = body.notes
     config = _keep_shape(row, body.config) if body.config.model_fields_set else None  # extras count
     if config is not None:
         values["config"] = json.dumps(config.as_dict())
@@ -43,6 +51,69 @@ def create_or_resume(conn: sa.Connection, body: RunCreate, now: float) -> tuple[
     if config is not None:
         lambdas.clip_overrides(conn, runs.by_pk(conn, row.pk), config.schedule, attempt, now)
     return runs.by_pk(conn, row.pk), attempt
+
+
+def _add_tags(conn: sa.Connection, run: m.RunRow, tags: list[str]) -> None:
+    """Add the tags the run lacks, while it has fewer than :data:`MAX_TAGS`.
+
+    A create or resume is never refused for its tags (the agent would set its reports aside with
+    the refusal): on a resume that would take the run past the bound, the first new tags in sorted
+    order are added, the rest left out with a warning, and the answer lists the tags the run has.
+    """
+    new = [t for t in tags if t not in run.tags]
+    room = max(0, MAX_TAGS - len(run.tags))
+    if len(new) > room:
+        logger.warning(
+            "run %s/%s has %d tags: %s left out (at most %d per run)",
+            run.project,
+            run.name,
+            len(run.tags),
+            ", ".join(new[room:]),
+            MAX_TAGS,
+        )
+        new = new[:room]
+    if new:
+        rows = [{"run_pk": run.pk, "tag": t} for t in new]
+        conn.execute(sql.insert(conn, m.run_tags).values(rows).on_conflict_do_nothing())
+
+
+def patch(conn: sa.Connection, run_id: str, body: RunPatch, now: float) -> m.RunRow:
+    """Apply a PATCH: the tags and notes (:func:`annotate`), then the status (:func:`set_status`).
+
+    One transaction: an invalid part (Invalid) leaves the run as it was.
+    """
+    if body.status is None:
+        return annotate(conn, run_id, body)
+    if body.annotates():
+        annotate(conn, run_id, body)
+    return set_status(conn, run_id, body.status, body.reason, body.attempt, now)
+
+
+def annotate(conn: sa.Connection, run_id: str, body: RunPatch) -> m.RunRow:
+    """Set the run's tags (``tags``: all of them; ``add_tags``, ``remove_tags``: those) and notes.
+
+    Tags and notes say what a run is, not what it did: ``updated_at`` (its latest activity, which
+    orders the lists and starts the retention clock) does not move.
+
+    Raises:
+        NotFound: unknown run. Invalid: more than :data:`MAX_TAGS` tags would result (naming ``add_tags``).
+    """
+    run = runs.locked(conn, run_id)
+    have = set(run.tags)
+    want = set(body.tags) if body.tags is not None else (have | set(body.add_tags or ())) - set(body.remove_tags or ())
+    if len(want) > MAX_TAGS and len(want) > len(have):  # only add_tags can (the schema bounds ``tags``)
+        raise Invalid(
+            f"add_tags: run {run.project}/{run.name} would have {len(want)} tags; a run has at most {MAX_TAGS} "
+            "(remove some with remove_tags)"
+        )
+    t = m.run_tags
+    if have - want:
+        conn.execute(sa.delete(t).where(t.c.run_pk == run.pk, t.c.tag.in_(sorted(have - want))))
+    if want - have:
+        conn.execute(sa.insert(t).values([{"run_pk": run.pk, "tag": tag} for tag in sorted(want - have)]))
+    if "notes" in body.model_fields_set:
+        conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk).values(notes=body.notes or None))
+    return runs.by_pk(conn, run.pk)
 
 
 def _keep_shape(run: m.RunRow, config: RunConfig) -> RunConfig:
@@ -95,6 +166,7 @@ def _insert_run(conn: sa.Connection, body: RunCreate, now: float) -> m.RunRow:
         updated_at=now,
         latest_attempt=1,
         lambda_version=0,
+        notes=body.notes or None,
     )
     # Two replicas creating the same run at once: the loser's insert does nothing and it
     # reads (and locks) the winner's row.
@@ -168,6 +240,7 @@ def delete(conn: sa.Connection, pk: int) -> None:
         m.lambda_audit,
         m.alert_state,
         m.alerts,
+        m.run_tags,
     ):
         conn.execute(sa.delete(table).where(table.c.run_pk == pk))
     conn.execute(sa.delete(m.runs).where(m.runs.c.pk == pk))

@@ -48,8 +48,19 @@ runs = sa.Table(
     sa.Column("latest_attempt", sa.Integer, nullable=False),
     sa.Column("lambda_version", sa.Integer, nullable=False),
     sa.Column("lambda_step", sa.BigInteger),
+    sa.Column("notes", sa.Text),  # free text, at most monitor.wire.MAX_NOTES_BYTES (migration 0009)
     sa.UniqueConstraint("project", "name", name="uq_runs_project_name"),
     sa.Index("ix_runs_status_updated", "status", "updated_at"),
+)
+
+run_tags = sa.Table(
+    # A run's tags, one row each (migration 0009). The primary key answers "the tags of these runs";
+    # the index answers "the runs with this tag" (a search by tags).
+    "run_tags",
+    metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column("tag", sa.String(64), primary_key=True),  # monitor.wire.TAG_PATTERN
+    sa.Index("ix_run_tags_tag", "tag", "run_pk"),
 )
 
 attempts = sa.Table(
@@ -266,6 +277,9 @@ class RunRow:
     latest_attempt: int
     lambda_version: int
     lambda_step: int | None
+    tags: tuple[str, ...]
+    """Sorted; read with the row (:func:`qkwatch.monitor.store.runs.run_rows`)."""
+    notes: str | None
 
 
 @dataclass(frozen=True)

@@ -244,10 +244,9 @@ def latest_snapshot(
     where = [m.runs.c.status == "running"]
     if projects is not None:
         where.append(m.runs.c.project.in_(list(projects)))
-    found = [
-        runs.run_row(r)
-        for r in conn.execute(sa.select(m.runs).where(*where).order_by(m.runs.c.updated_at.desc()).limit(max_runs))
-    ]
+    found = runs.run_rows(
+        conn, conn.execute(sa.select(m.runs).where(*where).order_by(m.runs.c.updated_at.desc()).limit(max_runs)).all()
+    )
     if not found:
         return [], []
     by_pk = {r.pk: r for r in found}

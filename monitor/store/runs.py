@@ -1,4 +1,4 @@
-"""The runs table read: a run by id or name (locked for a write), runs by filters.
+"""The runs table read: a run by id or name (locked for a write), runs by filters, with their tags.
 
 How a run starts, resumes, ends and goes away is :mod:`qkwatch.monitor.store.lifecycle`.
 """
@@ -28,7 +28,24 @@ SET_ASIDE = {"schedule": "the default schedule applies", "n_layers": "its layer 
 """What a run loaded from an older database gets instead of a typed key the API now refuses."""
 
 
-def run_row(r: sa.Row[Any]) -> m.RunRow:
+def run_rows(conn: sa.Connection, rows: Sequence[sa.Row[Any]]) -> list[m.RunRow]:
+    """Rows of ``runs`` as run rows, with their tags (one query for all of them)."""
+    tags = tags_of(conn, [r.pk for r in rows])
+    return [run_row(r, tags.get(r.pk, ())) for r in rows]
+
+
+def tags_of(conn: sa.Connection, pks: Sequence[int]) -> dict[int, tuple[str, ...]]:
+    """The tags of each run of ``pks`` that has any, sorted (in Python: the same order on both databases)."""
+    if not pks:
+        return {}
+    t = m.run_tags
+    found: dict[int, list[str]] = {}
+    for run_pk, tag in conn.execute(sa.select(t.c.run_pk, t.c.tag).where(t.c.run_pk.in_(list(pks)))):
+        found.setdefault(run_pk, []).append(tag)
+    return {pk: tuple(sorted(tags)) for pk, tags in found.items()}
+
+
+def run_row(r: sa.Row[Any], tags: tuple[str, ...]) -> m.RunRow:
     return m.RunRow(
         pk=r.pk,
         id=r.id,
@@ -44,6 +61,8 @@ def run_row(r: sa.Row[Any]) -> m.RunRow:
         latest_attempt=r.latest_attempt,
         lambda_version=r.lambda_version,
         lambda_step=r.lambda_step,
+        tags=tags,
+        notes=r.notes,
     )
 
 
@@ -80,7 +99,7 @@ def get(conn: sa.Connection, where: sa.ColumnElement[bool]) -> m.RunRow:
     r = conn.execute(sa.select(m.runs).where(where)).first()
     if r is None:
         raise NotFound("run not found")
-    return run_row(r)
+    return run_rows(conn, [r])[0]
 
 
 def by_pk(conn: sa.Connection, pk: int) -> m.RunRow:
@@ -101,13 +120,13 @@ def locked(conn: sa.Connection, run_id: str) -> m.RunRow:
     r = conn.execute(sa.select(m.runs).where(m.runs.c.id == run_id).with_for_update()).first()
     if r is None:
         raise NotFound(f"run {run_id} not found")
-    return run_row(r)
+    return run_rows(conn, [r])[0]
 
 
 def locked_by_name(conn: sa.Connection, project: str, name: str) -> m.RunRow | None:
     q = sa.select(m.runs).where(m.runs.c.project == project, m.runs.c.name == name)
     r = conn.execute(q.with_for_update()).first()
-    return run_row(r) if r else None
+    return run_rows(conn, [r])[0] if r else None
 
 
 def page(
@@ -119,17 +138,22 @@ def page(
     rows = conn.execute(
         sa.select(r).where(*where).order_by(r.c.updated_at.desc(), r.c.pk.desc()).limit(limit).offset(offset)
     ).all()
-    return [run_row(row) for row in rows], int(count or 0)
+    return run_rows(conn, rows), int(count or 0)
 
 
-def basic_filters(projects: Sequence[str] | None, status: str | None, name: str | None) -> list[sa.ColumnElement[bool]]:
-    """Conditions on the run's own columns (``projects`` None = all)."""
+def basic_filters(
+    projects: Sequence[str] | None, status: str | None, name: str | None, tags: Sequence[str] = ()
+) -> list[sa.ColumnElement[bool]]:
+    """Conditions on the run's own columns (``projects`` None = all) and tags (the run has every one)."""
     r = m.runs
     where: list[sa.ColumnElement[bool]] = []
     if projects is not None:
         where.append(r.c.project.in_(list(projects)))
     where += [r.c.status == status] if status else []
     where += [r.c.name == name] if name else []
+    t = m.run_tags
+    # One index range of ix_run_tags_tag per tag.
+    where += [r.c.pk.in_(sa.select(t.c.run_pk).where(t.c.tag == tag)) for tag in sorted(set(tags))]
     return where
 
 

@@ -33,7 +33,7 @@ from qkwatch.monitor.store.lambdas import CLIP_WHO
 from qkwatch.monitor.store.metric_names import MetricNames
 from qkwatch.monitor.store.runs import TERMINAL
 from qkwatch.monitor.store.tokens import hash_token
-from qkwatch.monitor.wire import ReportBatch, RunCreate
+from qkwatch.monitor.wire import ReportBatch, RunCreate, RunPatch
 
 __all__ = ["CLIP_WHO", "TERMINAL", "Invalid", "NotFound", "Store", "hash_token"]
 
@@ -100,12 +100,14 @@ class Store:
         projects: Sequence[str] | None,
         status: str | None = None,
         name: str | None = None,
+        tags: Sequence[str] = (),
         limit: int = 100,
         offset: int = 0,
     ) -> tuple[list[m.RunRow], int]:
-        """Runs matching the filters (``projects`` None = all), newest activity first, and their count."""
+        """Runs matching the filters (``projects`` None = all; ``tags``: each of them), newest activity
+        first, and their count."""
         with self._read() as conn:
-            return runs.page(conn, runs.basic_filters(projects, status, name), limit, offset)
+            return runs.page(conn, runs.basic_filters(projects, status, name, tags), limit, offset)
 
     def search_runs(
         self,
@@ -113,6 +115,7 @@ class Store:
         projects: Sequence[str] | None,
         status: str | None = None,
         name: str | None = None,
+        tags: Sequence[str] = (),
         created: tuple[float | None, float | None] = (None, None),
         updated: tuple[float | None, float | None] = (None, None),
         ever_above: tuple[str, float] | None = None,
@@ -125,6 +128,7 @@ class Store:
 
         Args:
             projects: the projects to look in; None = all.
+            tags: the run has every one of them.
             created, updated: (after, before) bounds in epoch seconds, inclusive; None = open.
             ever_above: (metric, x): some layer value or scalar of ``metric``, at any step of any
                 attempt, was above x (NaN never is; +inf always is).
@@ -133,7 +137,7 @@ class Store:
                 an alert, firing or resolved, of one of the rules.
         """
         with self._read() as conn:
-            where = runs.basic_filters(projects, status, name) + runs.search_filters(
+            where = runs.basic_filters(projects, status, name, tags) + runs.search_filters(
                 conn,
                 self._names,
                 created=created,
@@ -154,6 +158,15 @@ class Store:
         """
         with self._write() as conn:
             return lifecycle.set_status(conn, run_id, status, reason, attempt, _now(now))
+
+    def patch_run(self, run_id: str, body: RunPatch, now: float | None = None) -> m.RunRow:
+        """Set the run's tags, notes and status, all or nothing; see :func:`qkwatch.monitor.store.lifecycle.patch`.
+
+        Raises:
+            NotFound: unknown run. Invalid: too many tags, or an attempt the run does not have.
+        """
+        with self._write() as conn:
+            return lifecycle.patch(conn, run_id, body, _now(now))
 
     def delete_run(self, run_id: str) -> None:
         with self._write() as conn:

@@ -160,8 +160,8 @@ class QKWatchCallback(TrainerCallback):
             url: the collector (then ``QKWATCH_URL``; neither: offline, everything stays spooled).
             layout: where the projections are, for a model the agent's adapters do not know.
             close_timeout: seconds the end of the run may spend delivering what is spooled.
-            settings: any other keyword of :func:`qkwatch.attach` (``token``, ``spool``,
-                ``weight_every``, ``sample_rows``, ...).
+            settings: any other keyword of :func:`qkwatch.attach` (``token``, ``spool``, ``tags``,
+                ``notes``, ``weight_every``, ``sample_rows``, ...).
         """
         self.project = project
         self.run = run

@@ -88,7 +88,7 @@ class QKWatchCallback(pl.Callback):
             ``"net.backbone"``); default the LightningModule itself. A ``layout=`` is relative to it.
         close_timeout: seconds ``close`` may spend delivering at the end of the fit.
         **settings: any other keyword of :func:`qkwatch.attach` (``url``, ``token``, ``spool``,
-            ``layout``, ``heads``, ``sample_rows``...).
+            ``tags``, ``notes``, ``layout``, ``heads``, ``sample_rows``...).
 
     After fit start ``callback.agent`` is the :class:`qkwatch.Agent` (``agent.run`` is the run's
     name, ``agent.lambdas()`` the RAA weights); ``callback.logger`` is its :class:`QKWatchLogger`.

@@ -47,7 +47,7 @@ def test_bad_settings_name_the_setting(monkeypatch, kwargs, env, match) -> None:
 
 
 def test_each_setting_lands_in_the_config_of_its_owner(monkeypatch) -> None:
-    monkeypatch.setenv("QKWATCH_SAMPLE_ROWS", "8")  # only the six documented variables are read
+    monkeypatch.setenv("QKWATCH_SAMPLE_ROWS", "8")  # only the documented variables are read
     monkeypatch.setenv("qkwatch_every", "3")  # and with their exact names
     cfg = AgentConfig.resolve(sample_rows=None, heads=True, segment_bytes=1024, flush_seconds=0.1, lambda_sync_every=2)
     assert cfg.every == 50

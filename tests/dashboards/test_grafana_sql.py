@@ -93,7 +93,14 @@ def feed(store: Store) -> dict[str, m.RunRow]:
     """Run "vanilla" (collapses; attempt 2 resumes at step 150 with other values) and run "raa" (does not)."""
     project = f"grafana-{uuid.uuid4().hex[:8]}"
     vanilla, _ = store.create_or_resume_run(
-        RunCreate(project=project, name="vanilla", config={"n_layers": 8}, attempt_key="first")
+        RunCreate(
+            project=project,
+            name="vanilla",
+            config={"n_layers": 8},
+            attempt_key="first",
+            tags=["vanilla", "baseline", "lr=3e-4"],
+            notes="no RAA\nthe band to catch",
+        )
     )
     send(store, vanilla.id, [report(s, True) for s in range(0, 225, 25)])
     store.create_or_resume_run(RunCreate(project=project, name="vanilla", attempt_key="resumed"))
@@ -218,6 +225,8 @@ def test_runs_latest_alerts_and_events_views_are_the_stores(fed):
     assert {
         (g.run_id, g.run_name, g.status, g.status_reason, g.attempt, g.last_step, g.last_report_at) for g in got
     } == {(r.id, r.name, r.status, r.status_reason, r.latest_attempt, r.last_step, r.last_report_at) for r in listed}
+    assert {(g.run_id, g.tags, g.notes) for g in got} == {(r.id, ",".join(r.tags) or None, r.notes) for r in listed}
+    assert runs["vanilla"].tags == ("baseline", "lr=3e-4", "vanilla") and runs["raa"].tags == ()
     _, latest = store.latest_snapshot(["qkai", "loss"], max_runs=1000, max_layers=1000)
     mine = {(r.run_id, r.metric, r.layer): (r.step, r.value) for r in latest if r.project == runs["vanilla"].project}
     got = rows(

@@ -94,6 +94,17 @@ def test_a_trainer_run_is_stored_whole(kind: str, tmp_path: Path, collector: Liv
     assert [h["step"] for h in history if "train_loss" in h] == [STEPS]
 
 
+def test_tags_and_notes_given_to_the_callback_reach_the_run(tmp_path: Path, collector: LiveCollector) -> None:
+    collector.start()
+    qk = watch(collector, tmp_path, "hf-tagged", tags=["hf", "llama"], notes="tiny Llama, 4 steps")
+    args = arguments(tmp_path / "out", max_steps=4)
+    Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(16), callbacks=[qk]).train()
+    with collector.client() as c:
+        run = c.run("tests/hf-tagged")
+        assert (run.tags, run.notes, run.status) == (("hf", "llama"), "tiny Llama, 4 steps", "finished")
+        assert [r.name for r in c.search_runs("tests", tags=["hf"])] == ["hf-tagged"]
+
+
 def test_a_training_that_raises_in_the_with_block_is_crashed_with_the_reason(
     tmp_path: Path, collector: LiveCollector
 ) -> None:

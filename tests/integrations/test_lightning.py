@@ -88,6 +88,24 @@ def test_a_fit_stores_every_layer_at_the_cadence_and_every_logged_scalar_at_its_
     assert len(list((tmp_path / "checkpoints").glob("*.ckpt"))) == 1
 
 
+def test_tags_and_notes_given_to_the_callback_reach_the_run(tmp_path: Path, collector: LiveCollector) -> None:
+    collector.start()
+    qk = QKWatchCallback(
+        project="tests",
+        run="tagged",
+        every=EVERY,
+        url=collector.url,
+        spool=str(tmp_path / "s"),
+        tags="lightning,tiny",  # as QKWATCH_TAGS would give them
+        notes="a TinyLM, 4 steps",
+        **FAST,
+    )
+    fit = trainer(str(tmp_path), 4, [qk], logger=False, enable_checkpointing=False, num_sanity_val_steps=0)
+    fit.fit(TinyLM(), loader(16))
+    run = run_of(collector, "tagged")
+    assert (run["tags"], run["notes"], run["status"]) == (["lightning", "tiny"], "a TinyLM, 4 steps", "finished")
+
+
 def test_an_exception_mid_fit_marks_the_run_crashed_with_the_reason(tmp_path: Path, collector: LiveCollector) -> None:
     collector.start()
     qk = QKWatchCallback(project="tests", run="boom", every=EVERY, url=collector.url, spool=str(tmp_path / "s"), **FAST)

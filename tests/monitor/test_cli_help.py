@@ -81,11 +81,14 @@ def test_the_readme_documents_runs_alerts_and_report():
         "qkwatch runs list",
         "qkwatch runs show",
         "qkwatch runs delete",
+        "qkwatch runs tag",
+        "qkwatch runs untag",
+        "qkwatch runs note",
         "qkwatch alerts",
         "qkwatch report",
     ):
         assert f"{command} " in text, command
-    for option in ("--qkai-above", "--collapse-band", "--state", "project/name"):
+    for option in ("--qkai-above", "--collapse-band", "--state", "project/name", "--tag"):
         assert option in text, option
 
 
@@ -108,7 +111,7 @@ def test_runs_and_alerts_take_project_slash_name_and_search(collector, capsys):
     assert header.startswith("state") and len(lines) == 4 and all(f"{project}/band" in line for line in lines)
     assert main(["runs", "list", "--project", project, "--qkai-above", "0.7", "--url", url]) == 0
     header, line = capsys.readouterr().out.splitlines()
-    assert re.split(r"\s{2,}", header) == ["id", "run", "status", "attempt", "last step", "updated (UTC)"]
+    assert re.split(r"\s{2,}", header) == ["id", "run", "status", "attempt", "last step", "updated (UTC)", "tags"]
     assert re.split(r"\s{2,}", line)[:5] == [band.id, f"{project}/band", "running", "1", "2"] and " 20" in line
     assert main(["runs", "list", "--project", project, "--no-collapse-band", "--json", "--url", url]) == 0
     assert [r["name"] for r in json.loads(capsys.readouterr().out)["data"]] == ["calm"]

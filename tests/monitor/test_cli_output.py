@@ -19,11 +19,17 @@ from tests.monitor.conftest import report
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}  # every print is a write: a closed pipe shows at the first line
 
 
-def qkwatch(*args: str) -> subprocess.CompletedProcess[str]:
+def qkwatch(*args: str, status: int = 0, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
-        [sys.executable, "-m", "qkwatch.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV
+        [sys.executable, "-m", "qkwatch.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        input=stdin,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == status, done.stderr[-3000:]
     return done
 
 
@@ -49,7 +55,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
 def test_runs_list_has_a_header_row(served) -> None:
     live, ended, running = served
     header, *lines = qkwatch("runs", "list", "--url", live.url).stdout.splitlines()
-    assert columns(header) == ["id", "run", "status", "attempt", "last step", "updated (UTC)"]
+    assert columns(header) == ["id", "run", "status", "attempt", "last step", "updated (UTC)", "tags"]
     got = {columns(line)[1]: columns(line) for line in lines}
     assert got["cli/ended"][:5] == [ended.id, "cli/ended", "finished", "1", "20"]
     assert got["cli/live"][:5] == [running.id, "cli/live", "running", "1", "20"]
@@ -90,6 +96,45 @@ def test_runs_show_lists_the_alerts_that_are_open_firing_or_ended_with_the_run(s
     assert [a["state"] for a in live_run["alerts"]] == ["firing"]
 
 
+def test_runs_are_tagged_untagged_annotated_and_listed_by_tag(served) -> None:
+    """``runs tag``/``untag``/``note`` change a run through the API and say what it has then; ``runs list``
+    shows the tags in its last column and ``--tag`` keeps the runs that have every tag given; ``runs show``
+    carries tags and notes; a bad tag is one line naming the field, and changes nothing."""
+    live, _, _ = served
+    c = live.client()
+    c.create_run("tags", "a", tags=["baseline"])
+    c.create_run("tags", "b")
+    url = ("--url", live.url)
+    said = qkwatch("runs", "tag", "tags/b", "lr=3e-4", "baseline", "sweep/a", *url).stdout
+    assert said == "tags/b: tags baseline,lr=3e-4,sweep/a\n"
+    assert qkwatch("runs", "untag", "tags/b", "sweep/a", "never-had", *url).stdout == "tags/b: tags baseline,lr=3e-4\n"
+
+    def listed(*tags: str) -> dict[str, str]:
+        header, *lines = qkwatch("runs", "list", "--project", "tags", *url, *tags).stdout.splitlines()
+        assert columns(header)[-1] == "tags"
+        return {columns(line)[1]: columns(line)[-1] for line in lines}
+
+    assert listed() == {"tags/a": "baseline", "tags/b": "baseline,lr=3e-4"}
+    assert listed("--tag", "lr=3e-4") == {"tags/b": "baseline,lr=3e-4"}
+    assert listed("--tag", "baseline", "--tag", "lr=3e-4") == {"tags/b": "baseline,lr=3e-4"}
+    assert listed("--tag", "baseline", "--tag", "nobody") == {}
+    qkwatch("runs", "untag", "tags/a", "baseline", *url)
+    assert listed()["tags/a"] == "-"
+
+    assert qkwatch("runs", "note", "tags/b", "diverged at 2k", *url).stdout == "tags/b: notes set (14 characters)\n"
+    notes = "restarted with clipping\n\n* grad clip 1.0\n"
+    assert qkwatch("runs", "note", "tags/b", "-", *url, stdin=notes).stdout == "tags/b: notes set (41 characters)\n"
+    shown = json.loads(qkwatch("runs", "show", "tags/b", *url).stdout)["run"]
+    assert (shown["tags"], shown["notes"]) == (["baseline", "lr=3e-4"], notes)
+
+    bad = qkwatch("runs", "tag", "tags/b", "ok", "not,ok", *url, status=1)
+    assert bad.stdout == "" and len(bad.stderr.splitlines()) == 1 and "add_tags.1" in bad.stderr
+    assert "no space or comma" in bad.stderr
+    assert c.run("tags/b").tags == ("baseline", "lr=3e-4")
+    assert qkwatch("runs", "note", "tags/b", "", *url).stdout == "tags/b: notes cleared\n"
+    assert c.run("tags/b").notes is None
+
+
 def test_token_list_has_a_header_row(served) -> None:
     live, _, _ = served
     token = live.token("read", project="cli")
@@ -125,4 +170,4 @@ def test_head_gets_the_header_and_nothing_is_said_on_stderr(served) -> None:
     command = f"{sys.executable} -m qkwatch.cli runs list --url {live.url} | head -1"
     done = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 0 and done.stderr == ""
-    assert columns(done.stdout) == ["id", "run", "status", "attempt", "last step", "updated (UTC)"]
+    assert columns(done.stdout) == ["id", "run", "status", "attempt", "last step", "updated (UTC)", "tags"]

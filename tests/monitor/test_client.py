@@ -243,6 +243,30 @@ def test_search_runs_by_what_happened(c, project):
     assert len(c.search_runs(project, max_results=2)) == 2
 
 
+def test_tags_and_notes_are_typed_searched_and_changed(c, project):
+    run = c.create_run(project, "tagged", tags=["lr=3e-4", "baseline"], notes="why\nhow")
+    assert isinstance(run.tags, tuple) and run.tags == ("baseline", "lr=3e-4") and run.notes == "why\nhow"
+    assert run["tags"] == ["baseline", "lr=3e-4"]  # the JSON as sent
+    plain = c.create_run(project, "plain")
+    assert (plain.tags, plain.notes) == ((), None)
+    c.create_run(project, "other", tags="baseline")  # one string is one tag
+    assert sorted(r.name for r in c.search_runs(project, tags=["baseline"])) == ["other", "tagged"]
+    assert [r.name for r in c.search_runs(project, tags=["baseline", "lr=3e-4"])] == ["tagged"]
+    assert [r.name for r in c.runs(project, tags=["lr=3e-4"])] == ["tagged"]
+    assert [r.name for r in c.search_runs(project, tags=["baseline"], max_results=1)] == ["other"]  # paged
+    assert c.tag(run, "diverged").tags == ("baseline", "diverged", "lr=3e-4")
+    assert c.untag(f"{project}/tagged", "baseline", "never-had").tags == ("diverged", "lr=3e-4")
+    changed = c.update_run(run, tags=["x"], notes="")
+    assert (changed.tags, changed.notes) == (("x",), None)
+    assert c.update_run(run, notes="again").tags == ("x",)  # tags left out: kept
+    with pytest.raises(CollectorError) as refused:
+        c.tag(run, "fine", "not fine")
+    assert refused.value.status == 422 and "add_tags.1" in refused.value.message
+    assert (c.run(run).tags, c.run(run).notes) == (("x",), "again")
+    older = Run.of({k: v for k, v in run.raw.items() if k not in ("tags", "notes")})  # a collector before tags
+    assert (older.tags, older.notes) == ((), None)
+
+
 def test_history_as_a_dataframe_and_as_plain_columns(c, project, monkeypatch):
     pd = pytest.importorskip("pandas")
     run = fed_run(c, project)

@@ -258,6 +258,22 @@ def test_a_run_without_reports_still_gets_a_report(served, tmp_path: Path) -> No
     assert "qkwatch report: empty/fresh" in doc and "no alerts" in doc and "qkai not reported by this run" in doc
 
 
+def test_the_summary_shows_the_runs_tags_and_notes_escaped_with_their_line_breaks(served, tmp_path: Path) -> None:
+    url = served[0]
+    notes = "lr sweep, <b>not</b> bold\nsecond line & more"
+    with Client(url) as client:
+        run = client.create_run("tagged", "run", {"n_layers": 8}, tags=["sweep/a", "baseline"], notes=notes)
+        client.send_reports(run, reports_of(range(0, 51, 5), peak=0.3, floor=1.3))
+    out = tmp_path / "tagged.html"
+    assert main(["report", "tagged/run", "--vs", "demo/vanilla", "--url", url, "--out", str(out)]) == 0
+    doc = out.read_text()
+    shown = drawn(doc)
+    assert shown.fact("tags") == ["baseline sweep/a", "none"]
+    assert shown.fact("notes") == [notes, "none"]  # the text as written: nothing of it became markup
+    assert '<div class="notes">lr sweep, &lt;b&gt;not&lt;/b&gt; bold\nsecond line &amp; more</div>' in doc
+    assert doc.count('<span class="tag">') == 2
+
+
 def test_a_refused_request_names_the_token_to_give() -> None:
     missing = explain(CollectorError(401, "missing bearer token"), "http://c:8000", None)
     assert missing == "the collector at http://c:8000 wants a read token: pass --token TOKEN or set QKWATCH_TOKEN"

@@ -92,11 +92,11 @@ def test_frames_that_disagree_with_their_points_are_repaired(db_url: str):
     engine = make_engine(db_url)
     try:
         upgrade(engine)
-        _downgrade(engine, "0004")
-        store = Store(engine)
+        store = Store(engine)  # the store of the head revision: it writes the run and its report there
         run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
         batch = {"batch_id": str(uuid.uuid4()), "reports": [{"step": 100, "time": 0.0, "layers": {"qkai": [0.1, 0.2]}}]}
         store.add_reports(run.id, ReportBatch.model_validate(batch), RuleSet((), ()))  # no rules: 0004 has no memory
+        _downgrade(engine, "0004")
         with engine.begin() as conn:  # what the collector stored for step 100 re-sent with three layers, before 0005
             metric_id = conn.execute(sa.text("SELECT id FROM metric_names WHERE name = 'qkai'")).scalar()
             conn.execute(
@@ -177,9 +177,9 @@ def test_rule_memory_and_predicted_step_arrive_empty_and_leave_cleanly(db_url: s
     engine = make_engine(db_url)
     try:
         upgrade(engine)
-        _downgrade(engine, "0006")
-        store = Store(engine)
+        store = Store(engine)  # the head revision's store: the run is made there
         run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
+        _downgrade(engine, "0006")
         with engine.begin() as conn:  # an alert and its state as 0006's code wrote them
             conn.execute(
                 sa.text(
@@ -237,9 +237,9 @@ def test_alerts_the_old_code_closed_at_a_runs_end_become_ended_and_back(db_url: 
     engine = make_engine(db_url)
     try:
         upgrade(engine)
-        _downgrade(engine, "0007")
-        store = Store(engine)
+        store = Store(engine)  # the head revision's store: the run is made there
         run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"r-{uuid.uuid4().hex[:6]}"))
+        _downgrade(engine, "0007")
         before = [
             ("resolved", "layer 0: qkai > 0.7 (0.81 at onset) (closed: the run finished)", 40, 5.0),
             ("resolved", "layer 0: qkai > 0.7 (0.82 at onset) (closed: the run crashed)", 41, 6.0),
@@ -311,5 +311,60 @@ def test_the_downgrade_of_an_alert_ended_by_the_collector_restarts_its_rule(db_u
             )
             assert tuple(state.one()) == (0, None)
         upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def test_tags_and_notes_arrive_on_existing_runs_and_leave_cleanly(db_url: str):
+    """0009: runs stored before it get no tags and no notes; tags and notes are stored and searched, and shown
+    in qkwatch_runs_v (its last columns, the Grafana role still reads it); the downgrade drops the table, the
+    column and the view's columns, keeps the runs and every other view, and a second upgrade works."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        store = Store(engine)
+        tagged, _ = store.create_or_resume_run(
+            RunCreate(project="p", name=f"t-{uuid.uuid4().hex[:6]}", tags=["lr=3e-4", "baseline"], notes="why\nhow")
+        )
+        _downgrade(engine, "0008")
+        with engine.begin() as conn:
+            assert "notes" not in columns(conn, sa.text("SELECT * FROM runs"))
+            assert "run_tags" not in sa.inspect(conn).get_table_names()
+            assert columns(conn, sa.text("SELECT * FROM qkwatch_runs_v"))[-1] == "last_report_at"
+            views = {v for v in sa.inspect(conn).get_view_names() if v.startswith("qkwatch_")}
+            assert len(views) == 5
+            if engine.dialect.name == "postgresql":
+                assert _grafana_may_read(conn, "qkwatch_runs_v")
+            old = f"old-{uuid.uuid4().hex[:6]}"  # a run as 0008's code wrote it
+            conn.execute(
+                sa.text(
+                    "INSERT INTO runs (id, project, name, status, config, created_at, updated_at, "
+                    "latest_attempt, lambda_version) VALUES (:id, 'p', :name, 'running', '{}', 0, 0, 1, 0)"
+                ),
+                {"id": uuid.uuid4().hex, "name": old},
+            )
+        upgrade(engine)
+        assert {v for v in sa.inspect(engine).get_view_names() if v.startswith("qkwatch_")} == views
+        came_back = store.get_run(tagged.id)
+        assert (came_back.tags, came_back.notes) == ((), None)  # the downgrade dropped them
+        before = store.get_run_by_name("p", old)
+        assert (before.tags, before.notes) == ((), None)
+        store.create_or_resume_run(RunCreate(project="p", name=old, tags=["sweep/a", "baseline"], notes="later"))
+        found, count = store.search_runs(projects=["p"], tags=["baseline", "sweep/a"])
+        assert count == 1 and [(r.name, r.tags, r.notes) for r in found] == [(old, ("baseline", "sweep/a"), "later")]
+        with engine.connect() as conn:
+            view = conn.execute(sa.text("SELECT * FROM qkwatch_runs_v WHERE run_name = :n"), {"n": old})
+            row = view.mappings().one()
+            assert list(row)[-2:] == ["tags", "notes"] and (row["tags"], row["notes"]) == ("baseline,sweep/a", "later")
+            empty = conn.execute(sa.text("SELECT tags, notes FROM qkwatch_runs_v WHERE run_id = :i"), {"i": tagged.id})
+            assert tuple(empty.one()) == (None, None)
+            query = "SELECT run_pk FROM run_tags WHERE tag = 'baseline'"  # a search by tag: an index range
+            if engine.dialect.name == "postgresql":
+                assert _grafana_may_read(conn, "qkwatch_runs_v")
+                conn.execute(sa.text("SET enable_seqscan = off"))  # a table this small is read whole otherwise
+                plan = " ".join(conn.execute(sa.text(f"EXPLAIN {query}")).scalars())
+            else:
+                plan = " ".join(str(r[-1]) for r in conn.execute(sa.text(f"EXPLAIN QUERY PLAN {query}")))
+            assert "ix_run_tags_tag" in plan, plan
     finally:
         engine.dispose()
