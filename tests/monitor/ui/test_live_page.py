@@ -584,3 +584,30 @@ def test_fifty_runs_stay_in_a_bounded_scrolling_table(collector: LiveCollector, 
         tab.eval("document.querySelector('#runs tbody tr').click()")  # a row chooses its run
         chosen = tab.wait_for("document.querySelectorAll('#maps .map').length === 2 && location.search")
         assert chosen.startswith(f"?run={oldest['id']}&run=")
+
+
+def test_tags_show_in_the_runs_table_filter_it_and_notes_stay_text(collector: LiveCollector, tmp_path: Path) -> None:
+    """A run's tags are labels after its name and words the filter matches; its notes are the name's tooltip,
+    as text: markup in them is never rendered."""
+    need_chromium()
+    client = collector.start().client()
+    tagged = client.create_run(
+        "tags", "tagged", {"n_layers": N_LAYERS}, tags=["lr-sweep", "seed:0"], notes="<b>bold?</b> no: text"
+    )
+    client.create_run("tags", "plain", {"n_layers": N_LAYERS})
+    with Page(tmp_path / "profile", width=1400, height=900) as tab:
+        tab.goto(collector.url)
+        tab.wait_for("document.querySelectorAll('#runs tbody tr').length === 2")
+        labels = tab.eval(
+            "[...document.querySelectorAll('#runs tbody tr')].map((r) => [r.dataset.run,"
+            " [...r.cells[1].querySelectorAll('.tag')].map((s) => s.textContent), r.cells[1].title,"
+            " r.cells[1].querySelectorAll('b').length])"
+        )
+        rows = {run: (tags, title, bold) for run, tags, title, bold in labels}
+        assert rows[tagged.id] == (["lr-sweep", "seed:0"], "tags/tagged\n\n<b>bold?</b> no: text", 0)
+        tab.eval(
+            "(() => { const f = document.getElementById('run-filter'); f.value = 'seed:0';"
+            " f.dispatchEvent(new Event('input')); })()"
+        )
+        shown = tab.eval("[...document.querySelectorAll('#runs tbody tr')].map((r) => r.dataset.run)")
+        assert shown == [tagged.id]
