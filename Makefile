@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint typecheck bench clean
+.PHONY: demo test check lint typecheck docs bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,8 +25,8 @@ demo: $(STAMP)
 test: check
 	$(BIN)/pytest -q
 
-# What pre-commit runs (.pre-commit-config.yaml): format, lint, and mypy strict on the package.
-check: lint typecheck
+# What pre-commit runs (.pre-commit-config.yaml): format, lint, mypy strict on the package, the docs site.
+check: lint typecheck docs
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
@@ -35,8 +35,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The docs site (mkdocs.yml, docs/) into site/; --strict: a broken link, anchor or nav entry fails.
+# NO_MKDOCS_2_WARNING silences Material's banner about its successor, printed on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/python -m bench.metrics
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -6,7 +6,7 @@ from the collector's data), asks each experiment module for its section, and wri
 * ``docs/reproduction.md``: the sections, each figure embedded as a PNG;
 * ``docs/reproduction/<figure>.png``: the figures, exported by kaleido through a headless Chromium
   (``BROWSER_PATH``, default ``/usr/bin/chromium``);
-* ``docs/reproduction.html``: every figure interactive in one self-contained page (plotly.js inline once).
+* ``docs/reproduction-figures.html``: every figure interactive in one self-contained page (plotly.js inline once).
 
 An experiment without results is listed as not run, with its command.
 """
@@ -29,6 +29,8 @@ COMMANDS = {
     "qkai_scale": "python -m experiments.qkai_scale",
 }
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+FIGURES_PAGE = "reproduction-figures.html"
+"""The interactive figures, beside reproduction.md (not ``reproduction.html``, which the docs site builds from it)."""
 
 INTRO = """# The seeds, reproduced at CPU scale
 
@@ -41,7 +43,7 @@ agent's metric functions (`agent/metrics`) directly on random weights and inputs
 
 For each claim: the paper's number, ours, the scale difference, and whether it carried over.
 Negative results are reported as such. The interactive figures are in
-[reproduction.html](reproduction.html). To regenerate everything (about two hours on 2 cores):
+[reproduction-figures.html](reproduction-figures.html). To regenerate everything (about two hours on 2 cores):
 
 ```
 {commands}
@@ -81,12 +83,12 @@ def build(docs: Path = DOCS, png: bool = True) -> Path:
         "</head><body style='font-family: sans-serif'><h1>qkwatch: the seeds reproduced (figures)</h1>"
         "<p>See reproduction.md for the tables and what each figure shows.</p>" + "".join(divs) + "</body></html>"
     )
-    (docs / "reproduction.html").write_text(html)
+    (docs / FIGURES_PAGE).write_text(html)
     commands = "\n".join(COMMANDS[n] for n in EXPERIMENTS)
     md = INTRO.format(commands=commands) + "\n" + "\n".join(sections)
     path = docs / "reproduction.md"
     path.write_text(md)
-    log(f"wrote {path} and {docs / 'reproduction.html'} ({len(figures)} figures)")
+    log(f"wrote {path} and {docs / FIGURES_PAGE} ({len(figures)} figures)")
     return path
 
 

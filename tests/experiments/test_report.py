@@ -30,5 +30,5 @@ def test_every_embedded_figure_is_committed_and_in_the_html(tmp_path: Path) -> N
     for name in figures:
         png = DOCS / "reproduction" / f"{name}.png"
         assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
-    html = (DOCS / "reproduction.html").read_text()
+    html = (DOCS / report.FIGURES_PAGE).read_text()
     assert all(f"id='{name}'" in html for name in figures)

@@ -1,26 +1,27 @@
-"""The README's Python client example, run exactly as written against a real ``qkwatch serve`` (SQLite
-and PostgreSQL): its per-layer DataFrame is steps x layers, with no column for layer -1 (where the
-run-level scalars live) and no step at which QKAI was not measured."""
+"""The Python client example of the README and of docs/collector.md, run exactly as written against a
+real ``qkwatch serve`` (SQLite and PostgreSQL): its per-layer DataFrame is steps x layers, with no column
+for layer -1 (where the run-level scalars live) and no step at which QKAI was not measured."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.live import ROOT, LiveCollector
 from tests.monitor.conftest import report
 
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", ROOT / "docs" / "collector.md"]
 N_LAYERS = 4
 QKAI_STEPS = [0, 10, 20, 30]
 
 
-def readme_block(marker: str) -> str:
-    """The README's one ```python block that contains ``marker``."""
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if marker in b]
-    assert len(blocks) == 1, f"{len(blocks)} python blocks of the README contain {marker!r}"
+def python_block(page: Path, marker: str) -> str:
+    """The page's one ```python block that contains ``marker``."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S) if marker in b]
+    assert len(blocks) == 1, f"{len(blocks)} python blocks of {page.name} contain {marker!r}"
     return blocks[0]
 
 
@@ -45,10 +46,11 @@ def served(isolated_db_url: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> I
         yield run["id"]
 
 
-def test_the_readmes_dataframe_example_gives_steps_by_layers(served: str) -> None:
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_the_dataframe_example_gives_steps_by_layers(served: str, page: Path) -> None:
     pytest.importorskip("pandas")
     names: dict = {}
-    exec(readme_block("c.history("), names)  # the README's own code, as a user pastes it
+    exec(python_block(page, "c.history("), names)  # the page's own code, as a user pastes it
     grid = names["qkai"]
     assert grid.shape == (len(QKAI_STEPS), N_LAYERS)
     assert list(grid.columns) == list(range(N_LAYERS)) and -1 not in grid.columns
