@@ -413,34 +413,38 @@ BAND = (3, 4, 5)
 
 
 def contraction(data: Sequence[RunData]) -> list[dict[str, Any]]:
-    """The key-contraction runs (induced): the band's and the other layers' geometry at the last report."""
+    """The key-contraction runs (induced): per metric, the band's and the other layers' mean at the last
+    report that measured it (the report at close may hold only the applied lambdas), and the band's
+    lowest stable rank over the run."""
     out = []
     for d in data:
         if d.run.pressure != "key contraction":
             continue
-        last = max(d.history.reports, key=lambda r: r.step)
+        reports = sorted(d.history.reports, key=lambda r: r.step)
         row: dict[str, Any] = {
             "run": d.run.name,
             "variant": d.run.variant,
             "split": d.run.split,
-            "step": last.step,
+            "step": reports[-1].step,
             "val_loss": d.val_loss,
             "outcome": d.outcome.label,
         }
         for metric in ("qkai", "stable_rank", "attn_entropy", "par", "lambda"):
-            values = last.layers.get(metric) or []
+            last = next((r for r in reversed(reports) if r.layers.get(metric)), None)
+            values = (last.layers.get(metric) or []) if last else []
             band = [v for i, v in enumerate(values) if i in BAND and v is not None]
             rest = [v for i, v in enumerate(values) if i not in BAND and v is not None]
             row[metric] = {
                 "band": statistics.fmean(band) if band else None,
                 "rest": statistics.fmean(rest) if rest else None,
+                "step": last.step if last else None,
             }
         low = [
-            min(v for i, v in enumerate(r.layers.get("stable_rank") or []) if i in BAND and v is not None)
-            for r in d.history.reports
-            if any(i in BAND and v is not None for i, v in enumerate(r.layers.get("stable_rank") or []))
+            v for r in reports for i, v in enumerate(r.layers.get("stable_rank") or []) if i in BAND and v is not None
         ]
         row["band_stable_rank_min"] = min(low) if low else None
+        par = [v for r in reports for i, v in enumerate(r.layers.get("par") or []) if i in BAND and v is not None]
+        row["band_par_max"] = max(par) if par else None
         out.append(row)
     return out
 

@@ -135,6 +135,19 @@ def detectors_section(r: dict[str, Any]) -> str:
         ]
         for name, s in test.items()
     ]
+    quiet = []
+    for family, candidates in r.get("candidates_on_test", {}).items():
+        best = min(candidates, key=lambda c: (c["score"]["false_alarms"], -c["score"]["flagged"]))
+        s = best["score"]
+        quiet.append(
+            [
+                family,
+                _rule_text(best["rule"]),
+                f"{s['false_alarms']}/{s['healthy_runs']}",
+                f"{s['flagged']}/{s['bad_runs']}",
+                s["late"],
+            ]
+        )
     verdict = _verdict(test.get("(any rule)"))
     bad = [x for x in r["runs"] if x["outcome"] != "healthy"]
     early = [x for x in bad if (x.get("reports_before_outcome") or 0) <= 1]
@@ -162,8 +175,13 @@ On the **test** split, the default rules (the user's two plus those chosen):
 
 {verdict}
 
-Every candidate's test score, chosen or not, is in `experiments/results/instability.json`
-(`candidates_on_test`), so a reader can see what tuning on the other split would have given.
+Why nothing was chosen, family by family: each family's quietest candidate on the **test** split
+(the fewest firings on healthy runs), how many healthy runs it still fired on, and how it did on
+the bad ones. A detector that fires on most healthy runs would page on most healthy trainings.
+
+{_table(["family", "quietest candidate", "false alarms (healthy runs)", "flagged before outcome", "late"], quiet)}
+
+Every candidate's test score is in `experiments/results/instability.json` (`candidates_on_test`).
 """
 
 
@@ -254,7 +272,7 @@ def contraction_section(r: dict[str, Any]) -> str:
         [
             x["run"],
             x["variant"],
-            x["step"],
+            x["qkai"].get("step", x["step"]),
             _num(x["qkai"]["band"], 3),
             _num(x["stable_rank"]["band"], 2),
             _num(x["band_stable_rank_min"], 2),
@@ -262,6 +280,7 @@ def contraction_section(r: dict[str, Any]) -> str:
             _num(x["attn_entropy"]["band"], 3),
             _num(x["attn_entropy"]["rest"], 3),
             _num(x["par"]["band"], 4),
+            _num(x.get("band_par_max"), 4),
             _num(x["val_loss"], 3),
         ]
         for x in r["contraction"]
@@ -270,9 +289,11 @@ def contraction_section(r: dict[str, Any]) -> str:
 
 The contraction shrinks the key projections of layers 3-5 toward rank one (an intervention of
 qkwatch's, so **induced**), without the alignment term that drives the demo's QKAI up. The band's
-geometry at the last report, against the other layers:
+geometry at the last report that measured it (its step is given), against the other layers:
 
-{_table(["run", "variant", "step", "band QKAI", "band stable rank", "band stable rank, lowest", "others' stable rank", "band entropy", "others' entropy", "band PAR", "val loss"], rows)}
+{_table(["run", "variant", "step", "band QKAI", "band stable rank", "band stable rank, lowest", "others' stable rank", "band entropy", "others' entropy", "band PAR", "band PAR, highest", "val loss"], rows)}
+
+(PAR is logged only where RAA runs; "-" for the vanilla runs.)
 
 RAA's penalty acts on QKAI (principal-angle overlap above tau = 0.45 r); where the contraction
 leaves QKAI below that, PAR is zero and RAA applies no force, whatever the stable rank does.
