@@ -346,14 +346,16 @@ def bad_runs_figure(r: dict[str, Any]) -> Any:
 
     first = {x["run"].split("/")[-1]: x for x in r["test"]["runs"] + r["tune"]["runs"]}
     fig = go.Figure()
+    marked = 0
     for run in (x for x in r["runs"] if x["outcome"] != "healthy"):
         steps = [p[0] for p in run["loss_curve"]]
         fig.add_trace(go.Scatter(x=steps, y=[p[1] for p in run["loss_curve"]], mode="lines", name=run["name"]))
         fired = [x["first_fire_step"] for x in first.get(run["name"], {}).get("rules", []) if x["first_fire_step"]]
         if fired:
             fig.add_vline(x=min(fired), line_dash="dot", line_color="grey")
+            marked += 1
     fig.update_layout(
-        title="Bad runs: loss, and the first alert of the default rules (dotted)",
+        title="Bad runs: loss, and the first alert of the default rules (dotted)" + ("" if marked else ": none fired"),
         width=900,
         height=520,
         xaxis_title="step",
