@@ -76,7 +76,8 @@ def test_help_is_plain_text_and_lists_every_action(argv, capsys):
 
 
 def test_the_readme_documents_runs_alerts_and_report():
-    text = README.read_text()
+    """The README's quickstart and the collector's page of the docs site between them."""
+    text = README.read_text() + (README.parent / "docs" / "collector.md").read_text()
     for command in (
         "qkwatch runs list",
         "qkwatch runs show",

@@ -134,7 +134,10 @@ def test_the_shipped_candidates_load_every_kind_and_keep_the_collapse_rules():
     below = {(r.metric, r.op) for r in rules.thresholds}
     assert {("stable_rank", "<"), ("attn_entropy", ">"), ("attn_entropy", "<")} <= below
     assert rules.growths[0].metric == "logit_max"
-    assert "PROVISIONAL" in DETECTORS.read_text() and "tune split" in DETECTORS.read_text()
+    text = DETECTORS.read_text()
+    assert "NOT RECOMMENDED AS PAGES" in text and "docs/instability.md" in text  # measured, said so
+    detectors = [r for r in (*rules.thresholds, *rules.growths, *rules.forecasts) if r.name != "qkai_high"]
+    assert detectors and all(r.severity == "info" for r in detectors)  # recorded, never sent
 
 
 def test_the_default_rules_are_the_collapse_rules_alone():
