@@ -225,9 +225,21 @@ def _how(status: str, reason: str | None) -> str:
 
 
 def delete(conn: sa.Connection, pk: int) -> None:
-    """Delete the run and every row of it (points, frames, alerts and their notifications...)."""
+    """Delete the run and every row of it (points, frames, alerts and their notifications...).
+
+    The run's row is locked first, as every write of a run locks it first (ingest, status, tags,
+    overrides, create or resume: :func:`qkwatch.monitor.store.runs.locked`). One order, run before
+    its rows, so a delete waits for a batch being stored and then deletes that batch too, and a
+    batch that waited for the delete finds no run (NotFound, a 404): never a deadlock, and no row
+    written between the delete's statements is left behind. A run deleted meanwhile is no error.
+    """
+    if conn.execute(sa.select(m.runs.c.pk).where(m.runs.c.pk == pk).with_for_update()).first() is None:
+        return
+    n = m.notifications
     alert_ids = sa.select(m.alerts.c.id).where(m.alerts.c.run_pk == pk).scalar_subquery()
-    conn.execute(sa.delete(m.notifications).where(m.notifications.c.alert_id.in_(alert_ids)))
+    # Notifications in id order, the order in which the notifier claims them (alerts.claim_notifications).
+    conn.execute(sa.select(n.c.id).where(n.c.alert_id.in_(alert_ids)).order_by(n.c.id).with_for_update()).all()
+    conn.execute(sa.delete(n).where(n.c.alert_id.in_(alert_ids)))
     for table in (
         m.points,
         m.frames,
@@ -247,28 +259,42 @@ def delete(conn: sa.Connection, pk: int) -> None:
 
 
 def mark_stale(conn: sa.Connection, timeout_s: float, now: float) -> list[str]:
-    """Mark running runs without reports (or updates) for ``timeout_s`` as crashed; returns their ids."""
+    """Mark running runs without reports (or updates) for ``timeout_s`` as crashed; returns their ids.
+
+    The runs are locked first, in ``pk`` order (as :func:`apply_retention` does, so two replicas'
+    heartbeats take them in one order), and the condition holds under the lock: PostgreSQL checks
+    it again on a row that a batch in flight changed, so a run whose report was being stored while
+    the heartbeat looked is not marked (nor its alerts ended).
+    """
     last = sa.func.coalesce(m.runs.c.last_report_at, m.runs.c.updated_at)
-    ids = (
-        conn.execute(sa.select(m.runs.c.id).where(m.runs.c.status == "running", last < now - timeout_s)).scalars().all()
-    )
-    if ids:
+    rows = conn.execute(
+        sa.select(m.runs.c.pk, m.runs.c.id, m.runs.c.last_step)
+        .where(m.runs.c.status == "running", last < now - timeout_s)
+        .order_by(m.runs.c.pk)
+        .with_for_update()
+    ).all()
+    if rows:
         conn.execute(
             sa.update(m.runs)
-            .where(m.runs.c.id.in_(ids))
+            .where(m.runs.c.pk.in_([r.pk for r in rows]))
             .values(status="crashed", status_reason="stale", updated_at=now)
         )
-        for run in conn.execute(sa.select(m.runs.c.pk, m.runs.c.last_step).where(m.runs.c.id.in_(ids))):
-            end_of_run(AlertRows(conn, run.pk, now), run.last_step, "stale")
-    return list(ids)
+        for r in rows:
+            end_of_run(AlertRows(conn, r.pk, now), r.last_step, "stale")
+    return [r.id for r in rows]
 
 
 def apply_retention(conn: sa.Connection, days: float, now: float) -> list[str]:
-    """Delete finished and crashed runs not updated for ``days``; returns their ids."""
+    """Delete finished and crashed runs not updated for ``days``; returns their ids.
+
+    Locked first, in ``pk`` order, with the condition held under the lock: a run resumed while
+    retention looked (running again, updated now) is kept.
+    """
     rows = conn.execute(
-        sa.select(m.runs.c.pk, m.runs.c.id).where(
-            m.runs.c.status.in_(runs.TERMINAL), m.runs.c.updated_at < now - days * 86400
-        )
+        sa.select(m.runs.c.pk, m.runs.c.id)
+        .where(m.runs.c.status.in_(runs.TERMINAL), m.runs.c.updated_at < now - days * 86400)
+        .order_by(m.runs.c.pk)
+        .with_for_update()
     ).all()
     for r in rows:
         delete(conn, r.pk)

@@ -169,8 +169,13 @@ class Store:
             return lifecycle.patch(conn, run_id, body, _now(now))
 
     def delete_run(self, run_id: str) -> None:
+        """Delete the run and all its rows; see :func:`qkwatch.monitor.store.lifecycle.delete`.
+
+        Raises:
+            NotFound: unknown run.
+        """
         with self._write() as conn:
-            lifecycle.delete(conn, runs.get(conn, m.runs.c.id == run_id).pk)
+            lifecycle.delete(conn, runs.locked(conn, run_id).pk)
 
     def mark_stale(self, timeout_s: float, now: float | None = None) -> list[str]:
         """Mark running runs without reports (or updates) for ``timeout_s`` as crashed; returns their ids."""
