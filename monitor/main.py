@@ -32,7 +32,7 @@ from qkwatch.monitor.api.schemas import HealthPublic
 from qkwatch.monitor.exposition import REJECT_REASONS, Scrape, ServiceMetrics, build_registry
 from qkwatch.monitor.maintenance import Maintenance
 from qkwatch.monitor.settings import Settings
-from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.engine import DatabaseFileGone, make_engine
 from qkwatch.monitor.store.migrate import head_revision, upgrade
 from qkwatch.monitor.store.store import Invalid, NotFound, Store
 from qkwatch.monitor.ui import routes as ui
@@ -136,6 +136,8 @@ def _add_service_routes(app: FastAPI) -> None:
             revision = app.state.store.schema_revision()
         except Exception as exc:
             logger.warning("health check: database unreachable: %s", _one_line(exc))
+            if isinstance(getattr(exc, "orig", None), DatabaseFileGone):
+                return _degraded("file deleted or replaced; restart the collector")
             return _degraded("unreachable")
         if revision != expected:
             logger.warning("health check: database schema at revision %s, expected %s", revision, expected)

@@ -27,6 +27,7 @@ from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, reads, runs, tokens
 from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.engine import check_file
 from qkwatch.monitor.store.errors import Invalid, NotFound
 from qkwatch.monitor.store.history import Doubles  # by name: the method Store.history hides the module
 from qkwatch.monitor.store.lambdas import CLIP_WHO
@@ -60,6 +61,7 @@ class Store:
     def _write(self) -> Iterator[sa.Connection]:
         with self.engine.connect().execution_options(write=True) as conn, conn.begin():
             yield conn
+        check_file(self.engine)  # committed into a SQLite file deleted meanwhile: lost, so not acknowledged
 
     @contextmanager
     def _read(self) -> Iterator[sa.Connection]:
