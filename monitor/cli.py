@@ -7,6 +7,7 @@ the handlers.
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import json
 import logging
@@ -14,11 +15,14 @@ import os
 import re
 import socket
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from qkwatch.monitor import dashboards
 
 if TYPE_CHECKING:  # for annotations only: the handlers import these when they run
+    from sqlalchemy.engine import Engine
+
     from qkwatch.monitor.alerting.rules import RuleSet
     from qkwatch.monitor.backtest import RuleScore, RunBacktest
     from qkwatch.monitor.client import Client
@@ -84,19 +88,39 @@ def is_loopback(host: str) -> bool:
 
 
 class StartupError(Exception):
-    """What stops ``qkwatch serve`` before it listens, as one line for the operator."""
+    """What stops a command before it does its work (a bad flag, setting, port or database), as one line
+    for the operator; the command prints it after its name and exits with status 2."""
 
 
+Handler = Callable[[argparse.Namespace], int]
+
+
+def one_line_errors(command: str) -> Callable[[Handler], Handler]:
+    """A handler that prints a :class:`StartupError` as ``qkwatch COMMAND: message`` and returns 2."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        def run(args: argparse.Namespace) -> int:
+            try:
+                return handler(args)
+            except StartupError as exc:
+                print(f"qkwatch {command}: {exc}", file=sys.stderr)
+                return 2
+
+        return run
+
+    return decorate
+
+
+@one_line_errors("serve")
 def cmd_serve(args: argparse.Namespace) -> int:
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # a line per plugin on import
+    _check_listen_args(args)
+    _quiet_alembic()
+    settings = _checked_settings(args)
+    _check_can_listen(args.host, args.port)
+    _prepare_database(settings, _database_source(args))
     import uvicorn
 
-    try:
-        settings = _checked_settings(args)
-        _prepare_database(settings)
-    except StartupError as exc:
-        print(f"qkwatch serve: {exc}", file=sys.stderr)
-        return 2
     if settings.open_access:
         logger.warning(
             "!!! AUTHENTICATION IS OFF (--open or QKWATCH_OPEN_ACCESS): anyone who can reach %s:%d can "
@@ -136,6 +160,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_listen_args(args: argparse.Namespace) -> None:
+    """StartupError for a port outside 1-65535 or fewer than one worker (argparse has checked they are ints)."""
+    if not 1 <= args.port <= 65535:
+        raise StartupError(f"--port {args.port}: a port is a whole number from 1 to 65535")
+    if args.workers < 1:
+        raise StartupError(f"--workers {args.workers}: at least 1 worker process")
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """StartupError (one line) unless ``host:port`` can be bound now: a port in use, a host this machine does
+    not have or cannot resolve, a port below 1024 without the privilege.
+
+    The probe binds every address ``host`` resolves to, with ``SO_REUSEADDR`` as uvicorn and asyncio
+    do (a port whose last connections linger in TIME_WAIT is free), then lets go; uvicorn binds again
+    right after, so only a process that takes the port in between can still make it fail (uvicorn
+    then logs the error and exits with status 1).
+    """
+    where = f"{_url_host(host)}:{port}"
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise StartupError(f"cannot listen on {where}: host {host!r} not found ({_first_line(exc)})") from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                reason = exc.strerror or _first_line(exc)
+                raise StartupError(f"cannot listen on {where}: {reason}") from None
+
+
 def _checked_settings(args: argparse.Namespace) -> Settings:
     """The effective settings (flags over ``QKWATCH_*`` over defaults), validated with the rules file.
 
@@ -143,22 +201,12 @@ def _checked_settings(args: argparse.Namespace) -> Settings:
         StartupError: a setting is invalid, authentication is off on a host that is not loopback
             (however it was switched off), or the rules file is unreadable or invalid.
     """
-    from pydantic import ValidationError
-
     from qkwatch.monitor.main import load_rules
-    from qkwatch.monitor.settings import Settings
 
     overrides: dict[str, Any] = {"open_access": True} if args.open else {}
-    if args.database_url:
-        overrides["database_url"] = args.database_url
     if args.rules:
         overrides["alert_rules_file"] = args.rules
-    try:
-        settings = Settings(**overrides)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        field = ".".join(map(str, error["loc"]))
-        raise StartupError(f"setting {field} (QKWATCH_{field.upper()}): {error['msg']}") from None
+    settings = _settings(args, **overrides)
     if settings.open_access and not is_loopback(args.host):
         raise StartupError(
             f"authentication is off (--open or QKWATCH_OPEN_ACCESS=true), which is only allowed on a "
@@ -171,15 +219,46 @@ def _checked_settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def _prepare_database(settings: Settings) -> None:
+FLAGS = {"database_url": "--database-url", "alert_rules_file": "--rules", "open_access": "--open"}
+"""The flag that sets a setting, for the messages about a value given by it."""
+
+
+def _settings(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """The settings, flags over ``QKWATCH_*`` over defaults; StartupError naming the variable (or the flag)
+    and the value of the first bad one."""
+    from qkwatch.monitor.settings import SettingError, load_settings
+
+    if getattr(args, "database_url", None) is not None:
+        overrides["database_url"] = args.database_url
+    try:
+        return load_settings({k: FLAGS[k] for k in overrides if k in FLAGS}, **overrides)
+    except SettingError as exc:
+        raise StartupError(f"setting {exc}") from None
+
+
+def _database_source(args: argparse.Namespace) -> str:
+    """Where the database URL came from, for messages: the flag, the variable or the default."""
+    if getattr(args, "database_url", None) is not None:
+        return "--database-url"
+    return "QKWATCH_DATABASE_URL" if os.environ.get("QKWATCH_DATABASE_URL") is not None else "the default"
+
+
+def _prepare_database(settings: Settings, source: str) -> None:
     """Connect and migrate; StartupError (one line, no password) when the URL or the database is unusable."""
+    _open_database(settings, source).dispose()
+
+
+def _open_database(settings: Settings, source: str) -> Engine:
+    """An engine on the migrated database; StartupError (one line naming the URL, never its password, and
+    where it came from) when the URL or the database is unusable."""
+    _quiet_alembic()
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from qkwatch.monitor.store.engine import make_engine
     from qkwatch.monitor.store.migrate import upgrade
 
-    url = _redact(settings.database_url)
+    url = f"{_redact(settings.database_url)} ({source})"
     try:
         engine = make_engine(settings.database_url, busy_timeout_ms=settings.sqlite_busy_timeout_ms)
     except (ValueError, ImportError, SQLAlchemyError) as exc:
@@ -187,10 +266,15 @@ def _prepare_database(settings: Settings) -> None:
     try:
         upgrade(engine)
     except (SQLAlchemyError, CommandError, OSError) as exc:
+        engine.dispose()
         cause = getattr(exc, "orig", None) or exc
         raise StartupError(f"cannot use the database {url}: {_first_line(cause)}") from None
-    finally:
-        engine.dispose()
+    return engine
+
+
+def _quiet_alembic() -> None:
+    """Alembic logs a line per plugin when it is first imported: keep a command's stderr to what matters."""
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -212,20 +296,12 @@ def _redact(url: str) -> str:
         return re.sub(r"://([^:/@]*):[^@]*@", r"://\1:***@", url)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    from qkwatch.monitor.settings import Settings
-
-    return Settings(database_url=args.database_url) if args.database_url else Settings()
-
-
 def _store(args: argparse.Namespace) -> Store:
-    from qkwatch.monitor.store.engine import make_engine
-    from qkwatch.monitor.store.migrate import upgrade
-    from qkwatch.monitor.store.store import Store
+    """The store on the migrated database of ``--database-url`` (else the settings); StartupError when the
+    settings, the URL or the database are unusable."""
+    engine = _open_database(_settings(args), _database_source(args))
+    from qkwatch.monitor.store.store import Store  # after _open_database has quietened alembic's import
 
-    settings = _settings(args)
-    engine = make_engine(settings.database_url)
-    upgrade(engine)
     return Store(engine)
 
 
@@ -253,6 +329,7 @@ def _token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rv.set_defaults(handler=cmd_token_revoke)
 
 
+@one_line_errors("token create")
 def cmd_token_create(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
@@ -268,6 +345,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     return 0
 
 
+@one_line_errors("token list")
 def cmd_token_list(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
@@ -296,6 +374,7 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
+@one_line_errors("token revoke")
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
@@ -315,9 +394,11 @@ def _db(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.set_defaults(handler=cmd_db_upgrade)
 
 
+@one_line_errors("db upgrade")
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    _store(args).close()
-    print(f"database {_redact(_settings(args).database_url)} is up to date")
+    settings = _settings(args)
+    _prepare_database(settings, _database_source(args))
+    print(f"database {_redact(settings.database_url)} is up to date")
     return 0
 
 
@@ -403,9 +484,26 @@ def _runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _client(args: argparse.Namespace) -> Client:
+    """A client of ``--url`` (else ``QKWATCH_URL``); StartupError for a URL that is not http(s) with a host,
+    or a token that cannot be sent in a header."""
     from qkwatch.monitor.client import Client
 
+    _check_endpoint(args.url, args.token)
     return Client(args.url, token=args.token)
+
+
+def _check_endpoint(url: str | None, token: str | None) -> None:
+    """StartupError for a collector URL that is not http(s) with a host (and a port from 1 to 65535), or a
+    token that cannot travel as ``Authorization: Bearer <token>`` (printable ASCII without a space)."""
+    from qkwatch.monitor.settings import check_http_url
+
+    if url:
+        try:
+            check_http_url(url)
+        except ValueError as exc:
+            raise StartupError(f"--url (or QKWATCH_URL): {exc}") from None
+    if token and not (token.isascii() and token.isprintable() and " " not in token):
+        raise StartupError("--token (or QKWATCH_TOKEN) holds a space, a control character or non-ASCII text")
 
 
 def _fail(exc: Exception) -> int:
@@ -413,6 +511,7 @@ def _fail(exc: Exception) -> int:
     return 1
 
 
+@one_line_errors("runs list")
 def cmd_runs_list(args: argparse.Namespace) -> int:
     from qkwatch.monitor.client import CollectorError
 
@@ -460,6 +559,7 @@ def _tag_cell(tags: tuple[str, ...]) -> str:
     return ",".join(tags) or "-"
 
 
+@one_line_errors("runs")
 def cmd_runs_tag(args: argparse.Namespace) -> int:
     from qkwatch.monitor.client import CollectorError
 
@@ -472,6 +572,7 @@ def cmd_runs_tag(args: argparse.Namespace) -> int:
     return 0
 
 
+@one_line_errors("runs note")
 def cmd_runs_note(args: argparse.Namespace) -> int:
     from qkwatch.monitor.client import CollectorError
 
@@ -486,6 +587,7 @@ def cmd_runs_note(args: argparse.Namespace) -> int:
     return 0
 
 
+@one_line_errors("runs show")
 def cmd_runs_show(args: argparse.Namespace) -> int:
     from qkwatch.monitor.client import CollectorError
 
@@ -500,6 +602,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
+@one_line_errors("runs delete")
 def cmd_runs_delete(args: argparse.Namespace) -> int:
     from qkwatch.monitor.client import CollectorError
 
@@ -564,6 +667,7 @@ def _backtest(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=cmd_alerts_backtest)
 
 
+@one_line_errors("alerts")
 def cmd_alerts(args: argparse.Namespace) -> int:
     from qkwatch.monitor.client import CollectorError
 
@@ -614,6 +718,7 @@ def _value(v: float | str | None) -> str:
     return v if isinstance(v, str) else f"{v:.4g}"
 
 
+@one_line_errors("alerts backtest")
 def cmd_alerts_backtest(args: argparse.Namespace) -> int:
     from qkwatch.monitor import backtest
     from qkwatch.monitor.client import CollectorError
@@ -760,9 +865,11 @@ def _report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(handler=cmd_report)
 
 
+@one_line_errors("report")
 def cmd_report(args: argparse.Namespace) -> int:
     from qkwatch.monitor.report import ReportError, write_report
 
+    _check_endpoint(args.url or os.environ.get("QKWATCH_URL"), args.token or os.environ.get("QKWATCH_TOKEN"))
     try:
         out = write_report(args.run, args.out, vs=args.vs, url=args.url, token=args.token)
     except (ReportError, OSError) as exc:

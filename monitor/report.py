@@ -62,10 +62,15 @@ class ReportClient(Client):
         ``QKWATCH_COLLAPSE_THRESHOLD`` or the default (``monitor.thresholds``)."""
         try:
             return float(self._json("GET", "/ui/config.json")["collapse_threshold"])
-        except (CollectorError, KeyError, TypeError, ValueError) as exc:
-            fallback = Thresholds.from_env().collapse
-            logger.warning("collapse threshold unavailable (%s); using %s", exc, as_text(fallback))
-            return fallback
+        except CollectorError as exc:
+            if exc.status == 0:  # no collector at all: the report fails on that, in one line, not on this
+                raise
+            reason: Exception = exc
+        except (KeyError, TypeError, ValueError) as exc:
+            reason = exc
+        fallback = Thresholds.from_env().collapse
+        logger.warning("collapse threshold unavailable (%s); using %s", reason, as_text(fallback))
+        return fallback
 
 
 # ---- reading ------------------------------------------------------------------------------------

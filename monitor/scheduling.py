@@ -192,8 +192,8 @@ def check_override(layer: int, value: float, cfg: ScheduleConfig, n_layers: int 
         raise ValueError(f"layer {layer} is out of range: the run has {n_layers} layers")
     if layer < 0:
         raise ValueError(f"layer {layer} is negative")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"override for layer {layer} must be a finite number, got {value!r}")
+    if not _number(value):
+        raise ValueError(f"override for layer {layer} must be a finite number, got {_show(value)}")
     assert cfg.lambda_max is not None  # __post_init__ resolves it
     if not 0 <= value <= cfg.lambda_max:
         raise ValueError(f"override for layer {layer} must be in [0, lambda_max={cfg.lambda_max}], got {value!r}")

@@ -42,8 +42,14 @@ class Thresholds:
     def __post_init__(self) -> None:
         for name in ("collapse", "h_star"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
+            try:
+                finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            except OverflowError:  # an int too large for a float
+                finite = False
+            if not finite:
+                big = isinstance(value, int) and not isinstance(value, bool)
+                shown = f"an integer of {value.bit_length()} bits" if big else repr(value)
+                raise ValueError(f"{name} must be a finite number, got {shown}")
             if not 0 < value < 1:
                 raise ValueError(f"{name} must be in (0, 1), got {value!r}")
 

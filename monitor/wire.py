@@ -103,7 +103,10 @@ def decode_value(value: float | int | str | None) -> float | None:
             raise ValueError(f"value {value!r} is neither a number nor one of 'nan', 'inf', '-inf'") from None
     if isinstance(value, bool):
         raise ValueError("a boolean is not a value")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int too large for a float
+        raise ValueError(f"value {_brief(value)} is too large for a float") from None
 
 
 def encode_value(value: float | None) -> float | str | None:
@@ -173,12 +176,34 @@ def _bounded_json(max_bytes: int) -> Callable[[Any], Any]:
             return value
         if json_depth(value, stop=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
             raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels (objects and arrays)")
+        where = _non_finite(value)
+        if where is not None:  # a literal such as 1e400 parses as inf, which JSON cannot carry back
+            raise ValueError(f"{where} is a number beyond the range of a double (about 1.8e308)")
         size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
         if size > max_bytes:
             raise ValueError(f"{size} bytes as JSON; the limit is {max_bytes}")
         return value
 
     return check
+
+
+def _non_finite(value: Any, path: str = "") -> str | None:
+    """The path (``a.b[2]``) of the first float in ``value`` that is not finite; None when there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path or "the value"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, _child(path, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _child(path: str, key: str | int) -> str:
+    """The path of ``key`` below ``path``: ``a.b`` for an object's key, ``a[2]`` for an array's index."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
 
 
 def check_tag(tag: str) -> str:

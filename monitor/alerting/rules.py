@@ -88,6 +88,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from qkwatch.monitor.settings import check_http_url
 from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, as_text
 from qkwatch.monitor.wire import METRIC_NAME_PATTERN
 
@@ -110,14 +111,33 @@ def _check_name(rule: str, key: str, value: object) -> None:
 def _check_int(rule: str, key: str, value: object, low: int = 1, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"from {low} to {high}"
-        raise ValueError(f"rule {rule!r}: {key} must be a whole number {bound}, got {value!r}")
+        raise ValueError(f"rule {rule!r}: {key} must be a whole number {bound}, got {_brief(value)}")
 
 
 def _check_number(rule: str, key: str, value: object, above: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"rule {rule!r}: {key} must be a finite number, got {value!r}")
+    if not _finite(value):
+        raise ValueError(f"rule {rule!r}: {key} must be a finite number, got {_brief(value)}")
+    assert isinstance(value, (int, float))  # _finite holds only for numbers
     if above is not None and value <= above:
         raise ValueError(f"rule {rule!r}: {key} must be above {above:g}, got {value!r}")
+
+
+def _finite(value: object) -> bool:
+    """A finite int or float (not a bool); an int too large for a float is not."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # math.isfinite converts an int to a float first
+        return False
+
+
+def _brief(value: object) -> str:
+    """``repr`` for an error message, short: a huge int (whose repr may even be refused) by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _check_op(rule: str, value: object) -> None:
@@ -329,10 +349,13 @@ class RuleSet:
             raise ValueError(f"rules must be a list of rules (or [] for none), got {items!r}")
         parsed = [_parse_rule(item, i, collapse) for i, item in enumerate(items)]
         webhooks = data.get("webhooks") or []
-        if not isinstance(webhooks, list) or not all(
-            isinstance(u, str) and u.startswith(("http://", "https://")) for u in webhooks
-        ):
-            raise ValueError("webhooks must be a list of http(s) URLs")
+        if not isinstance(webhooks, list):
+            raise ValueError(f"webhooks must be a list of http(s) URLs, got {_brief(webhooks)}")
+        for i, url in enumerate(webhooks):
+            try:
+                check_http_url(url)
+            except ValueError as exc:
+                raise ValueError(f"webhooks[{i}]: {exc}") from None
         return cls(
             thresholds=tuple(r for r in parsed if isinstance(r, ThresholdRule)),
             bands=tuple(r for r in parsed if isinstance(r, BandRule)),
