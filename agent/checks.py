@@ -38,5 +38,14 @@ def positive_seconds(config: Any, *keys: str) -> None:
     """Each of ``keys`` is a finite number > 0."""
     for key in keys:
         value = getattr(config, key)
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise SettingError(key, f"{key} must be a positive number of seconds, got {value!r}")
+        if not isinstance(value, (int, float)) or not _finite(value) or value <= 0:
+            shown = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else repr(value)
+            raise SettingError(key, f"{key} must be a positive number of seconds, got {shown}")
+
+
+def _finite(value: float) -> bool:
+    """math.isfinite that says False (not OverflowError) for an integer too large for a float."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

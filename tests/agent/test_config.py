@@ -36,6 +36,11 @@ def test_argument_beats_environment_beats_default(monkeypatch) -> None:
         ({"url": "ftp://x"}, {}, "url must be an http"),
         ({"run": "has space"}, {}, "run must be"),
         ({"flush_seconds": -1}, {}, "flush_seconds must be a positive number"),
+        (
+            {"flush_seconds": 10**401},
+            {},
+            "flush_seconds must be a positive number of seconds, got an integer of 1333 bits",
+        ),
         ({"colour": "red"}, {}, "unknown agent setting 'colour'"),
     ],
 )
