@@ -238,10 +238,11 @@ def print_table(rows: list[dict[str, float | int | str]], args: argparse.Namespa
     )
     print("|---|---|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
+        per_request = f"{r['server_cpu_ms_per_flood_request']:.1f}"
         print(
             f"| {r['collector']} | {r['arm']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} "
             f"| {r['probes']} | {r['flood_requests']} ({r['flood_statuses']}) | {r['server_cpu_s']:.1f} "
-            f"| {r['server_cpu_ms_per_flood_request']:.1f} |"
+            f"| {per_request if r['flood_requests'] else '-'} |"
         )
 
 
