@@ -10,6 +10,10 @@ request at a time every 10 ms, while ``--clients`` processes each POST a 4 MB re
 * ``ingest token``: a valid token and a body that is JSON to its end but whose last report has a
   negative step, so it is parsed and validated whole and refused (422), nothing stored.
 
+The flooding clients run at ``--client-nice`` (10): on this one machine they stand in for clients
+on others, whose CPU time would not be the collector's. ``--client-nice 0`` makes them compete for
+the cores as equals, which measures the machine as much as the collector.
+
 ``--baseline DIR`` runs the same arms against a second collector started from another checkout
 (for example main's code in a git worktree), both up at once, arm by arm in turn, so that the
 two are measured in the same minutes. Usage, from the repository root::
@@ -80,8 +84,9 @@ class Arm:
         }
 
 
-def flood(url: str, path: str, token: str | None, body: bytes, stop_at: float, out: mp.Queue) -> None:
+def flood(url: str, path: str, token: str | None, body: bytes, stop_at: float, nice: int, out: mp.Queue) -> None:
     """One flooding client (its own process, so its GIL is not the prober's): POST until ``stop_at``."""
+    os.nice(nice)
     headers = {"content-type": "application/json"}
     if token:
         headers["authorization"] = f"Bearer {token}"
@@ -114,7 +119,8 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_arm(name: str, arm: str, url: str, path: str, token: str | None, clients: int, seconds: float, pid: int) -> Arm:
+def run_arm(name: str, arm: str, url: str, path: str, token: str | None, args: argparse.Namespace, pid: int) -> Arm:
+    clients, seconds = args.clients, args.seconds
     result = Arm(name, arm, seconds)
     body = batch_body()
     ctx = mp.get_context("spawn")
@@ -122,7 +128,7 @@ def run_arm(name: str, arm: str, url: str, path: str, token: str | None, clients
     start = time.time() + (2.0 if arm != "idle" else 0.0)  # the flooders' interpreters start first
     stop_at = start + seconds
     n = 0 if arm == "idle" else clients
-    procs = [ctx.Process(target=flood, args=(url, path, token, body, stop_at, out)) for _ in range(n)]
+    procs = [ctx.Process(target=flood, args=(url, path, token, body, stop_at, args.client_nice, out)) for _ in range(n)]
     for p in procs:
         p.start()
     time.sleep(max(0.0, start - time.time()))
@@ -201,6 +207,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", type=Path, help="a checkout whose collector is measured beside this one")
     parser.add_argument("--clients", type=int, default=4, help="flooding client processes (default 4)")
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each arm (default 15)")
+    parser.add_argument(
+        "--client-nice",
+        type=int,
+        default=10,
+        help="niceness of the flooding clients (default 10: they stand in for other machines, so the "
+        "collector comes first for the CPU they share here; 0 makes them compete as equals)",
+    )
     parser.add_argument("--arms", default="idle,no token,read token,ingest token")
     args = parser.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",")]
@@ -218,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
                     token = {"idle": None, "no token": None, "read token": t.read, "ingest token": t.ingest}[arm]
                     assert t.process.proc is not None
                     pid = t.process.proc.pid
-                    r = run_arm(t.name, arm, t.process.url, t.path, token, args.clients, args.seconds, pid)
+                    r = run_arm(t.name, arm, t.process.url, t.path, token, args, pid)
                     results.append(r)
                     print(json.dumps(r.summary()), flush=True)
         finally:
@@ -231,7 +244,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def print_table(rows: list[dict[str, float | int | str]], args: argparse.Namespace) -> None:
-    print(f"\n{args.clients} flooding clients, {BODY_BYTES:,}-byte bodies, {args.seconds:g} s per arm\n")
+    print(
+        f"\n{args.clients} flooding clients (nice {args.client_nice}), {BODY_BYTES:,}-byte bodies, "
+        f"{args.seconds:g} s per arm\n"
+    )
     print(
         "| collector | flood | /healthz p50 ms | p99 ms | max ms | probes | flood requests (status x count) "
         "| server CPU s | server CPU ms per flood request |"
