@@ -135,3 +135,12 @@ def test_a_real_collector_answers_a_4_mib_body_without_a_valid_token_and_keeps_t
             r = client.post(f"/v1/runs/{uuid.uuid4().hex}/reports", content=unparseable(), headers=headers)
             assert r.status_code == (403 if scopes else 401), r.text[:200]
         assert client.get("/healthz").json()["status"] == "ok"
+
+
+def test_the_thread_parse_reads_json_as_the_inline_one():
+    """Large bodies go through a Python object hook in a worker thread; the data must not change."""
+    from qkwatch.monitor.api.strict_json import parse_strict
+
+    doc = b'{"a": [1, 2.5, "x", null, true, {"b": {}, "b": [], "c": {"d": -0.0}}], "e": {}, "a2": 1e308}'
+    assert parse_strict(doc, in_thread=True) == parse_strict(doc) == json.loads(doc)
+    assert parse_strict(b"[[], {}, 1]", in_thread=True) == [[], {}, 1]
