@@ -149,7 +149,8 @@ class RunCollector(Collector):
 
     def _export_run(self, rows: list[LatestRow], families: dict[str, GaugeMetricFamily | CounterMetricFamily]) -> int:
         """Add one run's series to ``families``, in export order up to the per-run cap; returns how
-        many of ``rows`` were left out (a rank at or over the cap, a malformed rank, past the cap)."""
+        many of ``rows`` were left out (a rank at or over the cap, a malformed rank, past the cap, a
+        value of the wrong kind such as the loss sent per layer)."""
         series = [s for r in rows if (s := self._series(r)) is not None]
         series.sort(key=lambda s: s[0])
         kept = series[: self.settings.metrics_max_series_per_run]
@@ -193,8 +194,8 @@ class RunCollector(Collector):
         left_out = GaugeMetricFamily(
             "qkwatch_run_series_dropped",
             "Latest values of the run this scrape left out: agent series of a rank at or above "
-            f"{self.settings.metrics_max_ranks} (or a malformed rank), and series past "
-            f"{self.settings.metrics_max_series_per_run} per run.",
+            f"{self.settings.metrics_max_ranks} (or a malformed rank), series past "
+            f"{self.settings.metrics_max_series_per_run} per run, values of the wrong kind.",
             labels=["project", "run"],
         )
         for run in runs:

@@ -88,3 +88,13 @@ def test_nothing_dropped_is_zero_for_every_run(make_harness):
         h.send(run["id"], [report(1, {"qkai": [0.2, 0.3]}, scalars={"agent_sent_total": 4.0})])
     m = scrape(h)
     assert sorted((s.labels["run"], s.value) for s in m["qkwatch_run_series_dropped"]) == [("a", 0.0), ("b", 0.0)]
+
+
+def test_a_value_of_the_wrong_kind_is_counted_not_exported(make_harness):
+    h = make_harness()
+    run = h.create_run("mixed-up")
+    h.send(run["id"], [report(1, {"loss": [1.0, 2.0], "qkai": [0.3]}, scalars={"qkai": 0.4})])
+    m = scrape(h)
+    assert m["qkwatch_train_loss"] == []  # the loss per layer is not the run's loss
+    assert [(s.labels["layer"], s.value) for s in m["qkwatch_qkai_ratio"]] == [("0", 0.3)]
+    assert dropped(m, "mixed-up") == 3
