@@ -6,8 +6,13 @@ behind one database all expose the same values, and a finished run drops out at 
 
 Labels: ``run`` is the run's **name** (readable in Grafana), with ``project`` beside it because a
 name is unique only within its project; ``layer`` is the layer index; ``rank`` the training process
-of an agent health series (see :data:`AGENT_SCALARS`). Never a step label. The
-series count is bounded by ``metrics_max_runs`` x ``metrics_max_layers`` x the fixed gauge set.
+of an agent health series (see :data:`AGENT_SCALARS`). Never a step label.
+
+The series count is bounded whatever the runs report: at most ``metrics_max_runs`` runs; per run
+only the gauges named below, layers below ``metrics_max_layers``, ranks below ``metrics_max_ranks``,
+and at most ``metrics_max_series_per_run`` layer and scalar series (layers before ranks), beside
+the run's own gauges. What a run reported and the scrape leaves out is counted in
+``qkwatch_run_series_dropped``, never dropped silently.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from qkwatch.monitor.settings import Settings
-from qkwatch.monitor.store.models import RunRow
+from qkwatch.monitor.store.models import LatestRow, RunRow
 from qkwatch.monitor.store.store import Store
 from qkwatch.monitor.thresholds import as_text
 
@@ -67,14 +72,24 @@ SCALAR_COUNTERS = {
 AGENT_SCALARS = [name for name in [*SCALAR_GAUGES, *SCALAR_COUNTERS] if name.startswith("agent_")]
 """The agent's own health series: one per rank. With several ranks each agent reports its own,
 suffixed ``_rank<r>`` (``agent_dropped_total_rank3``); they are exported under one name with a
-``rank`` label (``"0"`` for a single-process run's unsuffixed series)."""
-_RANKED = re.compile(r"^(agent_\w+?)_rank(\d+)$")
+``rank`` label (``"0"`` for a single-process run's unsuffixed series), for ranks below
+``metrics_max_ranks``."""
+_RANKED = re.compile(r"^(agent_\w+?)_rank(0|[1-9][0-9]{0,8})$")
+_MALFORMED_RANK = -1
+
+SeriesKey = tuple[int, int, str]
+"""Where a series stands in a run's export order: (kind: 0 run scalar, 1 layer, 2 rank; layer or rank; metric)."""
 
 
-def agent_rank(metric: str) -> tuple[str, str]:
-    """``("agent_dropped_total", "3")`` for ``agent_dropped_total_rank3``; ``(metric, "0")`` otherwise."""
+def agent_rank(metric: str) -> tuple[str, int]:
+    """``("agent_dropped_total", 3)`` for ``agent_dropped_total_rank3``; ``(metric, 0)`` for a name
+    without a rank suffix. A suffix that is not a rank as the agent writes it (``_rank007``,
+    ``_rankx``, ten digits or more) gives rank -1: such a series is never exported."""
     ranked = _RANKED.match(metric)
-    return (ranked.group(1), ranked.group(2)) if ranked else (metric, "0")
+    if ranked:
+        return ranked.group(1), int(ranked.group(2))
+    base, sep, _ = metric.rpartition("_rank")
+    return (base, _MALFORMED_RANK) if sep and base in AGENT_SCALARS else (metric, 0)
 
 
 def _scalar_labels(metric: str) -> list[str]:
@@ -105,38 +120,62 @@ class RunCollector(Collector):
         except Exception:  # a scrape must not fail because the database is briefly away
             logger.exception("could not read the run snapshot for /metrics")
             return
-        families = {
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             metric: GaugeMetricFamily(name, doc, labels=["project", "run", "layer"])
             for metric, (name, doc) in LAYER_GAUGES.items()
         }
-        scalars: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-            metric: GaugeMetricFamily(name, doc, labels=_scalar_labels(metric))
-            for metric, (name, doc) in SCALAR_GAUGES.items()
-        }
-        scalars.update(
+        families.update(
+            {
+                metric: GaugeMetricFamily(name, doc, labels=_scalar_labels(metric))
+                for metric, (name, doc) in SCALAR_GAUGES.items()
+            }
+        )
+        families.update(
             {
                 metric: CounterMetricFamily(name, doc, labels=_scalar_labels(metric))
                 for metric, (name, doc) in SCALAR_COUNTERS.items()
             }
         )
+        by_run: dict[tuple[str, str], list[LatestRow]] = defaultdict(list)
         collapsed: dict[tuple[str, str], list[int]] = defaultdict(list)
+        threshold = self.settings.collapse_threshold
         for r in rows:
-            if r.layer < 0:
-                metric, rank = agent_rank(r.metric)
-                if metric in scalars:
-                    extra = [rank] if metric in AGENT_SCALARS else []
-                    scalars[metric].add_metric([r.project, r.run_name, *extra], r.value)
-                continue
-            if r.metric not in families:
-                continue
-            families[r.metric].add_metric([r.project, r.run_name, str(r.layer)], r.value)
-            if r.metric == "qkai" and not math.isnan(r.value) and r.value > self.settings.collapse_threshold:
+            by_run[(r.project, r.run_name)].append(r)
+            if r.metric == "qkai" and r.layer >= 0 and not math.isnan(r.value) and r.value > threshold:
                 collapsed[(r.project, r.run_name)].append(r.layer)
+        dropped = {run: self._export_run(run_rows, families) for run, run_rows in by_run.items()}
         yield from families.values()
-        yield from scalars.values()
-        yield from self._run_gauges(runs, collapsed)
+        yield from self._run_gauges(runs, collapsed, dropped)
 
-    def _run_gauges(self, runs: list[RunRow], collapsed: dict[tuple[str, str], list[int]]) -> Iterator[Metric]:
+    def _export_run(self, rows: list[LatestRow], families: dict[str, GaugeMetricFamily | CounterMetricFamily]) -> int:
+        """Add one run's series to ``families``, in export order up to the per-run cap; returns how
+        many of ``rows`` were left out (a rank at or over the cap, a malformed rank, past the cap, a
+        value of the wrong kind such as the loss sent per layer)."""
+        series = [s for r in rows if (s := self._series(r)) is not None]
+        series.sort(key=lambda s: s[0])
+        kept = series[: self.settings.metrics_max_series_per_run]
+        for _, metric, labels, value in kept:
+            families[metric].add_metric(labels, value)
+        return len(rows) - len(kept)
+
+    def _series(self, r: LatestRow) -> tuple[SeriesKey, str, list[str], float] | None:
+        """The series a latest row is exported as: (export order, metric, labels, value); None: not exported."""
+        if r.layer >= 0:
+            if r.metric not in LAYER_GAUGES:
+                return None
+            return (1, r.layer, r.metric), r.metric, [r.project, r.run_name, str(r.layer)], r.value
+        metric, rank = agent_rank(r.metric)
+        if metric not in SCALAR_GAUGES and metric not in SCALAR_COUNTERS:
+            return None
+        if metric not in AGENT_SCALARS:
+            return (0, 0, metric), metric, [r.project, r.run_name], r.value
+        if not 0 <= rank < self.settings.metrics_max_ranks:
+            return None
+        return (2, rank, metric), metric, [r.project, r.run_name, str(rank)], r.value
+
+    def _run_gauges(
+        self, runs: list[RunRow], collapsed: dict[tuple[str, str], list[int]], dropped: dict[tuple[str, str], int]
+    ) -> Iterator[Metric]:
         threshold = as_text(self.settings.collapse_threshold)
         n = GaugeMetricFamily(
             "qkwatch_collapsed_layers", f"Layers whose latest qkai exceeds {threshold}.", labels=["project", "run"]
@@ -152,6 +191,13 @@ class RunCollector(Collector):
             "Unix time the collector last stored a report of the run.",
             labels=["project", "run"],
         )
+        left_out = GaugeMetricFamily(
+            "qkwatch_run_series_dropped",
+            "Latest values of the run this scrape left out: agent series of a rank at or above "
+            f"{self.settings.metrics_max_ranks} (or a malformed rank), series past "
+            f"{self.settings.metrics_max_series_per_run} per run, values of the wrong kind.",
+            labels=["project", "run"],
+        )
         for run in runs:
             labels = [run.project, run.name]
             layers = collapsed.get((run.project, run.name), [])
@@ -161,7 +207,8 @@ class RunCollector(Collector):
                 step.add_metric(labels, run.last_step)
             if run.last_report_at is not None:
                 seen.add_metric(labels, run.last_report_at)
-        yield from (n, band, step, seen)
+            left_out.add_metric(labels, dropped.get((run.project, run.name), 0))
+        yield from (n, band, step, seen, left_out)
 
 
 def widest_band(layers: Iterable[int]) -> int:

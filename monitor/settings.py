@@ -103,6 +103,12 @@ class Settings(BaseSettings):
     """At most this many active runs are exported on /metrics (the most recently updated)."""
     metrics_max_layers: Count = 256
     """Layers above this index are not exported on /metrics (bounded series count)."""
+    metrics_max_ranks: Count = 64
+    """Agent health series of ranks at or above this are not exported on /metrics (counted in
+    ``qkwatch_run_series_dropped``)."""
+    metrics_max_series_per_run: Count = 2000
+    """At most this many layer and scalar series per run on /metrics, layers first (beside the run's
+    own gauges); the rest are counted in ``qkwatch_run_series_dropped``."""
     collapse_threshold: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] = COLLAPSE_THRESHOLD
     """QKAI above this is collapse (``monitor.thresholds``): the default alert rules, the layers counted in
     ``qkwatch_collapsed_layers`` and the band, the live page's colour break and ``qkwatch report``."""

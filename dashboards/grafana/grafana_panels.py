@@ -31,12 +31,24 @@ def layer_points(run: str, metric: str) -> str:
     )
 
 
+AGGREGATES = {
+    "max": "max(b.value)",
+    # PostgreSQL's avg(double precision) raises "value out of range" on huge finite values (it keeps
+    # a sum of squares; values spread by more than about 1e154 overflow it), which would leave the
+    # panel an error; the mean over numeric is exact, finite for finite values, and keeps infinities
+    # (numeric holds them since PostgreSQL 14).
+    "mean": "avg(b.value::numeric)::double precision",
+}
+"""A bucket's value per layer, by name, as SQL over the bucketed points ``b``."""
+
+
 def bucketed(points: str, columns: str, agg: str, label: str) -> str:
     """Steps bucketed to at most ``columns`` as the store's heatmap does (width ceil(span / columns)).
 
-    A bucket is named by its first step; each layer gets the ``agg`` of its values in the bucket
-    (max for the heatmaps: a collapse band is never averaged away). Rows come ordered by step
-    and layer, which is the column and row order of the grouping-to-matrix transformation.
+    A bucket is named by its first step; each layer gets the ``agg`` (a key of :data:`AGGREGATES`)
+    of its values in the bucket (max for the heatmaps: a collapse band is never averaged away).
+    Rows come ordered by step and layer, which is the column and row order of the
+    grouping-to-matrix transformation.
     """
     return f"""WITH p AS (
   {points}
@@ -47,7 +59,7 @@ def bucketed(points: str, columns: str, agg: str, label: str) -> str:
 ), s AS (
   SELECT bucket, min(step) AS step FROM b GROUP BY bucket
 )
-SELECT s.step, {label} AS layer, {agg}(b.value) AS value
+SELECT s.step, {label} AS layer, {AGGREGATES[agg]} AS value
 FROM b JOIN s USING (bucket)
 GROUP BY s.step, b.layer
 ORDER BY s.step, b.layer"""
@@ -210,7 +222,7 @@ def layer_trend(
     unit: str = "none",
 ) -> dict[str, Any]:
     """Each layer's value over steps (trend panel: the x axis is the step, not time)."""
-    query = bucketed(layer_points(run, metric), "400", "avg", layer_label())
+    query = bucketed(layer_points(run, metric), "400", "mean", layer_label())
     custom = {
         "drawStyle": "line",
         "lineWidth": 1,

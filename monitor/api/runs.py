@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import Field
 
-from qkwatch.monitor.api.deps import Controller, Ingester, Principal, Reader, StoreDep, authenticate, load_run
+from qkwatch.monitor.api.deps import Controller, Ingester, Principal, Reader, StoreDep, load_run, require
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
 from qkwatch.monitor.api.schemas import EventPublic, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
 from qkwatch.monitor.store.models import RunRow
@@ -123,11 +123,18 @@ def get_run(run_id: RunRef, store: StoreDep, principal: Reader) -> RunPublic:
     return RunPublic.of(load_run(store, run_id, principal))
 
 
+ANNOTATE_SCOPES = ("ingest", "control")
+"""Either of these may set a run's tags and notes."""
+WRITE_SCOPES = ANNOTATE_SCOPES
+"""A PATCH needs one of these whatever it changes (a status needs ``ingest``)."""
+
+
 @router.patch("/{run_id}", response_model=RunPublic)
 def patch_run(
-    run_id: RunRef, body: RunPatch, store: StoreDep, principal: Annotated[Principal, Depends(authenticate)]
+    run_id: RunRef, body: RunPatch, store: StoreDep, principal: Annotated[Principal, Depends(require(*WRITE_SCOPES))]
 ) -> RunPublic:
-    """Set the status, the tags or the notes, all or nothing.
+    """Set the status, the tags or the notes, all or nothing (a token with neither ``ingest`` nor
+    ``control`` is refused before its body is read).
 
     Status: the agent says "finished" at the end, "crashed" (with the reason) on an exception or a
     preemption; idempotent, and a status of an attempt older than the latest is ignored. It needs the
@@ -137,10 +144,6 @@ def patch_run(
     _check_patch_scope(principal, body)
     run = load_run(store, run_id, principal)
     return RunPublic.of(store.patch_run(run.id, body))
-
-
-ANNOTATE_SCOPES = ("ingest", "control")
-"""Either of these may set a run's tags and notes."""
 
 
 def _check_patch_scope(principal: Principal, body: RunPatch) -> None:

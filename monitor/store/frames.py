@@ -12,6 +12,8 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from qkwatch.monitor.store import means
+
 FrameRow = tuple[str, int, str, bytes, bytes | None, bool]
 """(metric, step, mask, vals, present, has_nan) as stored (run and attempt are added on insert)."""
 
@@ -99,7 +101,7 @@ def _reduce(group: list[MergedStep], n: int, agg: str) -> list[float | None]:
             return list(map(max, *vectors))
         if agg == "min":
             return list(map(min, *vectors))
-        return [sum(c) / len(c) for c in zip(*vectors, strict=True)]
+        return [means.mean(c) for c in zip(*vectors, strict=True)]
     return [_reduce_column([v[i] for v in vectors if i < len(v)], agg) for i in range(n)]
 
 
@@ -114,4 +116,4 @@ def _reduce_column(values: list[float | None], agg: str) -> float | None:
         return max(real)
     if agg == "min":
         return min(real)
-    return sum(real) / len(real)
+    return means.mean(real)

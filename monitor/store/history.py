@@ -91,17 +91,6 @@ def _rows(
         return {}
     fw = [f.c.run_pk == run.pk, f.c.metric_id.in_(list(ids)), *sql.step_range(f.c.step, start, end)]
     fw += [f.c.attempt == attempt] if attempt is not None else []
-    frame_rows = conn.execute(
-        sa.select(f.c.metric_id, f.c.step, f.c.vals, f.c.present, f.c.has_nan)
-        .where(*fw)
-        .order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask)
-    ).all()
-    values = sum(len(row[2]) for row in frame_rows) // 8
-    if max_points is not None and values > max_points:
-        raise Invalid(
-            f"the history holds {values} values, more than {max_points} in one answer: "
-            "ask for fewer metrics or a step range (start, end)"
-        )
     pw = [
         p.c.run_pk == run.pk,
         p.c.metric_id.in_(list(ids)),
@@ -110,6 +99,13 @@ def _rows(
         *sql.step_range(p.c.step, start, end),
         *reads.attempt_filter(run, attempt),
     ]
+    if max_points is not None:
+        _check_size(conn, fw, pw, max_points)
+    frame_rows = conn.execute(
+        sa.select(f.c.metric_id, f.c.step, f.c.vals, f.c.present, f.c.has_nan)
+        .where(*fw)
+        .order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask)
+    ).all()
     scalar_rows = conn.execute(
         sa.select(p.c.metric_id, p.c.step, p.c.value).where(*pw).order_by(p.c.metric_id, p.c.step)
     ).all()
@@ -119,6 +115,26 @@ def _rows(
     for point in scalar_rows:
         by_metric[point.metric_id][1].append((point.step, sql.from_db(point.value)))
     return {ids[i]: (fr, sc) for i, (fr, sc) in by_metric.items() if fr or sc}
+
+
+def _check_size(
+    conn: sa.Connection,
+    frame_where: list[sa.ColumnElement[bool]],
+    scalar_where: list[sa.ColumnElement[bool]],
+    limit: int,
+) -> None:
+    """Raise :class:`Invalid` naming both counts and the limit when the layer values (8 bytes each in
+    the frames) and the scalar points together are more than ``limit``; counted before any is read."""
+    f, p = m.frames, m.points
+    frame_bytes = sa.func.coalesce(sa.func.sum(sa.func.length(f.c.vals)), 0)
+    layer_values = int(conn.execute(sa.select(frame_bytes).where(*frame_where)).scalar_one()) // 8
+    scalars = int(conn.execute(sa.select(sa.func.count()).select_from(p).where(*scalar_where)).scalar_one())
+    if layer_values + scalars > limit:
+        raise Invalid(
+            f"the history holds {layer_values + scalars} values ({layer_values} layer values and {scalars} "
+            f"scalar values), more than {limit}, the most one answer may hold: "
+            "ask for fewer metrics or a step range (start, end)"
+        )
 
 
 def _grid(steps: list[frames.MergedStep], scalars: list[Scalar]) -> m.Heatmap:

@@ -7,12 +7,11 @@ logged it wins (:func:`attempt_filter`), unless the caller asks for one attempt.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import sqlalchemy as sa
 
-from qkwatch.monitor.store import frames, runs, sql
+from qkwatch.monitor.store import frames, means, runs, sql
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.metric_names import MetricNames
 
@@ -92,23 +91,17 @@ def series(
     width = -(-(hi - lo + 1) // max_points)
     bucket = ((p.c.step - lo) // width).label("b")
     buckets = conn.execute(
-        sa.select(
-            bucket,
-            sa.func.min(p.c.step),
-            sa.func.avg(p.c.value),
-            sa.func.min(p.c.value),
-            sa.func.max(p.c.value),
-            sa.func.count(p.c.value),
-        )
+        sa.select(bucket, sa.func.min(p.c.step), *means.aggregates(p.c.value))
         .where(*where)
         .group_by(bucket)
         .order_by(bucket)
     ).all()
+    # a row: bucket, first step, then means.aggregates: big, small, min, max, non-null count
     return m.Series(
         [r[1] for r in buckets],
-        [_agg(r[2], r[5]) for r in buckets],
-        [_agg(r[3], r[5]) for r in buckets],
-        [_agg(r[4], r[5]) for r in buckets],
+        [means.of_aggregates(*r[2:]) for r in buckets],
+        [_agg(r[4], r[6]) for r in buckets],
+        [_agg(r[5], r[6]) for r in buckets],
         True,
     )
 
@@ -132,12 +125,6 @@ def heatmap(
     if head == m.LAYER_VALUE:
         return _heatmap_from_frames(conn, names, run, metric, start, end, max_steps, agg, attempt)
     p = m.points
-    aggregates: dict[str, Callable[[sa.ColumnElement[Any]], sa.ColumnElement[Any]]] = {
-        "max": sa.func.max,
-        "min": sa.func.min,
-        "mean": sa.func.avg,
-    }
-    fn = aggregates[agg]
     where = [
         *_point_filter(run, names.lookup(conn, metric), head, attempt),
         p.c.layer >= 0,
@@ -148,11 +135,25 @@ def heatmap(
         return m.Heatmap([], [], [], False)
     width = max(1, -(-(hi - lo + 1) // max_steps))
     bucket = ((p.c.step - lo) // width).label("b") if width > 1 else p.c.step.label("b")
-    rows = conn.execute(
-        sa.select(bucket, p.c.layer, sa.func.min(p.c.step), fn(p.c.value), sa.func.count(p.c.value))
-        .where(*where)
-        .group_by(bucket, p.c.layer)
-    ).all()
+    if agg == "mean":
+        rows = [
+            (b, layer, step, means.of_aggregates(*aggs), aggs[-1])
+            for b, layer, step, *aggs in conn.execute(
+                sa.select(bucket, p.c.layer, sa.func.min(p.c.step), *means.aggregates(p.c.value))
+                .where(*where)
+                .group_by(bucket, p.c.layer)
+            )
+        ]
+    else:
+        fn = sa.func.max if agg == "max" else sa.func.min
+        rows = [
+            tuple(r)
+            for r in conn.execute(
+                sa.select(bucket, p.c.layer, sa.func.min(p.c.step), fn(p.c.value), sa.func.count(p.c.value))
+                .where(*where)
+                .group_by(bucket, p.c.layer)
+            )
+        ]
     return _pivot(rows, width > 1)
 
 
@@ -187,7 +188,7 @@ def _agg(value: float | None, non_null: int) -> float:
     return math.nan if value is None or not non_null else float(value)
 
 
-def _pivot(rows: Sequence[sa.Row[int, int, int, float | None, int]], downsampled: bool) -> m.Heatmap:
+def _pivot(rows: Sequence[tuple[int, int, int, float | None, int]], downsampled: bool) -> m.Heatmap:
     """Rows (bucket, layer, first step, aggregate, non-null count) -> a heatmap of buckets by layers."""
     buckets = sorted({r[0] for r in rows})
     layers = sorted({r[1] for r in rows})
