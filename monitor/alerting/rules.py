@@ -271,14 +271,22 @@ class ForecastRule:
         """
         if len(points) < self.window:
             return None
+        # Values near the top of the double range (a logit_max of 1e308) would overflow the sums:
+        # the crossing step does not change when values and threshold are scaled together, so such
+        # a window is fitted in units of a power of two that brings them under 1.
+        top = max(abs(self.threshold), *(abs(y) for _, y in points))
+        scale = math.ldexp(1.0, math.frexp(top)[1]) if top > _FIT_SCALE_ABOVE else 1.0
         x0 = math.fsum(x for x, _ in points) / len(points)
-        y0 = math.fsum(y for _, y in points) / len(points)
+        y0 = math.fsum(y / scale for _, y in points) / len(points)
         sxx = math.fsum((x - x0) ** 2 for x, _ in points)
-        slope = math.fsum((x - x0) * (y - y0) for x, y in points) / sxx
+        slope = math.fsum((x - x0) * (y / scale - y0) for x, y in points) / sxx
         if not (slope > 0 if self.rising else slope < 0):
             return None
-        return Forecast(slope, x0 + (self.threshold - y0) / slope)
+        return Forecast(slope * scale, x0 + (self.threshold / scale - y0) / slope)
 
+
+_FIT_SCALE_ABOVE = 2.0**500
+"""A forecast's window with a value this large is fitted in scaled units (ForecastRule.forecast)."""
 
 LayerRule = ThresholdRule | GrowthRule | ForecastRule
 """A rule judged layer by layer (a band looks at the layers of a threshold rule)."""
@@ -601,7 +609,7 @@ def _judge_growth(rule: GrowthRule, st: LayerState, layer: int, value: float) ->
         if math.isfinite(value):
             st.memory = {"skipped": skipped, "early": [*early, value]}
         return _Verdict(False, "")
-    baseline = math.fsum(early) / len(early)
+    baseline = _mean(early)
     if not baseline > 0:
         return _Verdict(False, f"layer {layer}: {rule.metric} has no positive early value ({baseline:.4g})")
     if math.isnan(value):
@@ -616,6 +624,14 @@ def _judge_growth(rule: GrowthRule, st: LayerState, layer: int, value: float) ->
     return _Verdict(
         False, f"layer {layer}: {rule.metric} back to {ratio:.1f}x its early value ({value:.4g} vs {baseline:.4g})"
     )
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of finite values, finite even when their sum is not (values near 1.7e308)."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
 
 
 def _judge_forecast(rule: ForecastRule, st: LayerState, layer: int, value: float, step: int) -> _Verdict:

@@ -110,6 +110,18 @@ def test_each_layer_has_its_own_baseline() -> None:
     assert brief(out) == [("firing", "g", (0,), 1, 1, None), ("firing", "g", (1,), 2, 2, None)]
 
 
+def test_growth_of_values_near_the_top_of_the_double_range_is_judged_not_an_overflow() -> None:
+    """fsum(1.7e308, 1.7e308, 1.7e308) overflows; the baseline is their mean, 1.7e308, and 1.7e308 is 1.0x of it."""
+    rule = GrowthRule("g", factor=2.0, baseline_reports=3, for_reports=1)
+    out = evaluate(RuleSet((), (), growths=(rule,)), {}, series("logit_max", [1.7e308] * 4 + [1.0, 1.7e308]))
+    assert out == []
+    # baseline mean(1e307, 1.7e308) = 9e307 (their sum, 1.8e308, is past the largest double); 1.79e308 is 1.99x
+    big = GrowthRule("g", factor=1.5, baseline_reports=2, for_reports=1)
+    out = evaluate(RuleSet((), (), growths=(big,)), {}, series("logit_max", [1e307, 1.7e308, 1.79e308]))
+    assert brief(out) == [("firing", "g", (0,), 2, 2, None)]
+    assert "2.0x its early value (1.79e+308 vs 9e+307;" in out[0].summary
+
+
 # ---- forecast ----------------------------------------------------------------------------------
 
 
@@ -281,3 +293,15 @@ def test_a_forecasts_webhook_carries_its_predicted_step() -> None:
     assert "predicted_step" not in plain["alerts"][0]["annotations"]
     forecast = PendingNotification(1, 0, "firing", dataclasses.replace(row, predicted_step=1450))
     assert alertmanager_payload(forecast, "http://collector")["alerts"][0]["annotations"]["predicted_step"] == "1450"
+
+
+def test_a_ramp_near_the_top_of_the_double_range_is_forecast_at_its_exact_step() -> None:
+    """The ramp of the test above times 2^1023 (values about 5e307) against the threshold 0.75 x 2^1023:
+    the same crossing step, 1024, where the unscaled sums would overflow."""
+    k = 2.0**1023
+    rule = ForecastRule("fc", metric="logit_max", horizon_steps=200, threshold=0.75 * k, window=5)
+    steps = range(0, 1100, 16)
+    out = evaluate(
+        RuleSet((), (), forecasts=(rule,)), {}, [ReportValues(1, s, {"logit_max": [ramp(s) * k]}) for s in steps]
+    )
+    assert brief(out) == [("firing", "fc", (0,), 832, 832, 1024), ("resolved", "fc", (0,), 832, 1040, None)]
