@@ -1,4 +1,4 @@
-"""The collector's background work: stale-run heartbeat, retention, webhook delivery.
+"""The collector's background work: stale-run heartbeat, retention, unused metric names, webhook delivery.
 
 One named daemon thread per process runs :meth:`Maintenance.run_once` every interval, or sooner
 when woken (an ingest queued a notification). Every step is idempotent, so several workers or
@@ -57,6 +57,9 @@ class Maintenance:
             gone = self.store.apply_retention(self.settings.retention_days, now)
             if gone:
                 logger.info("retention: deleted %d finished run(s)", len(gone))
+        reclaimed = self.store.reclaim_metric_names()
+        if reclaimed:
+            logger.info("deleted %d metric name(s) that no run uses any more", reclaimed)
         self.notifier.deliver_pending()
 
     def _loop(self) -> None:

@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     """A report batch with more points than this gets 413."""
     max_reports_per_batch: Count = 10_000
     """A report batch with more reports than this gets 413."""
+    max_metric_names_per_run: Count = 1000
+    """Distinct metric names (layer, per-head and scalar metrics together) one run may have; a batch that
+    would take a run past it gets 422 and is not stored."""
     stale_timeout_s: Seconds = 900.0
     """A running run without reports (or updates) for this long is marked crashed."""
     maintenance_interval_s: Annotated[float, Field(gt=0, le=86_400, allow_inf_nan=False)] = 30.0

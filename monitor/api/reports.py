@@ -15,7 +15,11 @@ router = APIRouter(prefix="/v1/runs", tags=["ingest"], route_class=StrictRunRefR
 @router.post(
     "/{run_id}/reports",
     response_model=IngestPublic,
-    responses={404: {"description": "unknown run"}, 413: {"description": "body or batch too large"}},
+    responses={
+        404: {"description": "unknown run"},
+        413: {"description": "body or batch too large"},
+        422: {"description": "an attempt the run does not have, or more metric names than a run may have"},
+    },
 )
 def add_reports(
     run_id: RunRef, body: ReportBatch, request: Request, store: StoreDep, settings: SettingsDep, principal: Ingester
@@ -30,7 +34,9 @@ def add_reports(
     n = body.point_count()
     if n > settings.max_points_per_batch:
         raise HTTPException(413, f"reports: {n} points in one batch; the limit is {settings.max_points_per_batch}")
-    result = store.add_reports(run_id, body, request.app.state.rules)
+    result = store.add_reports(
+        run_id, body, request.app.state.rules, max_metric_names=settings.max_metric_names_per_run
+    )
     request.app.state.service_metrics.ingested(result.inserted, result.duplicates)
     if result.notifications:
         request.app.state.background.wake()

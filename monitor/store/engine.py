@@ -5,6 +5,7 @@ timeout, so concurrent writers (several uvicorn workers) wait instead of failing
 own transaction handling is switched off and we emit ``BEGIN`` ourselves: a write transaction
 starts with ``BEGIN IMMEDIATE`` (``execution_options(write=True)``), which takes the write lock up
 front rather than failing to upgrade a read lock half-way through (SQLITE_BUSY without retry).
+Foreign keys are enforced, as on PostgreSQL.
 
 An open SQLite connection keeps working on its file after the file is deleted (or replaced) at its
 path: what it writes goes to an unlinked file, lost when the last connection closes. So a file
@@ -121,6 +122,7 @@ def _sqlite_engine(url: sa.URL, busy_timeout_ms: int) -> Engine:
         # NORMAL is durable across application crashes in WAL mode; only an OS crash or power
         # loss can lose the last transactions, and the agent retries what was not acknowledged.
         cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")  # off unless asked for, on each connection
         cursor.close()
 
     @event.listens_for(engine, "begin")

@@ -15,10 +15,9 @@ from typing import TypeGuard
 
 import sqlalchemy as sa
 
-from qkwatch.monitor.store import frames, reads, sql
+from qkwatch.monitor.store import frames, metric_names, reads, sql
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import Invalid
-from qkwatch.monitor.store.metric_names import MetricNames
 
 Doubles = tuple[list[int], list[int], bytes, bytes | None]
 """(steps, layers, float64 values step-major with NaN where not measured, measured bytes or None)."""
@@ -30,7 +29,6 @@ Scalar = tuple[int, float]
 
 def grids(
     conn: sa.Connection,
-    names: MetricNames,
     run: m.RunRow,
     metrics: Sequence[str],
     start: int | None,
@@ -43,13 +41,12 @@ def grids(
     Raises:
         Invalid: the answer would hold more than ``max_points`` values.
     """
-    rows = _rows(conn, names, run, metrics, start, end, attempt, max_points)
+    rows = _rows(conn, run, metrics, start, end, attempt, max_points)
     return {name: _grid(frames.merge_steps(r[1:] for r in fr), sc) for name, (fr, sc) in rows.items()}
 
 
 def doubles(
     conn: sa.Connection,
-    names: MetricNames,
     run: m.RunRow,
     metrics: Sequence[str],
     start: int | None,
@@ -65,7 +62,7 @@ def doubles(
     usual run) is its frames' bytes as stored, with no value handled one by one.
     """
     out: dict[str, Doubles] = {}
-    for name, (fr, sc) in _rows(conn, names, run, metrics, start, end, attempt, max_points).items():
+    for name, (fr, sc) in _rows(conn, run, metrics, start, end, attempt, max_points).items():
         if not sc and _one_full_frame_per_step(fr):
             out[name] = ([r[1] for r in fr], list(range(len(fr[0][2]) // 8)), b"".join(r[2] for r in fr), None)
         else:
@@ -75,7 +72,6 @@ def doubles(
 
 def _rows(
     conn: sa.Connection,
-    names: MetricNames,
     run: m.RunRow,
     metrics: Sequence[str],
     start: int | None,
@@ -86,7 +82,7 @@ def _rows(
     """Per metric with values: its frame rows (metric id, step, vals, present, has_nan) in (step, attempt)
     order, and its scalar points (step, value) in the merged view (or of ``attempt``)."""
     f, p = m.frames, m.points
-    ids = {i: name for name in metrics if (i := names.lookup(conn, name)) is not None}
+    ids = {i: name for name in metrics if (i := metric_names.lookup(conn, name)) is not None}
     if not ids:
         return {}
     fw = [f.c.run_pk == run.pk, f.c.metric_id.in_(list(ids)), *sql.step_range(f.c.step, start, end)]

@@ -22,6 +22,7 @@ from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs,
 from qkwatch.monitor.store.engine import is_postgres
 from qkwatch.monitor.store.errors import Invalid
 from qkwatch.monitor.store.events import EventIn
+from qkwatch.monitor.store.metric_names import ids_for_batch
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR
 from qkwatch.monitor.wire import ReportBatch, decode_value
 
@@ -95,18 +96,18 @@ def write_batch(
     run_id: str,
     batch: ReportBatch,
     flat: FlatBatch,
-    ids: dict[str, int],
     rules: RuleSet,
     now: float,
+    max_names: int | None = None,
 ) -> models.IngestResult:
     """Store a flattened batch whole or not at all (the caller's transaction), exactly once.
 
     Args:
-        ids: the id of every metric name of ``flat``, registered before the transaction.
+        max_names: the most distinct metric names a run may have (None: no limit).
 
     Raises:
         NotFound: unknown run.
-        Invalid: the batch names an attempt the run does not have.
+        Invalid: the batch names an attempt the run does not have, or takes the run past ``max_names``.
     """
     total = len(flat.points)
     run = runs.locked(conn, run_id)
@@ -118,6 +119,8 @@ def write_batch(
         )
     if not _record_batch(conn, run, str(batch.batch_id), attempt, total, now):
         return models.IngestResult(inserted=0, duplicates=total, replayed_batch=True)
+    # The ids are read here, in this transaction, and never kept: see monitor.store.metric_names.
+    ids = ids_for_batch(conn, run, metric_names(flat), max_names)
     inserted = insert_points(conn, run.pk, attempt, flat.points, ids)
     if inserted < total:
         # Some points were stored before (or come twice in this batch): the first value of a point

@@ -253,6 +253,7 @@ def delete(conn: sa.Connection, pk: int) -> None:
         m.alert_state,
         m.alerts,
         m.run_tags,
+        m.run_metrics,
     ):
         conn.execute(sa.delete(table).where(table.c.run_pk == pk))
     conn.execute(sa.delete(m.runs).where(m.runs.c.pk == pk))

@@ -85,11 +85,31 @@ batches = sa.Table(
 
 metric_names = sa.Table(
     # Points and frames carry a small integer instead of the metric's name: a narrower primary
-    # key makes every insert cheaper (about 40 % on PostgreSQL). Append-only; ids never change.
+    # key makes every insert cheaper (about 40 % on PostgreSQL). A name no run uses any more is
+    # deleted (``monitor.store.metric_names.reclaim``), so an id is only ever read in the
+    # transaction that uses it, never cached.
     "metric_names",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("name", Name, nullable=False, unique=True),
+)
+
+run_metrics = sa.Table(
+    # The metric names each run has stored points of (migration 0010): a row per (run, name), added by
+    # the ingest that first stores the name for the run, deleted with the run. It counts a run's names
+    # (the per-run limit) and tells the names no run uses from those in use without reading points. The
+    # foreign key keeps a name in use from being deleted and a deleted id from being used (both fail
+    # loudly); a rebuild that renumbers the ids carries these rows along (ON UPDATE CASCADE).
+    "run_metrics",
+    metadata,
+    sa.Column("run_pk", sa.Integer, primary_key=True),
+    sa.Column(
+        "metric_id",
+        sa.Integer,
+        sa.ForeignKey("metric_names.id", name="fk_run_metrics_metric_id", onupdate="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Index("ix_run_metrics_metric_id", "metric_id"),
 )
 
 points = sa.Table(

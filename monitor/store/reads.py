@@ -11,9 +11,8 @@ from collections.abc import Iterator, Sequence
 
 import sqlalchemy as sa
 
-from qkwatch.monitor.store import frames, means, runs, sql
+from qkwatch.monitor.store import frames, means, metric_names, runs, sql
 from qkwatch.monitor.store import models as m
-from qkwatch.monitor.store.metric_names import MetricNames
 
 
 def attempt_filter(run: m.RunRow, attempt: int | None) -> list[sa.ColumnElement[bool]]:
@@ -50,10 +49,10 @@ def _point_filter(run: m.RunRow, metric_id: int | None, head: int, attempt: int 
     ]
 
 
-def has_points(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: str, head: int) -> bool:
+def has_points(conn: sa.Connection, run: m.RunRow, metric: str, head: int) -> bool:
     """Whether the run stored any point of ``metric`` for ``head`` (-1: layer values and scalars)."""
     p = m.points
-    metric_id = names.lookup(conn, metric)
+    metric_id = metric_names.lookup(conn, metric)
     if metric_id is None:
         return False
     q = sa.select(sa.literal(1)).where(p.c.run_pk == run.pk, p.c.metric_id == metric_id, p.c.head == head)
@@ -62,7 +61,6 @@ def has_points(conn: sa.Connection, names: MetricNames, run: m.RunRow, metric: s
 
 def series(
     conn: sa.Connection,
-    names: MetricNames,
     run: m.RunRow,
     metric: str,
     layer: int,
@@ -75,7 +73,7 @@ def series(
     """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max."""
     p = m.points
     where = [
-        *_point_filter(run, names.lookup(conn, metric), head, attempt),
+        *_point_filter(run, metric_names.lookup(conn, metric), head, attempt),
         p.c.layer == layer,
         *sql.step_range(p.c.step, start, end),
     ]
@@ -108,7 +106,6 @@ def series(
 
 def heatmap(
     conn: sa.Connection,
-    names: MetricNames,
     run: m.RunRow,
     metric: str,
     start: int | None,
@@ -123,10 +120,10 @@ def heatmap(
     Layer values are read from the frames, per-head values from the points.
     """
     if head == m.LAYER_VALUE:
-        return _heatmap_from_frames(conn, names, run, metric, start, end, max_steps, agg, attempt)
+        return _heatmap_from_frames(conn, run, metric, start, end, max_steps, agg, attempt)
     p = m.points
     where = [
-        *_point_filter(run, names.lookup(conn, metric), head, attempt),
+        *_point_filter(run, metric_names.lookup(conn, metric), head, attempt),
         p.c.layer >= 0,
         *sql.step_range(p.c.step, start, end),
     ]
@@ -159,7 +156,6 @@ def heatmap(
 
 def _heatmap_from_frames(
     conn: sa.Connection,
-    names: MetricNames,
     run: m.RunRow,
     metric: str,
     start: int | None,
@@ -169,7 +165,7 @@ def _heatmap_from_frames(
     attempt: int | None,
 ) -> m.Heatmap:
     f = m.frames
-    metric_id = names.lookup(conn, metric)
+    metric_id = metric_names.lookup(conn, metric)
     where = [
         f.c.run_pk == run.pk,
         f.c.metric_id == (-1 if metric_id is None else metric_id),

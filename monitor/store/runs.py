@@ -14,9 +14,9 @@ from typing import Any
 import sqlalchemy as sa
 from pydantic import ValidationError
 
+from qkwatch.monitor.store import metric_names
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import NotFound
-from qkwatch.monitor.store.metric_names import MetricNames
 from qkwatch.monitor.wire import RunConfig, clip_depth
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,6 @@ def basic_filters(
 
 def search_filters(
     conn: sa.Connection,
-    names: MetricNames,
     *,
     created: tuple[float | None, float | None],
     updated: tuple[float | None, float | None],
@@ -174,7 +173,7 @@ def search_filters(
         where += [column >= after] if after is not None else []
         where += [column <= before] if before is not None else []
     if ever_above is not None:
-        where.append(_ever_above(conn, names, *ever_above))
+        where.append(_ever_above(conn, *ever_above))
     if latest_above is not None:
         lt = m.latest
         where.append(
@@ -187,8 +186,8 @@ def search_filters(
     return where
 
 
-def _ever_above(conn: sa.Connection, names: MetricNames, metric: str, threshold: float) -> sa.ColumnElement[bool]:
-    metric_id = names.lookup(conn, metric)
+def _ever_above(conn: sa.Connection, metric: str, threshold: float) -> sa.ColumnElement[bool]:
+    metric_id = metric_names.lookup(conn, metric)
     if metric_id is None:
         return sa.false()
     p = m.points

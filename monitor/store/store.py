@@ -15,6 +15,7 @@ Errors the API turns into 4xx are raised as :class:`NotFound` and :class:`Invali
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,16 +26,17 @@ from sqlalchemy.engine import Engine
 
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
 from qkwatch.monitor.alerting.rules import RuleSet
-from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, reads, runs, tokens
+from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, metric_names, reads, runs, tokens
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import check_file
 from qkwatch.monitor.store.errors import Invalid, NotFound
 from qkwatch.monitor.store.history import Doubles  # by name: the method Store.history hides the module
 from qkwatch.monitor.store.lambdas import CLIP_WHO
-from qkwatch.monitor.store.metric_names import MetricNames
 from qkwatch.monitor.store.runs import TERMINAL
 from qkwatch.monitor.store.tokens import hash_token
 from qkwatch.monitor.wire import ReportBatch, RunCreate, RunPatch
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["CLIP_WHO", "TERMINAL", "Invalid", "NotFound", "Store", "hash_token"]
 
@@ -49,7 +51,6 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._closed = False
-        self._names = MetricNames()
 
     def close(self) -> None:
         """Dispose of the connection pool; idempotent."""
@@ -141,7 +142,6 @@ class Store:
         with self._read() as conn:
             where = runs.basic_filters(projects, status, name, tags) + runs.search_filters(
                 conn,
-                self._names,
                 created=created,
                 updated=updated,
                 ever_above=ever_above,
@@ -171,13 +171,15 @@ class Store:
             return lifecycle.patch(conn, run_id, body, _now(now))
 
     def delete_run(self, run_id: str) -> None:
-        """Delete the run and all its rows; see :func:`qkwatch.monitor.store.lifecycle.delete`.
+        """Delete the run and all its rows (see :func:`qkwatch.monitor.store.lifecycle.delete`), then the
+        metric names no run uses any more.
 
         Raises:
             NotFound: unknown run.
         """
         with self._write() as conn:
             lifecycle.delete(conn, runs.locked(conn, run_id).pk)
+        self._reclaim_after_delete()
 
     def mark_stale(self, timeout_s: float, now: float | None = None) -> list[str]:
         """Mark running runs without reports (or updates) for ``timeout_s`` as crashed; returns their ids."""
@@ -185,39 +187,61 @@ class Store:
             return lifecycle.mark_stale(conn, timeout_s, _now(now))
 
     def apply_retention(self, days: float, now: float | None = None) -> list[str]:
-        """Delete finished and crashed runs not updated for ``days``; returns their ids."""
+        """Delete finished and crashed runs not updated for ``days``, then the metric names no run uses
+        any more; returns the runs' ids."""
         with self._write() as conn:
-            return lifecycle.apply_retention(conn, days, _now(now))
+            gone = lifecycle.apply_retention(conn, days, _now(now))
+        if gone:
+            self._reclaim_after_delete()
+        return gone
+
+    def _reclaim_after_delete(self) -> None:
+        # Best effort: the runs are gone whatever happens here, and the maintenance pass reclaims
+        # what this could not (a database that went away between the two transactions).
+        try:
+            self.reclaim_metric_names()
+        except sa.exc.DBAPIError as exc:
+            logger.warning(
+                "metric names not reclaimed after a run's deletion (the next maintenance pass will): %s", exc
+            )
+
+    def reclaim_metric_names(self) -> int:
+        """Delete the metric names no run uses (their ids may be given again); returns how many.
+
+        Its own transaction, which never waits for an ingest: see :mod:`qkwatch.monitor.store.metric_names`.
+        """
+        with self._write() as conn:
+            return metric_names.reclaim(conn)
 
     # --- ingest -----------------------------------------------------------------------------
 
-    def add_reports(self, run_id: str, batch: ReportBatch, rules: RuleSet, now: float | None = None) -> m.IngestResult:
+    def add_reports(
+        self,
+        run_id: str,
+        batch: ReportBatch,
+        rules: RuleSet,
+        now: float | None = None,
+        *,
+        max_metric_names: int | None = None,
+    ) -> m.IngestResult:
         """Store a batch whole or not at all, exactly once (batch id + natural key of each point).
 
-        In the same transaction the run's running entropies move and ``rules`` are evaluated
-        (alerts opened or resolved, notifications queued): see :func:`qkwatch.monitor.store.ingest.write_batch`.
+        In the same transaction the batch's metric names get their ids (read there, never cached),
+        the run's running entropies move and ``rules`` are evaluated (alerts opened or resolved,
+        notifications queued): see :func:`qkwatch.monitor.store.ingest.write_batch`.
+
+        Args:
+            max_metric_names: the most distinct metric names a run may have (None: no limit).
 
         Raises:
             NotFound: unknown run.
-            Invalid: the batch names an attempt the run does not have.
+            Invalid: the batch names an attempt the run does not have, or takes the run past
+                ``max_metric_names``.
         """
         now = _now(now)
         flat = ingest.flatten(batch)
-        ids = self.metric_ids(ingest.metric_names(flat))
         with self._write() as conn:
-            return ingest.write_batch(conn, run_id, batch, flat, ids, rules, now)
-
-    def metric_ids(self, names: set[str]) -> dict[str, int]:
-        """Ids of metric names, registering new ones in a transaction of their own.
-
-        Committed before the batch's transaction, so an id in the cache always exists in the
-        database even when that batch rolls back (an unused name is harmless).
-        """
-        missing = self._names.missing(names)
-        if missing:
-            with self._write() as conn:
-                self._names.register(conn, missing)
-        return self._names.ids(names)
+            return ingest.write_batch(conn, run_id, batch, flat, rules, now, max_metric_names)
 
     # --- alerts and notifications -------------------------------------------------------------
 
@@ -249,7 +273,7 @@ class Store:
     def has_points(self, run: m.RunRow, metric: str, head: int) -> bool:
         """Whether the run stored any point of ``metric`` for ``head`` (-1: layer values and scalars)."""
         with self._read() as conn:
-            return reads.has_points(conn, self._names, run, metric, head)
+            return reads.has_points(conn, run, metric, head)
 
     def series(
         self,
@@ -265,7 +289,7 @@ class Store:
     ) -> m.Series:
         """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max."""
         with self._read() as conn:
-            return reads.series(conn, self._names, run, metric, layer, head, start, end, max_points, attempt)
+            return reads.series(conn, run, metric, layer, head, start, end, max_points, attempt)
 
     def heatmap(
         self,
@@ -281,7 +305,7 @@ class Store:
     ) -> m.Heatmap:
         """All layers of one metric over steps; steps bucketed to at most ``max_steps`` by ``agg`` (max by default)."""
         with self._read() as conn:
-            return reads.heatmap(conn, self._names, run, metric, start, end, max_steps, agg, head, attempt)
+            return reads.heatmap(conn, run, metric, start, end, max_steps, agg, head, attempt)
 
     def history(
         self,
@@ -301,7 +325,7 @@ class Store:
             Invalid: the answer would hold more than ``max_points`` values.
         """
         with self._read() as conn:
-            return history.grids(conn, self._names, run, metrics, start, end, attempt, max_points)
+            return history.grids(conn, run, metrics, start, end, attempt, max_points)
 
     def history_doubles(
         self,
@@ -318,7 +342,7 @@ class Store:
         See :func:`qkwatch.monitor.store.history.doubles`.
         """
         with self._read() as conn:
-            return history.doubles(conn, self._names, run, metrics, start, end, attempt, max_points)
+            return history.doubles(conn, run, metrics, start, end, attempt, max_points)
 
     def export_rows(self, run: m.RunRow, attempt: int | None = None, chunk: int = 5000) -> Iterator[m.ExportRow]:
         """Every point of the run (merged view unless ``attempt``) as (attempt, step, metric, layer, head, value)."""

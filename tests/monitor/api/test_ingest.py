@@ -129,6 +129,26 @@ def test_too_many_points_is_413(make_harness):
     h.send(run["id"], [report(1, {"qkai": [0.1] * 10})])
 
 
+def test_more_metric_names_than_a_run_may_have_is_422_naming_the_limit(make_harness):
+    """QKWATCH_MAX_METRIC_NAMES_PER_RUN: a batch that would give the run more distinct metric names is
+    refused whole (422 naming the limit, its value and the new names); what the run has stays."""
+    h = make_harness(max_metric_names_per_run=3)
+    run = h.create_run()
+    h.send(run["id"], [report(0, {"qkai": [0.5, 0.6]}, scalars={"loss": 2.0})])
+    r = h.client.post(
+        f"/v1/runs/{run['id']}/reports",
+        headers=h.headers("ingest"),
+        json={"batch_id": str(uuid.uuid4()), "reports": [report(1, {"qkai": [0.4, 0.5]}, scalars={"a": 1, "b": 2})]},
+    )
+    detail = r.json()["detail"]
+    assert r.status_code == 422
+    assert "the limit is 3 names per run" in detail and "QKWATCH_MAX_METRIC_NAMES_PER_RUN" in detail
+    assert "adds 2 (a, b)" in detail
+    assert h.get(f"/v1/runs/{run['id']}/metrics")["metrics"] == {"loss": [-1], "qkai": [0, 1]}
+    assert h.get(f"/v1/runs/{run['id']}/series", metric="qkai", layer=0)["steps"] == [0]
+    assert h.send(run["id"], [report(1, {"qkai": [0.4, 0.5]}, scalars={"a": 1})])["inserted"] == 3
+
+
 def test_events_are_stored_once_per_step_and_kind(h):
     run = h.create_run()
     ev = {"kind": "missing_layers", "message": "layers 3, 4 not measured", "data": {"layers": [3, 4]}}

@@ -368,3 +368,54 @@ def test_tags_and_notes_arrive_on_existing_runs_and_leave_cleanly(db_url: str):
             assert "ix_run_tags_tag" in plan, plan
     finally:
         engine.dispose()
+
+
+def test_run_metrics_arrive_filled_and_names_no_run_uses_go(db_url: str):
+    """0010: run_metrics is filled from the points and frames stored; the names no run uses (a deleted
+    run's: before 0010 none was ever deleted) and the points and frames under an id without a name (what
+    a collector with a stale id cache wrote into a re-created database, issue 21 H1) are deleted; what
+    runs use is kept; the downgrade drops the table and a second upgrade works."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        store = Store(engine)
+        run, _ = store.create_or_resume_run(RunCreate(project="p", name=f"n-{uuid.uuid4().hex[:6]}"))
+        report = {"step": 0, "time": 0.0, "layers": {"qkai": [0.1, 0.2]}, "scalars": {"loss": 2.5}}
+        store.add_reports(
+            run.id, ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": [report]}), RuleSet((), ())
+        )
+        _downgrade(engine, "0009")
+        with engine.begin() as conn:  # what 0009's collector could leave behind
+            conn.execute(sa.text("INSERT INTO metric_names (name) VALUES ('of_a_deleted_run')"))
+            nameless = {"pk": run.pk, "m": 999, "vals": array("d", [0.7]).tobytes(), "f": False}
+            conn.execute(
+                sa.text(
+                    "INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
+                    "VALUES (:pk, :m, -1, 0, 5, 1, 0.7)"
+                ),
+                nameless,
+            )
+            conn.execute(
+                sa.text(
+                    "INSERT INTO frames (run_pk, metric_id, step, attempt, mask, vals, present, has_nan) "
+                    "VALUES (:pk, :m, 5, 1, 'a1', :vals, NULL, :f)"
+                ),
+                nameless,
+            )
+        upgrade(engine)
+        with engine.connect() as conn:
+            ids = dict(conn.execute(sa.text("SELECT name, id FROM metric_names")).all())
+            assert set(ids) == {"qkai", "loss"}
+            used = set(conn.execute(sa.text("SELECT run_pk, metric_id FROM run_metrics")).all())
+            assert used == {(run.pk, ids["qkai"]), (run.pk, ids["loss"])}
+            for table in ("points", "frames"):
+                assert conn.execute(sa.text(f"SELECT count(*) FROM {table} WHERE metric_id = 999")).scalar() == 0
+        assert [store.series(run, "qkai", la).values for la in range(2)] == [[0.1], [0.2]]
+        assert store.series(run, "loss", -1).values == [2.5]
+        _downgrade(engine, "0009")
+        assert "run_metrics" not in sa.inspect(engine).get_table_names()
+        upgrade(engine)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM run_metrics")).scalar() == 2
+    finally:
+        engine.dispose()
