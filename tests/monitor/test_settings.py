@@ -26,6 +26,8 @@ BAD = [
     ("max_points_per_batch", str(MAX_COUNT + 1)),
     ("max_reports_per_batch", "0"),
     ("max_reports_per_batch", BIG),
+    ("max_metric_names_per_run", "0"),
+    ("max_metric_names_per_run", BIG),
     ("stale_timeout_s", "0"),
     ("stale_timeout_s", "nan"),
     ("stale_timeout_s", "inf"),

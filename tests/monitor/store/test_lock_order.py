@@ -73,8 +73,7 @@ def new_run(store: Store) -> tuple[m.RunRow, str]:
 
 def write_in(conn: sa.Connection, store: Store, run_id: str, b: ReportBatch, now: float) -> None:
     """The body of ``Store.add_reports`` in the caller's transaction."""
-    flat = ingest.flatten(b)
-    ingest.write_batch(conn, run_id, b, flat, store.metric_ids(ingest.metric_names(flat)), RULES, now)
+    ingest.write_batch(conn, run_id, b, ingest.flatten(b), RULES, now)
 
 
 class Competitor:
