@@ -75,22 +75,25 @@ def ids_for_batch(conn: sa.Connection, run: m.RunRow, names: Iterable[str], limi
     return {n: held[n][0] if n in held else known[n][0] for n in wanted}
 
 
+# Text, not a Core select built per call: the usual batch runs only this, and building and caching
+# a select costs about 8x what running it does on SQLite (~180 us against ~25 us of CPU).
+_NAMES = (
+    "SELECT n.id, n.name, rm.metric_id IS NOT NULL AS used FROM metric_names n "
+    "LEFT JOIN run_metrics rm ON rm.run_pk = :run_pk AND rm.metric_id = n.id "
+    "WHERE n.name IN :names ORDER BY n.id"
+)
+_SELECT = sa.text(_NAMES).bindparams(sa.bindparam("names", expanding=True))
+_SELECT_LOCKED_PG = sa.text(_NAMES + " FOR KEY SHARE OF n").bindparams(sa.bindparam("names", expanding=True))
+
+
 def _select(conn: sa.Connection, run_pk: int, names: list[str], *, lock: bool) -> dict[str, tuple[int, bool]]:
     """name -> (id, whether the run has it) of the names that exist.
 
     ``lock``: on PostgreSQL each row is locked ``FOR KEY SHARE`` until the transaction ends (a reclaim
     skips it), in id order, so that two transactions never wait on each other in a circle.
     """
-    n, rm = m.metric_names, m.run_metrics
-    query = (
-        sa.select(n.c.id, n.c.name, rm.c.metric_id.is_not(None).label("used"))
-        .select_from(n.outerjoin(rm, sa.and_(rm.c.run_pk == run_pk, rm.c.metric_id == n.c.id)))
-        .where(n.c.name.in_(names))
-        .order_by(n.c.id)
-    )
-    if lock and is_postgres(conn):
-        query = query.with_for_update(read=True, key_share=True, of=n)
-    return {r.name: (r.id, bool(r.used)) for r in conn.execute(query)}
+    query = _SELECT_LOCKED_PG if lock and is_postgres(conn) else _SELECT
+    return {r.name: (r.id, bool(r.used)) for r in conn.execute(query, {"run_pk": run_pk, "names": names})}
 
 
 def _check_limit(conn: sa.Connection, run: m.RunRow, new: list[str], limit: int) -> None:
