@@ -17,6 +17,7 @@ again restart it on the same port over the same database (an outage, not a wipe)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -81,6 +82,9 @@ class CollectorProcess:
         env: settings as ``QKWATCH_*`` environment variables, over this process's environment.
         cwd: the working directory of the collector (default this process's).
         start_timeout: seconds :meth:`start` waits for ``/healthz`` by default.
+        own_group: start it in a process group of its own, so that :meth:`stop` signals the whole
+            group: with ``--workers N`` that is every worker, not only uvicorn's supervisor (whose
+            workers outlive a SIGKILL of it alone and keep the port).
     """
 
     def __init__(
@@ -94,6 +98,7 @@ class CollectorProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | Path | None = None,
         start_timeout: float = 60.0,
+        own_group: bool = False,
     ) -> None:
         self.database_url = database_url
         self.port = port or free_port()
@@ -104,6 +109,7 @@ class CollectorProcess:
         self.env = dict(env or {})
         self.cwd = cwd
         self.start_timeout = start_timeout
+        self.own_group = own_group
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -139,12 +145,22 @@ class CollectorProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}  # unbuffered: the log is current when quoted
         if self.log is None:
             self.proc = proc = subprocess.Popen(
-                self.command, cwd=self.cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+                self.command,
+                cwd=self.cwd,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=self.own_group,
             )
         else:
             with open(self.log, "a") as out:  # the child keeps its own descriptor
                 self.proc = proc = subprocess.Popen(
-                    self.command, cwd=self.cwd, env=env, stdout=out, stderr=subprocess.STDOUT
+                    self.command,
+                    cwd=self.cwd,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=self.own_group,
                 )
         self._wait_healthy(proc, self.start_timeout if timeout is None else timeout)
         return self
@@ -171,16 +187,27 @@ class CollectorProcess:
         return f":\n{self.log.read_text(errors='replace')[-LOG_TAIL_CHARS:]}"
 
     def stop(self, hard: bool = False, timeout: float = 30.0) -> None:
-        """SIGTERM (``hard``: SIGKILL) and wait; killed if it has not exited after ``timeout`` s. Idempotent."""
+        """SIGTERM (``hard``: SIGKILL) and wait; killed if it has not exited after ``timeout`` s. Idempotent.
+
+        With ``own_group`` the signal goes to the collector's whole process group (its workers too).
+        """
         if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGKILL if hard else signal.SIGTERM)
+        self._signal(signal.SIGKILL if hard else signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._signal(signal.SIGKILL)
             self.proc.wait()
         self.proc = None
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        if not self.own_group:
+            self.proc.send_signal(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+            os.killpg(self.proc.pid, sig)  # the group's id is the leader's pid (start_new_session)
 
     def wait(self) -> int | None:
         """Block until the collector exits by itself (or a signal); its exit status."""

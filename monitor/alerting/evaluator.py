@@ -16,6 +16,11 @@ resumes (a new attempt, or reports after it was marked stale) carries on where i
 first report that the rule judges re-opens the same alert (``firing`` again, a ``firing``
 notification) while the condition still holds, or resolves it (a ``resolved`` notification) once it
 no longer does. One alert, one incident, however often the run stops and resumes.
+
+Reports that reach a run after its end without resuming it (another rank's last reports, delivered
+after rank 0 said the run finished) are judged too, but cannot make it look alive again
+(:class:`RunEnd`): an ended alert stays ended, and a layer they make fire gets its alert already
+ended, with one ``ended`` notification.
 """
 
 from __future__ import annotations
@@ -47,6 +52,16 @@ class StoredState:
     alert_ended: bool = False
     """The alert ended with its run while it fired (state ``ended``); the next report of the resumed
     run re-opens or resolves it. The store reads this from the alert itself."""
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    """The run a batch belongs to has ended and stays ended (the batch does not resume it)."""
+
+    step: int | None
+    """Its last step."""
+    how: str
+    """How it ended: "finished", "crashed" or "stale"."""
 
 
 class AlertLedger(Protocol):
@@ -99,11 +114,14 @@ def evaluate_batch(
     ledger: AlertLedger,
     attempt: int,
     layer_values: Iterable[tuple[int, Mapping[str, list[float | None]]]],
+    run_end: RunEnd | None = None,
 ) -> int:
     """Run a batch's reports ((step, metric -> value per layer) of ``attempt``) through the rules.
 
     Opens, updates and resolves alerts, queues their notifications and saves the states that
-    changed, all through ``ledger``. Returns the number of notifications queued.
+    changed, all through ``ledger``. With ``run_end`` (the run ended and the batch does not resume
+    it) no ended alert fires again, and an alert that opens is ended at once. Returns the number of
+    notifications queued.
     """
     reports = reports_for(rules, attempt, layer_values)
     if not reports:
@@ -114,9 +132,9 @@ def evaluate_batch(
     ended = {key for key, s in stored.items() if s.alert_ended and s.alert_id is not None}
     # A shallow copy is enough: the rules replace a state's memory, never change it in place.
     before = {key: replace(s) for key, s in state.items()}
-    queued = sum(_record(ledger, t, alert_ids, ended) for t in evaluate(rules, state, reports))
+    queued = sum(_record(ledger, t, alert_ids, ended, run_end) for t in evaluate(rules, state, reports))
     # An ended alert whose rule judged a report of the resumed run and still holds fires again.
-    for key in [k for k in ended if state[k].firing and state[k] != before[k]]:
+    for key in [k for k in ended if run_end is None and state[k].firing and state[k] != before[k]]:
         queued += _reopen(ledger, key, alert_ids[key], ended)
     changed = {
         key: _stored_state(s, alert_ids.get(key), key in ended) for key, s in state.items() if before.get(key) != s
@@ -153,17 +171,29 @@ def end_of_run(ledger: AlertLedger, step: int | None, how: str) -> int:
     return queued
 
 
-def _record(ledger: AlertLedger, t: Transition, alert_ids: dict[StateKey, int | None], ended: set[StateKey]) -> int:
+def _record(
+    ledger: AlertLedger,
+    t: Transition,
+    alert_ids: dict[StateKey, int | None],
+    ended: set[StateKey],
+    run_end: RunEnd | None,
+) -> int:
     """Record one transition through the ledger; returns the notifications queued (0, 1 or 2)."""
     alert_id: int | None
     if t.kind == "firing":
         alert_id = alert_ids[t.state_key] = ledger.open_alert(t)
+        if run_end is not None:  # it fired after the end: the run ended while it fired
+            ledger.end_alert(alert_id, run_end.step, run_end.how)
+            ended.add(t.state_key)
+            ledger.queue_notification(alert_id, "ended")
+            return 1
     else:
         alert_id = alert_ids.get(t.state_key)
         if alert_id is None:
             return 0
         if t.kind == "update":
-            queued = _reopen(ledger, t.state_key, alert_id, ended) if t.state_key in ended else 0
+            resumed = t.state_key in ended and run_end is None
+            queued = _reopen(ledger, t.state_key, alert_id, ended) if resumed else 0
             ledger.update_alert(alert_id, t)
             return queued
         ledger.resolve_alert(alert_id, t)  # an ended alert too: the resumed run healed

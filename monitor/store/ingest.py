@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from qkwatch.monitor.alerting.evaluator import evaluate_batch
+from qkwatch.monitor.alerting.evaluator import RunEnd, evaluate_batch
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs, sql
 from qkwatch.monitor.store.engine import is_postgres
@@ -131,7 +131,8 @@ def write_batch(
     events.insert(conn, run.pk, attempt, flat.events)
     _upsert_latest(conn, run.pk, attempt, flat.latest)
     lambda_step = lambdas.feed_schedule(conn, run, attempt, flat.layer_values)
-    queued = evaluate_batch(rules, alerts.AlertRows(conn, run.pk, now), attempt, flat.layer_values)
+    ledger = alerts.AlertRows(conn, run.pk, now)
+    queued = evaluate_batch(rules, ledger, attempt, flat.layer_values, _run_end(run, flat.max_step, inserted))
     _touch_run(conn, run, flat.max_step, inserted, lambda_step, now)
     return models.IngestResult(inserted=inserted, duplicates=total - inserted, notifications=queued)
 
@@ -172,6 +173,18 @@ def _upsert_latest(conn: sa.Connection, pk: int, attempt: int, latest: Latest) -
         rows,
         where="excluded.attempt > t.attempt OR (excluded.attempt = t.attempt AND excluded.step >= t.step)",
     )
+
+
+def _run_end(run: models.RunRow, max_step: int, inserted: int) -> RunEnd | None:
+    """How the run ended, when the batch reaches it ended and does not revive it (see ``_touch_run``):
+    another rank's last reports, delivered after rank 0 said the run finished."""
+    if run.status not in runs.TERMINAL:
+        return None
+    stale = run.status == "crashed" and run.status_reason == "stale"
+    if stale and inserted:
+        return None
+    last = max(max_step, run.last_step if run.last_step is not None else -1)
+    return RunEnd(last if last >= 0 else None, "stale" if stale else run.status)
 
 
 def _touch_run(

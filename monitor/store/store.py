@@ -28,7 +28,7 @@ from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, metric_names, reads, runs, tokens
 from qkwatch.monitor.store import models as m
-from qkwatch.monitor.store.engine import check_file
+from qkwatch.monitor.store.engine import check_file, is_postgres
 from qkwatch.monitor.store.errors import Invalid, NotFound
 from qkwatch.monitor.store.history import Doubles  # by name: the method Store.history hides the module
 from qkwatch.monitor.store.lambdas import CLIP_WHO
@@ -51,6 +51,12 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._closed = False
+        # A read is one snapshot of the database, as SQLite's WAL gives a read transaction. PostgreSQL's
+        # READ COMMITTED takes a snapshot per statement, so a read in two statements (the run row, then
+        # its running entropies) could pair rows of two commits: one lambda version served with two
+        # sets of lambdas by two replicas (found by bench/fleet.py). REPEATABLE READ holds the first
+        # statement's snapshot; a transaction that only reads never fails to serialise.
+        self._read_options: dict[str, str] = {"isolation_level": "REPEATABLE READ"} if is_postgres(engine) else {}
 
     def close(self) -> None:
         """Dispose of the connection pool; idempotent."""
@@ -66,7 +72,8 @@ class Store:
 
     @contextmanager
     def _read(self) -> Iterator[sa.Connection]:
-        with self.engine.connect() as conn, conn.begin():
+        """A read-only transaction on one snapshot of the database (see ``__init__``)."""
+        with self.engine.connect().execution_options(**self._read_options) as conn, conn.begin():
             yield conn
 
     def schema_revision(self) -> str | None:

@@ -131,3 +131,63 @@ def test_detectors_in_batches_give_what_one_batch_gives_and_replays_change_nothi
     ingest(store, cut.id, reports)  # the same points again in a new batch
     ingest(store, cut.id, reports[3:9])  # a late batch
     assert (alerts_of(store, project, cut.id), states_of(store, cut.pk)) == before
+
+
+THRESHOLD_ONLY = RuleSet(thresholds=(ThresholdRule("qkai_high", threshold=0.7),), bands=())
+
+
+def rank_report(store: Store, run_id: str, layer: int, steps: range, qkai: float = 0.9) -> None:
+    """One rank's batch: ``qkai`` on its own ``layer`` of 3 (the others not measured), at each step."""
+    reports = [
+        {"step": s, "time": float(s), "layers": {"qkai": [qkai if i == layer else None for i in range(3)]}}
+        for s in steps
+    ]
+    store.add_reports(
+        run_id, ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": reports}), THRESHOLD_ONLY
+    )
+
+
+def notifications_of(store: Store, project: str, run_id: str) -> dict[int, list[str]]:
+    """Each alert's layer -> the statuses of the notifications queued for it, oldest first."""
+    layer_of = {a.id: a.layers[0] for a in store.list_alerts(projects=[project], run_id=run_id)}
+    out: dict[int, list[str]] = {layer: [] for layer in layer_of.values()}
+    for n in store.claim_notifications(now=1e12, limit=1000):
+        if n.alert.id in layer_of:
+            out[layer_of[n.alert.id]].append(n.status)
+    return out
+
+
+def test_a_late_report_of_another_rank_does_not_reopen_what_the_runs_end_ended(store: Store) -> None:
+    """Found by the fleet bench (bench/fleet.py): rank 0 marks the run finished while another rank's
+    last report is still on its way; that report re-opened the ended alert as firing, on a finished
+    run that nothing would end again, and sent a second firing notification."""
+    project = f"late-{uuid.uuid4().hex[:8]}"
+    body = {"project": project, "name": "r", "config": {"n_layers": 3}, "attempt_key": "launch-1"}
+    run, _ = store.create_or_resume_run(RunCreate.model_validate(body))
+    rank_report(store, run.id, 0, range(4))  # rank 0: layer 0 fires at step 2
+    rank_report(store, run.id, 1, range(3))  # rank 1: layer 1 fires at step 2; its step 3 is late
+    rank_report(store, run.id, 2, range(1))  # rank 2: far behind, layer 2 not firing yet
+    store.set_status(run.id, "finished", attempt=1)  # rank 0's close: the run ended while 0 and 1 fired
+
+    rank_report(store, run.id, 1, range(3, 4))  # rank 1's last report, delivered after the end
+    rank_report(store, run.id, 2, range(1, 4))  # rank 2's, which make layer 2 fire
+
+    alerts = {a.layers[0]: a for a in store.list_alerts(projects=[project], run_id=run.id)}
+    assert {layer: (a.state, a.run_end, a.ended_step) for layer, a in alerts.items()} == {
+        0: ("ended", "finished", 3),
+        1: ("ended", "finished", 3),  # not re-opened: the run did not resume
+        2: ("ended", "finished", 3),  # it fired after the end: the run ended while it fired
+    }
+    assert store.get_run(run.id).status == "finished"
+    assert notifications_of(store, project, run.id) == {0: ["firing", "ended"], 1: ["firing", "ended"], 2: ["ended"]}
+
+    # A resume still carries on where the run stopped: the same alerts fire again.
+    store.create_or_resume_run(RunCreate.model_validate({**body, "attempt_key": "launch-2"}))
+    for layer in range(3):
+        rank_report(store, run.id, layer, range(4, 5))
+    assert {a.layers[0]: a.state for a in store.list_alerts(projects=[project], run_id=run.id)} == {
+        0: "firing",
+        1: "firing",
+        2: "firing",
+    }
+    assert notifications_of(store, project, run.id) == {0: ["firing"], 1: ["firing"], 2: ["firing"]}
