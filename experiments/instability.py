@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -331,6 +332,19 @@ def detector_table(
 # --- forecasts, learning-rate sensitivity, the contraction band ------------------------------------------
 
 
+SHIPPED_FORECAST: dict[str, Any] = {
+    "name": "qkai_forecast",
+    "kind": "forecast",
+    "metric": "qkai",
+    "op": ">",
+    "window": 8,
+    "horizon_steps": 500,
+    "for_reports": 2,
+}
+"""The forecast rule of dashboards/rules/detectors.yml as it was written before the suite ran: its
+crossing error is measured whether or not tuning chose a forecast (only induced runs cross)."""
+
+
 def forecast_errors(
     data: Sequence[RunData], chosen: dict[str, dict[str, Any]], collapse: float
 ) -> list[dict[str, Any]]:
@@ -340,7 +354,13 @@ def forecast_errors(
     fired)``. A forecast whose layer never crossed by the end of the run is listed without an error.
     """
     out = []
-    forecasts = [c["rule"] for name, c in chosen.items() if c["rule"].get("kind") == "forecast"]
+    forecasts = list(
+        {
+            json.dumps(c["rule"], sort_keys=True): c["rule"]
+            for c in chosen.values()
+            if c["rule"].get("kind") == "forecast"
+        }.values()
+    )
     for rule in forecasts:
         rs = ruleset([rule], collapse)
         spec = rs.forecasts[0]
@@ -454,8 +474,10 @@ def analyse(opts: Options, runs: Sequence[SuiteRun]) -> dict[str, Any]:
     with Campaign(opts.campaign, workers=opts.workers, root=opts.root) as campaign:
         collapse = campaign.client.thresholds().collapse
         data = read_back(campaign.client, opts.campaign, runs, outcome)
-    tune = [d for d in data if d.run.split == "tune"]
-    test = [d for d in data if d.run.split == "test"]
+    # Detectors are chosen and scored on trouble qkwatch did not make: induced runs are reported apart.
+    tune = [d for d in data if d.run.split == "tune" and not d.run.induced]
+    test = [d for d in data if d.run.split == "test" and not d.run.induced]
+    induced = [d for d in data if d.run.induced]
     log(
         f"read {len(data)} runs: "
         + ", ".join(f"{k} {sum(d.outcome.label == k for d in data)}" for k in ("diverged", "spiked", "healthy"))
@@ -481,7 +503,9 @@ def analyse(opts: Options, runs: Sequence[SuiteRun]) -> dict[str, Any]:
             ]
             for family, candidates in FAMILIES.items()
         },
-        "forecast": forecast_errors(data, chosen, collapse),
+        "induced": detector_table(induced, chosen, collapse, outcome),
+        "shipped_forecast": SHIPPED_FORECAST,
+        "forecast": forecast_errors(data, {**chosen, "shipped": {"rule": SHIPPED_FORECAST}}, collapse),
         "lr_sensitivity": lr_sensitivity(data),
         "contraction": contraction(data),
     }

@@ -163,7 +163,26 @@ def _check_runs(client: Client, linked: set[str]) -> None:
     assert max(_band_mean(row, BAND) for row in raa) <= 0.60
     alerts = {v: {a["rule"] for a in client.alerts(run=runs[v]["id"])["data"]} for v in ("vanilla", "raa")}
     assert "collapse_band" in alerts["vanilla"] and not alerts["raa"]
+    _check_backtest(client, runs["vanilla"]["id"])
     # RAA's schedule flagged the band and PAR acted there
     lam = client.heatmap(runs["raa"]["id"], "lambda", max_steps=20_000)["values"][-1]
     par = client.heatmap(runs["raa"]["id"], "par", max_steps=20_000)["values"][-1]
     assert min(lam[i] for i in BAND) >= 0.5 * 5e-3 and all(par[i] > 0 for i in BAND)
+
+
+def _check_backtest(client: Client, run: str) -> None:
+    """The backtest reproduces the live collector on the demo's run: every alert the collector
+    opened (rule, onset step, and the layer of a per-layer rule: a band's layers may move after it
+    opens) is the replay's, read back over REST and run through the same evaluator and rules."""
+    from qkwatch.monitor import backtest
+    from qkwatch.monitor.alerting.rules import RuleSet
+
+    rules = RuleSet.default(client.thresholds().collapse)
+    bands = {b.name for b in rules.bands}
+
+    def key(rule: str, layers: tuple[int, ...], onset: int) -> tuple[str, tuple[int, ...], int]:
+        return rule, () if rule in bands else layers, onset
+
+    live = sorted(key(a["rule"], tuple(a["layers"]), a["onset_step"]) for a in client.alerts(run=run)["data"])
+    replay = backtest.replay(rules, backtest.read(client, run).reports)
+    assert live and sorted(key(f.rule, f.layers, f.onset_step) for f in replay) == live, (live, replay)
