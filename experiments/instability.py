@@ -385,6 +385,40 @@ def forecast_errors(
     return out
 
 
+def forecast_tuning(
+    tune: Sequence[RunData], test: Sequence[RunData], collapse: float, *, min_crossed: int = 3
+) -> dict[str, Any]:
+    """The QKAI forecast's parameters chosen for crossing error on the induced tune runs, reported on test.
+
+    Only induced runs cross the collapse threshold here, so the forecast's error can only be measured
+    on them: each candidate of ``FAMILIES["qkai_forecast"]`` (and the shipped rule) is scored by its
+    median relative error over the forecasts that crossed on the tune run(s), among candidates with at
+    least ``min_crossed`` of them; the lowest is chosen before its test error is computed.
+    """
+    candidates = [{"name": "qkai_forecast", **c} for c in FAMILIES["qkai_forecast"]] + [SHIPPED_FORECAST]
+    scored = []
+    for rule in candidates:
+        errors = [x["relative_error"] for x in forecast_errors(tune, {"c": {"rule": rule}}, collapse)]
+        crossed = [e for e in errors if e is not None]
+        median = statistics.median(crossed) if len(crossed) >= min_crossed else None
+        scored.append(
+            {"rule": rule, "tune_forecasts": len(errors), "tune_crossed": len(crossed), "tune_median": median}
+        )
+    eligible = [c for c in scored if c["tune_median"] is not None]
+    if not eligible:
+        return {"candidates": scored, "chosen": None, "test": []}
+    best = min(eligible, key=lambda c: (c["tune_median"], json.dumps(c["rule"], sort_keys=True)))
+    test_rows = forecast_errors(test, {"c": {"rule": best["rule"]}}, collapse)
+    crossed = [x["relative_error"] for x in test_rows if x["relative_error"] is not None]
+    return {
+        "candidates": scored,
+        "chosen": best["rule"],
+        "tune_median": best["tune_median"],
+        "test": test_rows,
+        "test_median": statistics.median(crossed) if crossed else None,
+    }
+
+
 def _crossing(history: RunHistory, metric: str, op: str, threshold: float, layer: int, after: int) -> int | None:
     past = {
         ">": lambda v: v > threshold,
@@ -506,6 +540,9 @@ def analyse(opts: Options, runs: Sequence[SuiteRun]) -> dict[str, Any]:
         "induced": detector_table(induced, chosen, collapse, outcome),
         "shipped_forecast": SHIPPED_FORECAST,
         "forecast": forecast_errors(data, {**chosen, "shipped": {"rule": SHIPPED_FORECAST}}, collapse),
+        "forecast_tuning": forecast_tuning(
+            [d for d in induced if d.run.split == "tune"], [d for d in induced if d.run.split == "test"], collapse
+        ),
         "lr_sensitivity": lr_sensitivity(data),
         "contraction": contraction(data),
     }
