@@ -13,17 +13,15 @@ transaction of its own that is rolled back (the lock it takes goes with it). Usa
 from __future__ import annotations
 
 import argparse
-import contextlib
-import secrets
 import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import sqlalchemy as sa
 
+from bench.ingest import database
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import ingest, runs
 from qkwatch.monitor.store.engine import make_engine
@@ -35,23 +33,6 @@ from qkwatch.monitor.wire import ReportBatch, RunCreate
 METRICS = ("qkai", "qkai_max", "stable_rank", "attn_entropy", "attn_top1", "pr_gap")
 LAYERS = 24
 REPORTS = 10
-
-
-@contextlib.contextmanager
-def database(kind: str, tmp: Path, pg_url: str) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{tmp / 'names.db'}"
-        return
-    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    name = f"bench_names_{secrets.token_hex(3)}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield sa.make_url(pg_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def batch(first_step: int) -> ReportBatch:
@@ -108,7 +89,7 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
-            with database(kind, Path(tmp), args.pg_url) as url:
+            with database(kind, Path(tmp), args.pg_url, "names", sa.make_url(args.pg_url).drivername) as url:
                 r = measure(url, args.batches)
             label = "SQLite" if kind == "sqlite" else "PostgreSQL"
             print(f"| {label} | {r['add_reports_ms']:.2f} | {r['ids_for_batch_ms']:.3f} | {100 * r['share']:.1f} % |")

@@ -731,7 +731,7 @@ def cmd_alerts_backtest(args: argparse.Namespace) -> int:
         return 2
     try:
         with _client(args) as c:
-            collapse = _collapse_threshold(c)
+            collapse = c.collapse_threshold()
             try:
                 rules = _backtest_rules(args.rules, collapse)
             except ValueError as exc:
@@ -754,25 +754,6 @@ def cmd_alerts_backtest(args: argparse.Namespace) -> int:
         return 0
     _print_backtest(results, summary, outcome_rule.describe())
     return 0
-
-
-def _collapse_threshold(c: Client) -> float:
-    """The collector's collapse threshold (a qkai rule without a threshold takes it, as in the collector);
-    from a collector without ``/ui/config.json``, this machine's setting, as ``qkwatch report`` does."""
-    from qkwatch.monitor.client import CollectorError
-    from qkwatch.monitor.thresholds import Thresholds, as_text
-
-    try:
-        return c.thresholds().collapse
-    except CollectorError as exc:
-        if exc.status == 0:
-            raise
-        reason: Exception = exc
-    except (KeyError, TypeError, ValueError) as exc:
-        reason = exc
-    fallback = Thresholds.from_env().collapse
-    logger.warning("collapse threshold unavailable (%s); using %s", reason, as_text(fallback))
-    return fallback
 
 
 def _backtest_rules(path: str | None, collapse: float) -> RuleSet:

@@ -24,6 +24,7 @@ sent, as the client returned it before it was typed: ``run["created_at"]`` is ep
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterable, Iterator
@@ -52,8 +53,10 @@ from qkwatch.monitor.results import (
     history_columns,
     history_frame,
 )
-from qkwatch.monitor.thresholds import Thresholds
+from qkwatch.monitor.thresholds import Thresholds, as_text
 from qkwatch.monitor.wire import Report
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 C = TypeVar("C", bound="Client")
@@ -171,6 +174,25 @@ class Client:
         """
         body = self._json("GET", "/ui/config.json")
         return Thresholds(collapse=float(body["collapse_threshold"]), h_star=float(body["h_star"]))
+
+    def collapse_threshold(self) -> float:
+        """The collector's collapse threshold; from a collector without ``/ui/config.json``, this
+        machine's ``QKWATCH_COLLAPSE_THRESHOLD`` or the default (``monitor.thresholds``), with a warning.
+
+        Raises:
+            CollectorError: no collector at all (status 0): the caller fails on that, in one line.
+        """
+        try:
+            return float(self._json("GET", "/ui/config.json")["collapse_threshold"])
+        except CollectorError as exc:
+            if exc.status == 0:
+                raise
+            reason: Exception = exc
+        except (KeyError, TypeError, ValueError) as exc:
+            reason = exc
+        fallback = Thresholds.from_env().collapse
+        logger.warning("collapse threshold unavailable (%s); using %s", reason, as_text(fallback))
+        return fallback
 
     def create_run(
         self,

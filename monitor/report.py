@@ -40,7 +40,7 @@ from qkwatch.monitor.report_figures import (
     loss_figure,
     step_range,
 )
-from qkwatch.monitor.thresholds import Thresholds, as_text
+from qkwatch.monitor.thresholds import as_text
 
 logger = logging.getLogger(__name__)
 
@@ -52,25 +52,6 @@ PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 class ReportError(Exception):
     """Something the user has to fix: no collector URL, an unknown run, a missing or refused token."""
-
-
-class ReportClient(Client):
-    """The REST client plus the one unversioned read the report needs: the collapse threshold."""
-
-    def collapse_threshold(self) -> float:
-        """The collector's setting; from a collector without ``/ui/config.json``, this machine's
-        ``QKWATCH_COLLAPSE_THRESHOLD`` or the default (``monitor.thresholds``)."""
-        try:
-            return float(self._json("GET", "/ui/config.json")["collapse_threshold"])
-        except CollectorError as exc:
-            if exc.status == 0:  # no collector at all: the report fails on that, in one line, not on this
-                raise
-            reason: Exception = exc
-        except (KeyError, TypeError, ValueError) as exc:
-            reason = exc
-        fallback = Thresholds.from_env().collapse
-        logger.warning("collapse threshold unavailable (%s); using %s", reason, as_text(fallback))
-        return fallback
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -208,7 +189,7 @@ def write_report(
         ReportError: no URL, an unknown run, a refused token, an unreachable collector.
     """
     url, token = endpoint(url, token)
-    with ReportClient(url, token=token) as client:
+    with Client(url, token=token) as client:
         try:
             threshold = client.collapse_threshold()
             runs = [fetch_run(client, resolve_run(client, ref)) for ref in (run, vs) if ref]

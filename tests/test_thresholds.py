@@ -248,14 +248,13 @@ def test_moved_report(moved_collector, tmp_path: Path) -> None:
 
 
 def test_moved_report_fallback_without_the_collectors_config(moved_env, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qkwatch.monitor.client import CollectorError
-    from qkwatch.monitor.report import ReportClient
+    from qkwatch.monitor.client import Client, CollectorError
 
     def no_config(*args: object, **kwargs: object) -> object:
         raise CollectorError(404, "not found")
 
-    monkeypatch.setattr(ReportClient, "_json", no_config)
-    with ReportClient("http://127.0.0.1:9") as client:
+    monkeypatch.setattr(Client, "_json", no_config)
+    with Client("http://127.0.0.1:9") as client:
         assert client.collapse_threshold() == 0.65
 
 
