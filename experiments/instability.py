@@ -385,37 +385,78 @@ def forecast_errors(
     return out
 
 
-def forecast_tuning(
-    tune: Sequence[RunData], test: Sequence[RunData], collapse: float, *, min_crossed: int = 3
-) -> dict[str, Any]:
-    """The QKAI forecast's parameters chosen for crossing error on the induced tune runs, reported on test.
+FORECAST_GRID: list[dict[str, Any]] = [
+    {
+        "name": "qkai_forecast",
+        "kind": "forecast",
+        "metric": "qkai",
+        "op": ">",
+        "fit": fit,
+        "window": w,
+        "horizon_steps": h,
+        "for_reports": n,
+        "margin": m,
+    }
+    for fit in ("least_squares", "theil_sen")
+    for w in (6, 10, 16, 24, 32)
+    for h in (100, 250, 500)
+    for n in (1, 2, 3)
+    for m in (0.0, 1.0)
+]
+"""The QKAI forecasts tried for their crossing error (forecast_tuning): the line's fit, its window in
+reports, the horizon, the reports running and the margin in residual standard deviations."""
+
+FORECAST_MIN_LEAD_STEPS = 25
+"""A forecast candidate must look at least this far ahead (median over its forecasts that crossed, on
+tune): 5 reports of the collapse runs. A forecast made a report before the crossing is right and useless."""
+
+
+def forecast_tuning(tune: Sequence[RunData], test: Sequence[RunData], collapse: float) -> dict[str, Any]:
+    """The QKAI forecast chosen for its crossing error on the induced tune runs, then judged on test.
 
     Only induced runs cross the collapse threshold here, so the forecast's error can only be measured
-    on them: each candidate of ``FAMILIES["qkai_forecast"]`` (and the shipped rule) is scored by its
-    median relative error over the forecasts that crossed on the tune run(s), among candidates with at
-    least ``min_crossed`` of them; the lowest is chosen before its test error is computed.
+    on them. Fixed before any candidate was scored on the runs of this rule: a candidate of
+    :data:`FORECAST_GRID` is eligible when, on every tune run, at least one of its forecasts crossed,
+    and the median lead (actual crossing - step it fired) of those is at least
+    :data:`FORECAST_MIN_LEAD_STEPS`; the eligible one with the lowest median relative error on tune
+    is chosen (ties: the longer median lead, then the grid's order), and only then is its error on
+    the test runs computed.
     """
-    candidates = [{"name": "qkai_forecast", **c} for c in FAMILIES["qkai_forecast"]] + [SHIPPED_FORECAST]
     scored = []
-    for rule in candidates:
-        errors = [x["relative_error"] for x in forecast_errors(tune, {"c": {"rule": rule}}, collapse)]
-        crossed = [e for e in errors if e is not None]
-        median = statistics.median(crossed) if len(crossed) >= min_crossed else None
+    for rule in FORECAST_GRID:
+        rows = forecast_errors(tune, {"c": {"rule": rule}}, collapse)
+        crossed = [x for x in rows if x["relative_error"] is not None]
+        leads = [x["actual"] - x["fired"] for x in crossed]
+        every_run = {x["run"] for x in crossed} == {d.run.name for d in tune}
+        lead = statistics.median(leads) if leads else None
+        eligible = bool(tune) and every_run and lead is not None and lead >= FORECAST_MIN_LEAD_STEPS
         scored.append(
-            {"rule": rule, "tune_forecasts": len(errors), "tune_crossed": len(crossed), "tune_median": median}
+            {
+                "rule": rule,
+                "tune_forecasts": len(rows),
+                "tune_crossed": len(crossed),
+                "tune_median_lead_steps": lead,
+                "tune_median": statistics.median(x["relative_error"] for x in crossed) if crossed else None,
+                "eligible": eligible,
+            }
         )
-    eligible = [c for c in scored if c["tune_median"] is not None]
+    eligible = [c for c in scored if c["eligible"]]
     if not eligible:
-        return {"candidates": scored, "chosen": None, "test": []}
-    best = min(eligible, key=lambda c: (c["tune_median"], json.dumps(c["rule"], sort_keys=True)))
+        return {"candidates": scored, "chosen": None, "test": [], "min_lead_steps": FORECAST_MIN_LEAD_STEPS}
+    best = min(enumerate(eligible), key=lambda ic: (ic[1]["tune_median"], -ic[1]["tune_median_lead_steps"], ic[0]))[1]
     test_rows = forecast_errors(test, {"c": {"rule": best["rule"]}}, collapse)
-    crossed = [x["relative_error"] for x in test_rows if x["relative_error"] is not None]
+    crossed = [x for x in test_rows if x["relative_error"] is not None]
     return {
         "candidates": scored,
+        "min_lead_steps": FORECAST_MIN_LEAD_STEPS,
+        "tune_runs": [d.run.name for d in tune],
+        "test_runs": [d.run.name for d in test],
         "chosen": best["rule"],
         "tune_median": best["tune_median"],
+        "tune_median_lead_steps": best["tune_median_lead_steps"],
         "test": test_rows,
-        "test_median": statistics.median(crossed) if crossed else None,
+        "test_median": statistics.median(x["relative_error"] for x in crossed) if crossed else None,
+        "test_median_lead_steps": statistics.median(x["actual"] - x["fired"] for x in crossed) if crossed else None,
     }
 
 

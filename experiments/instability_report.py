@@ -302,15 +302,33 @@ The forecasts whose layer never crossed (false alarms of a forecast, if it paged
 
 
 def tuning_text(r: dict[str, Any]) -> str:
-    """The forecast chosen for its crossing error on the induced tune run, and its error on test."""
+    """The forecast chosen for its crossing error on the induced tune runs, and its error on test."""
     t = r.get("forecast_tuning")
     if not t:
         return ""
+    lead = t.get("min_lead_steps")
+    rule = (
+        f"a candidate is eligible when, on every tune run, at least one of its forecasts crossed and the "
+        f"median lead of those (actual crossing - step it fired) is at least {lead} steps; the eligible "
+        "one with the lowest median error on tune is chosen"
+        if lead is not None
+        else "the candidate with the lowest median error on tune (at least 3 forecasts that crossed) is chosen"
+    )
     if t["chosen"] is None:
-        return "No forecast candidate crossed often enough on the induced tune run to be chosen for its error."
+        return f"No forecast candidate was eligible on the induced tune runs ({rule})."
+    candidates = sorted(
+        (c for c in t["candidates"] if c.get("eligible", c["tune_median"] is not None)),
+        key=lambda c: (c["tune_median"], -(c.get("tune_median_lead_steps") or 0)),
+    )
     rows = [
-        [_rule_text(c["rule"]), c["tune_crossed"], c["tune_forecasts"], _pct(c["tune_median"])]
-        for c in sorted(t["candidates"], key=lambda c: (c["tune_median"] is None, c["tune_median"] or 0))
+        [
+            _rule_text(c["rule"]),
+            c["tune_crossed"],
+            c["tune_forecasts"],
+            c.get("tune_median_lead_steps", "-"),
+            _pct(c["tune_median"]),
+        ]
+        for c in candidates[:15]
     ]
     test = [x for x in t["test"] if x["relative_error"] is not None]
     met = (
@@ -318,15 +336,26 @@ def tuning_text(r: dict[str, Any]) -> str:
         if t["test_median"] is None
         else ("**Within 25 %.**" if t["test_median"] <= GOAL["forecast_error"] else "**Not within 25 %.**")
     )
+    runs = ""
+    if t.get("tune_runs"):
+        runs = f" Tune runs: {', '.join(t['tune_runs'])}; test runs: {', '.join(t['test_runs'])}."
+    test_lead = t.get("test_median_lead_steps")
+    lead_text = f", a median {test_lead:g} steps ahead of the crossing" if test_lead is not None else ""
     return f"""### The forecast chosen for its error
 
 Only the induced collapse runs cross the threshold, so the forecast's parameters can be chosen for
-their crossing error only there: each candidate is scored by its median error on the induced
-**tune** run (at least 3 forecasts that crossed), the lowest is chosen, and then measured on the
-induced **test** run. Chosen: {_rule_text(t["chosen"])}, {_pct(t["tune_median"])} on tune.
-On test: a median {_pct(t["test_median"])} over {len(test)} forecasts that crossed. {met}
+their crossing error only there. The rule, fixed before the candidates were scored: {rule}; only
+then is it measured on the induced **test** runs.{runs} {len(t["candidates"])} candidates
+(the line's fit, window, horizon, reports running, margin), {len(candidates)} eligible.
+Chosen: {_rule_text(t["chosen"])}, {_pct(t["tune_median"])} on tune.
+On test: a median {_pct(t["test_median"])} over {len(test)} forecasts that crossed{lead_text}
+({len(t["test"]) - len(test)} more never crossed). {met}
 
-{_table(["candidate", "crossed (tune)", "fired (tune)", "median error (tune)"], rows)}
+The 15 eligible candidates with the lowest error on tune:
+
+{_table(["candidate", "crossed (tune)", "fired (tune)", "median lead, steps (tune)", "median error (tune)"], rows)}
+
+The chosen forecast on the test runs:
 
 {_table(["run", "layer", "fired at", "predicted crossing", "actual crossing", "relative error"], [[x["run"], x["layer"], x["fired"], x["predicted"], x["actual"] if x["actual"] is not None else "never", _pct(x["relative_error"])] for x in t["test"]])}"""
 

@@ -244,6 +244,11 @@ class ForecastRule:
     window: int = 8
     for_reports: int = 1
     severity: str = "warning"
+    fit: str = "least_squares"
+    """The line through the window: ``least_squares`` or ``theil_sen`` (median of pairwise slopes)."""
+    margin: float = 0.0
+    """Predict where the line comes within ``margin`` residual standard deviations of the threshold:
+    where a noisy value first gets across it, rather than where its trend does."""
 
     def __post_init__(self) -> None:
         _check_name(self.name, "name", self.name)
@@ -254,6 +259,13 @@ class ForecastRule:
         _check_int(self.name, "window", self.window, low=2, high=MEMORY_MAX)
         _check_int(self.name, "for_reports", self.for_reports)
         _check_severity(self.name, self.severity)
+        if not isinstance(self.fit, str) or self.fit not in FITS:
+            raise ValueError(f"rule {self.name!r}: fit must be one of {', '.join(FITS)}, got {_brief(self.fit)}")
+        if self.fit == "theil_sen":
+            _check_int(self.name, "window (theil_sen)", self.window, low=2, high=THEIL_SEN_WINDOW_MAX)
+        _check_number(self.name, "margin", self.margin)
+        if self.margin < 0:
+            raise ValueError(f"rule {self.name!r}: margin must be 0 or more, got {self.margin!r}")
 
     @property
     def rising(self) -> bool:
@@ -266,23 +278,55 @@ class ForecastRule:
     def forecast(self, points: list[tuple[int, float]]) -> Forecast | None:
         """The line through ``points`` ((step, value), at least ``window`` of them), None when it heads away.
 
-        Least squares about the means: slope = sum (x - x0)(y - y0) / sum (x - x0)^2, and the line
-        reaches the threshold t at step x0 + (t - y0) / slope.
+        ``least_squares``: slope = sum (x - x0)(y - y0) / sum (x - x0)^2 about the means (x0, y0),
+        through (x0, y0). ``theil_sen``: the median of the slopes of every pair of points, through
+        the point (x0, median of y - slope (x - x0)); one outlying report (a jump) moves it little.
+        The line reaches a target t at step x0 + (t - y0) / slope, where t is the threshold moved
+        toward the values by ``margin`` times the residuals' standard deviation,
+        sqrt(sum r^2 / max(n - 2, 1)).
         """
-        if len(points) < self.window:
+        n = len(points)
+        if n < self.window:
             return None
         # Values near the top of the double range (a logit_max of 1e308) would overflow the sums:
         # the crossing step does not change when values and threshold are scaled together, so such
         # a window is fitted in units of a power of two that brings them under 1.
         top = max(abs(self.threshold), *(abs(y) for _, y in points))
         scale = math.ldexp(1.0, math.frexp(top)[1]) if top > _FIT_SCALE_ABOVE else 1.0
-        x0 = math.fsum(x for x, _ in points) / len(points)
-        y0 = math.fsum(y / scale for _, y in points) / len(points)
-        sxx = math.fsum((x - x0) ** 2 for x, _ in points)
-        slope = math.fsum((x - x0) * (y / scale - y0) for x, y in points) / sxx
+        xs = [float(x) for x, _ in points]
+        ys = [y / scale for _, y in points]
+        x0 = math.fsum(xs) / n
+        if self.fit == "theil_sen":
+            slope = _median(
+                [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i]]
+            )
+            y0 = _median([y - slope * (x - x0) for x, y in zip(xs, ys, strict=True)])
+        else:
+            y0 = math.fsum(ys) / n
+            slope = math.fsum((x - x0) * (y - y0) for x, y in zip(xs, ys, strict=True)) / math.fsum(
+                (x - x0) ** 2 for x in xs
+            )
         if not (slope > 0 if self.rising else slope < 0):
             return None
-        return Forecast(slope * scale, x0 + (self.threshold / scale - y0) / slope)
+        target = self.threshold / scale
+        if self.margin:
+            spread = math.sqrt(
+                math.fsum((y - y0 - slope * (x - x0)) ** 2 for x, y in zip(xs, ys, strict=True)) / max(n - 2, 1)
+            )
+            target += -self.margin * spread if self.rising else self.margin * spread
+        return Forecast(slope * scale, x0 + (target - y0) / slope)
+
+
+FITS = ("least_squares", "theil_sen")
+"""A forecast rule's lines (ForecastRule.fit)."""
+THEIL_SEN_WINDOW_MAX = 64
+"""Largest window of a theil_sen forecast: each layer's report takes the median of window (window - 1) / 2 slopes."""
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 _FIT_SCALE_ABOVE = 2.0**500

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import experiments.common
 from experiments import instability
 from experiments.instability_report import page
+from qkwatch.monitor.alerting.rules import ReportValues
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -106,3 +108,51 @@ def test_the_page_says_the_bar_is_not_met_when_it_is_not() -> None:
     text, _ = page(results, "")
     assert "flagged 0 of 1 bad test runs" in text and "**Not met.**" in text
     assert "No forecast fired in the suite" in text and "Of 1 runs, 1 diverged" in text
+
+
+def _line_run(name: str, values: dict[int, float]) -> SimpleNamespace:
+    """A stand-in for RunData: what forecast_tuning reads (the run's name, its reports)."""
+    reports = [ReportValues(1, step, {"qkai": [0.3, v]}) for step, v in sorted(values.items())]
+    return SimpleNamespace(run=SimpleNamespace(name=name), history=SimpleNamespace(reports=reports))
+
+
+def test_the_forecast_is_chosen_on_tune_by_its_rule_and_only_then_measured_on_test() -> None:
+    """Tune: layer 1 rises 0.002/step from 0.30 (reports every 5 steps): every line predicts 200 and the
+    first report above 0.70 is 205, so the error is 5 / (205 - fired), lowest for the earliest firing,
+    which the smallest window (6 reports: step 25) with a horizon that reaches (250) makes. Test: a steeper
+    rise (0.004/step: predicted 100, actual 105) that only the chosen rule is measured on."""
+    tune = [_line_run("tune", {s: 0.30 + 0.002 * s for s in range(0, 400, 5)})]
+    test = [_line_run("test", {s: 0.30 + 0.004 * s for s in range(0, 200, 5)})]
+    out = instability.forecast_tuning(tune, test, 0.70)  # type: ignore[arg-type]
+    assert out["chosen"] == {
+        **instability.FORECAST_GRID[0],
+        "window": 6,
+        "horizon_steps": 250,
+        "for_reports": 1,
+        "fit": "least_squares",
+        "margin": 0.0,
+    }
+    assert out["tune_median"] == pytest.approx(5 / 180) and out["tune_median_lead_steps"] == 180
+    by_rule = {json.dumps(c["rule"], sort_keys=True): c for c in out["candidates"]}
+    assert len(by_rule) == len(instability.FORECAST_GRID)
+    for c in out["candidates"]:  # eligible: crossed on every tune run, with a median lead of at least 25 steps
+        lead = c["tune_median_lead_steps"]
+        assert c["eligible"] == (lead is not None and lead >= instability.FORECAST_MIN_LEAD_STEPS)
+        if c["eligible"]:
+            assert c["tune_median"] >= out["tune_median"]
+    assert {x["rule"] for x in out["test"]} == {"qkai_forecast"} and out["test_runs"] == ["test"]
+    assert [(x["fired"], x["predicted"], x["actual"]) for x in out["test"]] == [(25, 100, 105)]
+    assert out["test_median"] == pytest.approx(5 / 80)
+
+
+def test_no_forecast_is_chosen_that_misses_a_tune_run_or_looks_ahead_too_little() -> None:
+    """A flat tune run leaves every candidate out (none crossed there); so does a jump of 0.03/step from
+    step 300 (0.45, 0.60, 0.75): a line sees it at most 10 steps before the crossing at 315."""
+    flat = _line_run("flat", {s: 0.30 for s in range(0, 400, 5)})
+    rising = _line_run("rising", {s: 0.30 + 0.002 * s for s in range(0, 400, 5)})
+    late = _line_run("late", {s: 0.30 + 0.03 * max(s - 300, 0) for s in range(0, 400, 5)})
+    for tune in ([flat, rising], [late]):
+        out = instability.forecast_tuning(tune, [rising], 0.70)  # type: ignore[arg-type]
+        assert out["chosen"] is None and out["test"] == [] and not any(c["eligible"] for c in out["candidates"])
+    leads = [c["tune_median_lead_steps"] for c in out["candidates"] if c["tune_crossed"]]
+    assert leads and max(leads) <= 10

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from qkwatch.monitor.alerting.notifier import alertmanager_payload
@@ -169,6 +170,38 @@ def test_the_summary_says_when_in_steps_and_at_which_step() -> None:
 def test_no_forecast_fires(values: list[float], why: str) -> None:
     rule = ForecastRule("fc", horizon_steps=5, window=5)
     assert evaluate(RuleSet((), (), forecasts=(rule,)), {}, series("qkai", values)) == [], why
+
+
+def test_theil_sen_passes_over_a_jump_that_bends_least_squares() -> None:
+    """Five points on y = 0.40 + 0.01 x, the last one jumped by 0.15: the median of the 10 pairwise
+    slopes is 0.01 (the 4 slopes to the jumped point are all larger), so Theil-Sen crosses 0.70 at
+    x = 30, as the line does; least squares (numpy's polyfit, independently) tilts toward the jump."""
+    points = [(x, 0.40 + 0.01 * x) for x in range(5)]
+    points[-1] = (4, points[-1][1] + 0.15)
+    ts = ForecastRule("fc", horizon_steps=100, window=5, fit="theil_sen").forecast(points)
+    ls = ForecastRule("fc", horizon_steps=100, window=5).forecast(points)
+    assert ts is not None and ls is not None
+    assert ts.slope == pytest.approx(0.01) and ts.crossing == pytest.approx(30.0)
+    a, b = np.polyfit([x for x, _ in points], [y for _, y in points], 1)
+    assert ls.slope == pytest.approx(a) and ls.crossing == pytest.approx((0.70 - b) / a)
+    assert ls.crossing < 20  # the jump makes least squares say the crossing is half as far
+
+
+def test_a_margin_predicts_where_the_noise_first_reaches_the_threshold() -> None:
+    """The target is the threshold less margin x the residuals' standard deviation (n - 2 degrees of
+    freedom), checked against numpy; falling rules move it up instead."""
+    ys = [0.50, 0.53, 0.52, 0.56, 0.55, 0.59]
+    points = list(enumerate(ys))
+    a, b = np.polyfit(range(6), ys, 1)
+    sd = float(np.sqrt(np.sum((np.array(ys) - (a * np.arange(6) + b)) ** 2) / 4))
+    for margin in (0.0, 1.0, 2.0):
+        fc = ForecastRule("fc", horizon_steps=100, window=6, margin=margin).forecast(points)
+        assert fc is not None and fc.crossing == pytest.approx((0.70 - margin * sd - b) / a)
+    down = [(x, 2 - y) for x, y in points]  # the same line upside down, falling toward 1.30
+    fc = ForecastRule(
+        "sr", metric="stable_rank", op="<", threshold=1.30, horizon_steps=100, window=6, margin=1.0
+    ).forecast(down)
+    assert fc is not None and fc.crossing == pytest.approx((0.70 - sd - b) / a)
 
 
 def test_a_falling_forecast_and_for_reports() -> None:
