@@ -237,7 +237,7 @@ def forecast_section(r: dict[str, Any]) -> str:
     shipped = r.get("shipped_forecast")
     shipped_text = (
         f"Besides any forecast chosen on tune, the error is measured for the forecast rule shipped in "
-        f"`dashboards/rules/detectors.yml` as it was written before the suite ran ({_rule_text(shipped)})."
+        f"`dashboards/rules/detectors.yml` when the suite was analysed ({_rule_text(shipped)})."
         if shipped
         else ""
     )

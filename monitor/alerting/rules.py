@@ -19,9 +19,10 @@ which mean nothing to a run that may pause for a checkpoint). Four kinds of rule
   difference: logits of different layers and models live on different scales). A layer whose
   baseline is not positive is never judged. Summary: ``layer 4: logit_max 3.2x its early value
   (41 vs 12.8; ...)``.
-* **forecast**: a least-squares line through the layer's last ``window`` finite (step, value)
-  points of ``metric`` predicts the step at which it crosses ``threshold`` in the direction of
-  ``op`` (``>``/``>=``: rising through it; ``<``/``<=``: falling through it). It fires once, for
+* **forecast**: a line through the layer's last ``window`` finite (step, value) points of
+  ``metric`` (``fit``: least squares, or Theil-Sen's median of pairwise slopes) predicts the step
+  at which it crosses ``threshold`` in the direction of ``op`` (``>``/``>=``: rising through it;
+  ``<``/``<=``: falling through it), or comes within ``margin`` residual standard deviations of it. It fires once, for
   ``for_reports`` consecutive reports, the slope points toward the threshold, the latest value is
   not past it yet (past it, the threshold rule speaks) and the predicted crossing is at most
   ``horizon_steps`` ahead. It resolves when the forecast stops saying so, or when the value
@@ -68,9 +69,11 @@ other metric must give its own. ``factor`` (growth) and ``horizon_steps`` (forec
         metric: qkai
         op: ">"
         threshold: 0.70          # optional for qkai: the collapse threshold setting
-        window: 8                # reports in the least-squares line
+        window: 8                # reports in the line
         horizon_steps: 500       # fires when the predicted crossing is at most this many steps ahead
         for_reports: 2
+        fit: least_squares       # or theil_sen (median of the pairwise slopes; window <= 64)
+        margin: 0.0              # residual standard deviations short of the threshold
     webhooks:
       - http://alertmanager-receiver.example/hook
 
@@ -681,21 +684,30 @@ def _mean(values: list[float]) -> float:
 def _judge_forecast(rule: ForecastRule, st: LayerState, layer: int, value: float, step: int) -> _Verdict:
     """Add the point to the window, fit the line, and say whether it crosses within the horizon.
 
-    Points at or after ``step`` belong to an attempt that a resume (from an earlier checkpoint)
-    replaced: they leave the window.
+    A forecast warns of the layer's first crossing: once the value has been past the threshold, the
+    layer gets no forecast again (the threshold rule speaks for it; a value hovering about the
+    threshold would otherwise be forecast to cross "about now" at every dip). Points at or after
+    ``step``, and a first crossing at or after it, belong to an attempt that a resume (from an
+    earlier checkpoint) replaced: they are forgotten.
     """
     memory = st.memory or {}
     points = [(int(x), float(y)) for x, y in memory.get("points", []) if x < step]
     if math.isfinite(value):
         points = [*points, (step, value)][-rule.window :]
-    st.memory = {**memory, "points": [[x, y] for x, y in points]}
+    crossed = memory.get("crossed")
+    crossed = int(crossed) if crossed is not None and crossed < step else None
+    st.memory = {k: v for k, v in memory.items() if k != "crossed"} | {"points": [[x, y] for x, y in points]}
     threshold = as_text(rule.threshold)
     if rule.past(value):
+        st.memory["crossed"] = crossed if crossed is not None else step
         said = memory.get("predicted")
         forecast = f" (forecast: step ~{said})" if said is not None else ""
         return _Verdict(
             False, f"layer {layer}: {rule.metric} crossed {threshold}: {value:.4g} at step {step}{forecast}"
         )
+    if crossed is not None:
+        st.memory["crossed"] = crossed
+        return _Verdict(False, f"layer {layer}: {rule.metric} crossed {threshold} at step {crossed} already")
     fc = rule.forecast(points) if math.isfinite(value) else None
     if fc is None or fc.crossing - step > rule.horizon_steps:
         return _Verdict(

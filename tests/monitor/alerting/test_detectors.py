@@ -214,12 +214,28 @@ def test_a_falling_forecast_and_for_reports() -> None:
 
 
 def test_a_line_already_past_the_threshold_crosses_about_now() -> None:
-    """The value fell back under 0.70 while the line through the window (0.6, 0.95, 0.69) is above it
-    (its crossing lies behind, at step -0.04): the forecast says now, not a step in the past."""
+    """The line through (0.30, 0.69, 0.695) crosses 0.70 at step 1.7, behind the latest report (step 2),
+    whose value is not above 0.70 yet: the forecast says now, not a step in the past."""
     rule = ForecastRule("fc", horizon_steps=10, window=3)
-    out = evaluate(RuleSet((), (), forecasts=(rule,)), {}, series("qkai", [0.6, 0.95, 0.69]))
+    out = evaluate(RuleSet((), (), forecasts=(rule,)), {}, series("qkai", [0.30, 0.69, 0.695]))
     assert brief(out) == [("firing", "fc", (0,), 2, 2, 2)]
-    assert out[0].summary == "layer 0: qkai 0.69 rising 0.045/step, crosses 0.70 about now (at step ~2)"
+    assert out[0].summary == "layer 0: qkai 0.695 rising 0.2/step, crosses 0.70 about now (at step ~2)"
+
+
+def test_a_layer_that_crossed_gets_no_forecast_again_until_a_resume_from_before_it() -> None:
+    """Rising, past 0.70 at step 3, back under it and rising again: the forecast warned once, before
+    step 3, and says nothing of the dips after (qkai_high speaks for the layer). A resume from step 2
+    (a new attempt) replaces the crossing (and the window, whose points all lay after it): the layer is
+    forecast again once the window holds 2 points of the new attempt."""
+    rule = ForecastRule("fc", horizon_steps=10, window=2)
+    rules = RuleSet((), (), forecasts=(rule,))
+    state: dict = {}
+    out = evaluate(rules, state, series("qkai", [0.50, 0.60, 0.65, 0.75, 0.66, 0.69, 0.68, 0.695]))
+    assert brief(out) == [("firing", "fc", (0,), 1, 1, 2), ("resolved", "fc", (0,), 1, 3, None)]
+    assert state[("fc", 0)].memory["crossed"] == 3
+    resumed = evaluate(rules, state, series("qkai", [0.62, 0.66], start=2, attempt=2))
+    assert brief(resumed) == [("firing", "fc", (0,), 3, 3, 4)]
+    assert "crossed" not in state[("fc", 0)].memory
 
 
 def test_a_forecast_resolves_when_the_trend_flattens() -> None:
