@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 import experiments.common
-from experiments import instability
+from experiments import instability, instability_report
 from experiments.instability_report import page
 from qkwatch.monitor.alerting.rules import ReportValues
 
@@ -156,3 +156,14 @@ def test_no_forecast_is_chosen_that_misses_a_tune_run_or_looks_ahead_too_little(
         assert out["chosen"] is None and out["test"] == [] and not any(c["eligible"] for c in out["candidates"])
     leads = [c["tune_median_lead_steps"] for c in out["candidates"] if c["tune_crossed"]]
     assert leads and max(leads) <= 10
+
+
+def test_the_first_forecast_attempt_is_shown_with_its_miss() -> None:
+    """The committed first protocol (chosen on 4 collapse seeds, judged on 4 others) stays on the page as a
+    miss, its figures read from its results file."""
+    first = json.loads((Path(__file__).resolve().parents[2] / instability_report.FIRST_FORECAST).read_text())
+    text = instability_report.first_forecast_section()
+    crossed = [x for x in first["test"] if x["relative_error"] is not None]
+    assert f"median **{round(100 * first['test_median'])} %** over {len(crossed)} forecasts" in text
+    assert "**not within 25 %.**" in text and first["test_median"] > 0.25
+    assert f"{sum(x['layer_crossed_before'] for x in crossed)} of those forecast a layer that had crossed" in text
