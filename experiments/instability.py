@@ -138,6 +138,7 @@ class Options:
     results: str = "instability"
     docs: Path | None = None
     png: bool = True
+    forecast_only: bool = False
 
 
 def train(opts: Options, runs: Sequence[SuiteRun]) -> None:
@@ -588,10 +589,38 @@ def analyse(opts: Options, runs: Sequence[SuiteRun]) -> dict[str, Any]:
     }
 
 
+FORECAST_PRESSURE = "collapse band"
+"""The runs where QKAI crosses the collapse threshold: the only ones on which a forecast's error is measured."""
+FORECAST_RESULTS = "instability_forecast"
+"""experiments/results/NAME.json of ``--forecast``; the page shows its choice when it exists."""
+
+
+def analyse_forecast(opts: Options, runs: Sequence[SuiteRun]) -> dict[str, Any]:
+    """The forecast's choice on the tune collapse runs and its error on the test ones (``--forecast``)."""
+    outcome = OutcomeRule.parse(opts.outcome)
+    with Campaign(opts.campaign, workers=opts.workers, root=opts.root) as campaign:
+        collapse = campaign.client.thresholds().collapse
+        data = read_back(campaign.client, opts.campaign, runs, outcome)
+    tune = [d for d in data if d.run.split == "tune"]
+    test = [d for d in data if d.run.split == "test"]
+    log(f"choosing the forecast on {len(tune)} tune runs ({len(FORECAST_GRID)} candidates), judging it on {len(test)}")
+    shipped = shipped_forecast()
+    return {
+        "collapse_threshold": collapse,
+        "runs": [d.row() for d in data],
+        "shipped_forecast": shipped,
+        "shipped_on_test": forecast_errors(test, {"shipped": {"rule": shipped}}, collapse),
+        "forecast_tuning": forecast_tuning(tune, test, collapse),
+    }
+
+
 def write_report(opts: Options) -> int:
     results = load(opts.results)
     if results is None:
         raise SystemExit(f"no experiments/results/{opts.results}.json: run the suite first")
+    study = load(FORECAST_RESULTS)
+    if study is not None:
+        results = {**results, "forecast_study": study}
     command = "python -m experiments.instability" + ("" if opts.runs == DEFAULT_RUNS else f" --runs {opts.runs}")
     instability_report.write(results, opts.docs or instability_report.DOCS, png=opts.png, command=command)
     return 0
@@ -611,9 +640,25 @@ def parse(argv: list[str] | None) -> Options:
     p.add_argument("--results", default="instability", help="experiments/results/NAME.json")
     p.add_argument("--no-png", action="store_true", help="skip the PNG figures (no Chromium)")
     p.add_argument("--docs", type=Path, default=None, help="where instability.md goes (default docs/)")
+    p.add_argument(
+        "--forecast",
+        action="store_true",
+        help=f"only the {FORECAST_PRESSURE!r} runs: choose the forecast and judge it "
+        f"(experiments/results/{FORECAST_RESULTS}.json), then rewrite the page",
+    )
     a = p.parse_args(argv)
     return Options(
-        a.runs, a.campaign, a.root, a.workers, a.outcome, a.train_only, a.report, a.results, a.docs, not a.no_png
+        a.runs,
+        a.campaign,
+        a.root,
+        a.workers,
+        a.outcome,
+        a.train_only,
+        a.report,
+        a.results,
+        a.docs,
+        not a.no_png,
+        a.forecast,
     )
 
 
@@ -623,9 +668,16 @@ def main(argv: list[str] | None = None) -> int:
     log(f"{len(runs)} runs in {opts.runs}")
     if opts.report_only:
         return write_report(opts)
+    if opts.forecast_only:
+        runs = [r for r in runs if r.pressure == FORECAST_PRESSURE]
+        log(f"--forecast: the {len(runs)} {FORECAST_PRESSURE!r} runs")
     train(opts, runs)
     if opts.train_only:
         return 0
+    if opts.forecast_only:
+        path = save(FORECAST_RESULTS, analyse_forecast(opts, runs), strict=True)
+        log(f"wrote {path}")
+        return write_report(opts)
     results = analyse(opts, runs)
     path = save(opts.results, results, strict=True)
     log(f"wrote {path}")

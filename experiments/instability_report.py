@@ -71,13 +71,15 @@ band (`collapse_cpu` as the demo runs it, where QKAI crosses the collapse thresh
 forecast's predicted crossing can be checked); induced runs are kept out of the detectors' choice
 and scores. Healthy controls train twice as long at a safe rate. Every run has two seeds; seed 0
 is the `tune` split (where each detector's parameters are chosen) and seed 1 the `test` split
-(where they are reported).
+(where they are reported). The demo's collapse band has twelve, for the forecast: seeds 0-7 are
+its tune runs and seeds 8-11 its test runs.
 
 Regenerate (about 75 CPU minutes: some 45 minutes on 2 idle cores, 85 on a loaded machine; resumable):
 
 ```
 {command or "python -m experiments.instability"}
-python -m experiments.instability --report      # this page from experiments/results/instability.json alone
+python -m experiments.instability --forecast    # the collapse-band runs alone: the forecast's choice and error
+python -m experiments.instability --report      # this page from the committed results alone
 ```
 
 ## How a run is judged
@@ -303,8 +305,10 @@ The forecasts whose layer never crossed (false alarms of a forecast, if it paged
 
 
 def tuning_text(r: dict[str, Any]) -> str:
-    """The forecast chosen for its crossing error on the induced tune runs, and its error on test."""
-    t = r.get("forecast_tuning")
+    """The forecast chosen for its crossing error on the induced tune runs, and its error on test
+    (``python -m experiments.instability --forecast``'s results where they exist)."""
+    study = r.get("forecast_study")
+    t = study["forecast_tuning"] if study else r.get("forecast_tuning")
     if not t:
         return ""
     lead = t.get("min_lead_steps")
