@@ -9,6 +9,7 @@ run as the read-only role ``qkwatch_grafana`` and return rows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -37,8 +38,16 @@ VIEWS = ("qkwatch_runs_v", "qkwatch_points_v", "qkwatch_latest_v", "qkwatch_aler
 ROLE = "qkwatch_grafana"
 N_LAYERS, BAND = 8, (3, 4, 5)
 METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda", "logit_max")
-DETECTORS = RuleSet.from_file(ROOT / "dashboards" / "rules" / "detectors.yml")
-"""The shipped candidate rules: every kind of alert, so that the alert views carry a forecast's predicted step."""
+_SHIPPED = RuleSet.from_file(ROOT / "dashboards" / "rules" / "detectors.yml")
+DETECTORS = dataclasses.replace(
+    _SHIPPED,
+    forecasts=tuple(
+        dataclasses.replace(f, fit="least_squares", window=8, margin=0.0, horizon_steps=500, for_reports=2)
+        for f in _SHIPPED.forecasts
+    ),
+)
+"""The shipped candidate rules: every kind of alert, so that the alert views carry a forecast's predicted step
+(the forecast a least-squares line through 8 reports, 500 steps ahead: the runs below have 13 reports)."""
 
 
 # --- the data ------------------------------------------------------------------------------------

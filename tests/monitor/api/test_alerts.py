@@ -152,19 +152,20 @@ def test_the_agents_own_end_after_a_stale_mark_says_how_the_run_ended(h):
 
 def test_the_candidate_detectors_forecast_with_a_predicted_step(make_harness):
     """The shipped candidates file: layer 0's QKAI rises 0.001 per step from 0.3 (crossing 0.70 at step
-    400); the forecast (8 reports, 500 steps ahead, 2 reports running) fires at step 200 and says 400.
-    Layer 1 stays put and raises nothing."""
+    400), reported every 10 steps from step 5; the forecast (a Theil-Sen line through 24 reports, 100
+    steps ahead) fires at step 305, the first report within 100 steps of 400, and says 400. Layer 1
+    stays put and raises nothing."""
     h = make_harness(alert_rules_file=DETECTORS)
     run = h.create_run()
     reports = [
         report(s, {"qkai": [0.3 + 0.001 * s, 0.3], "stable_rank": [2.0, 2.0], "attn_entropy": [0.6, 0.6]})
-        for s in range(0, 226, 25)
+        for s in range(5, 306, 10)
     ]
     h.send(run["id"], reports)
     (alert,) = h.get("/v1/alerts", run=run["id"])["data"]
     assert (alert["rule"], alert["state"], alert["layers"]) == ("qkai_forecast", "firing", [0])
-    assert (alert["onset_step"], alert["predicted_step"]) == (175, 400)
-    assert alert["summary"] == "layer 0: qkai 0.5 rising 0.001/step, crosses 0.70 in about 200 steps (at step ~400)"
+    assert (alert["onset_step"], alert["predicted_step"]) == (305, 400)
+    assert alert["summary"] == "layer 0: qkai 0.605 rising 0.001/step, crosses 0.70 in about 95 steps (at step ~400)"
     h.send(run["id"], [report(425, {"qkai": [0.725, 0.3]})])
     (alert,) = h.get("/v1/alerts", run=run["id"])["data"]
     assert (alert["state"], alert["resolved_step"], alert["predicted_step"]) == ("resolved", 425, 400)

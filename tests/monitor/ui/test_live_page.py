@@ -285,8 +285,9 @@ def test_the_page_follows_new_reports_without_a_reload(collector: LiveCollector,
 
 
 def test_the_strip_shows_every_kind_of_alert_with_its_summary(tmp_path: Path) -> None:
-    """With the candidate detectors (dashboards/rules/detectors.yml): layer 1's QKAI rises 0.001 per step
-    from 0.3 (crossing 0.70 at step 400), layer 2's largest logit jumps to 4x its early value at step 175,
+    """With the candidate detectors (dashboards/rules/detectors.yml), reports every 10 steps from step 5:
+    layer 1's QKAI rises 0.001 per step from 0.3 (crossing 0.70 at step 400; the forecast's 24 reports
+    say so from step 305), layer 2's largest logit jumps to 4x its early value at step 155,
     layer 3's stable rank falls below 1.2 from step 125. The strip shows each alert with the summary that says why; the
     forecast's row names its predicted crossing step."""
     need_chromium()
@@ -294,7 +295,7 @@ def test_the_strip_shows_every_kind_of_alert_with_its_summary(tmp_path: Path) ->
     with LiveCollector(tmp_path, None, "--rules", str(rules)) as live:
         client = live.client()
         run = client.create_run("demo", "trouble", {"n_layers": 4})
-        steps = range(0, 226, 25)
+        steps = range(5, 306, 10)
         client.send_reports(
             run["id"],
             [
@@ -320,7 +321,7 @@ def test_the_strip_shows_every_kind_of_alert_with_its_summary(tmp_path: Path) ->
         assert shown[a["rule"]]["class"].split() == ["alert", "firing"]
     forecast = shown["qkai_forecast"]["text"]
     assert "layer 1" in forecast and "predicted crossing step 400" in forecast
-    assert "crosses 0.70 in about 200 steps (at step ~400)" in forecast
+    assert "crosses 0.70 in about 95 steps (at step ~400)" in forecast
     assert "layer 2: logit_max 4.0x its early value (20 vs 5;" in shown["logit_growth"]["text"]
     assert "predicted crossing" not in shown["logit_growth"]["text"]
 
