@@ -250,7 +250,7 @@ def history(
         Literal["json", "f64"],
         Query(description="json: `values` as JSON rows; f64: `values_f64` and `measured`, base64 (see below)"),
     ] = "json",
-) -> JSONResponse:
+) -> Response:
     """Every value of the run's metrics in one call, unbucketed, per metric a grid: ``steps``, ``layers``
     (-1: a run-level scalar) and ``values`` (one row per step, one value per layer; null: not measured).
 
