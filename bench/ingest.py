@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import secrets
 import shutil
@@ -37,6 +38,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import sqlalchemy as sa
@@ -208,6 +210,63 @@ def run_qkwatch(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> 
     return out
 
 
+def _client_run(url: str, steps: int, layers: int, batch_reports: int, barrier: Any) -> tuple[float, float, int]:
+    """One concurrent client (a process): its own run, its bodies encoded first, then sent one by one
+    once every client is ready; returns (start, end, points inserted), wall-clock seconds."""
+    with httpx.Client(base_url=url, timeout=300) as c:
+        run = c.post(
+            "/v1/runs",
+            json={"project": "bench", "name": f"ingest-{uuid.uuid4().hex[:6]}", "config": {"n_layers": layers}},
+        ).json()
+        bodies = [
+            json.dumps(
+                {"batch_id": str(uuid.uuid4()), "reports": reports(range(s, min(s + batch_reports, steps)), layers)}
+            )
+            for s in range(0, steps, batch_reports)
+        ]
+        barrier.wait()
+        t0 = time.time()
+        inserted = 0
+        for body in bodies:
+            r = c.post(f"/v1/runs/{run['id']}/reports", content=body, headers={"content-type": "application/json"})
+            r.raise_for_status()
+            inserted += r.json()["inserted"]
+        return t0, time.time(), inserted
+
+
+def qkwatch_concurrent(url: str, clients: int, steps: int, layers: int, batch_reports: int) -> dict:
+    """``clients`` processes, each sending its own run of ``steps`` reports at once; the aggregate rate
+    is every point over the time from the first client's start to the last one's end."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager, ctx.Pool(clients) as pool:
+        barrier = manager.Barrier(clients)
+        out = pool.starmap(_client_run, [(url, steps, layers, batch_reports, barrier)] * clients)
+    expected = clients * steps * layers * len(METRICS)
+    inserted = sum(n for _, _, n in out)
+    assert inserted == expected, (inserted, expected)
+    seconds = max(e for _, e, _ in out) - min(s for s, _, _ in out)
+    return {"clients": clients, "points": expected, "ingest_s": seconds, "points_per_s": expected / seconds}
+
+
+def run_concurrent(kind: str, tmp: Path, pg_url: str, args: argparse.Namespace) -> dict:
+    workers = ["--workers", str(args.workers)] if args.workers > 1 else []
+    with (
+        database(kind, tmp, pg_url, "qkwatch", "postgresql+psycopg") as db,
+        CollectorProcess(
+            db,
+            log=tmp / f"qkwatch-{kind}.log",
+            env={"QKWATCH_BACKGROUND": "false"},
+            cwd=ROOT,
+            start_timeout=120,
+            args=workers,
+            own_group=bool(workers),
+        ) as collector,
+    ):
+        out = qkwatch_concurrent(collector.url, args.clients, args.steps, args.layers, args.batch_reports)
+    out["workers"] = args.workers
+    return out
+
+
 # --- MLflow --------------------------------------------------------------------------------------
 
 
@@ -224,9 +283,12 @@ def mlflow_ingest(url: str, steps: int, layers: int) -> dict:
             for la in range(layers)
         ]
         calls = [points[i : i + 1000] for i in range(0, len(points), 1000)]  # log-batch's limit
+        # Encoded before the clock starts, as qkwatch's bodies are: only the server's work is timed.
+        bodies = [json.dumps({"run_id": run_id, "metrics": metrics}) for metrics in calls]
         t0 = time.perf_counter()
-        for metrics in calls:
-            c.post(f"{api}/runs/log-batch", json={"run_id": run_id, "metrics": metrics}).raise_for_status()
+        for body in bodies:
+            r = c.post(f"{api}/runs/log-batch", content=body, headers={"content-type": "application/json"})
+            r.raise_for_status()
         ingest_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         n = 0
@@ -302,8 +364,17 @@ def main() -> int:
     p.add_argument("--heatmap-layers", type=int, default=48)
     p.add_argument("--heatmap-reports", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        help="N > 0: only the concurrent mode: N client processes, each sending a run of --steps reports at once",
+    )
+    p.add_argument("--workers", type=int, default=1, help="qkwatch serve --workers, in the concurrent mode")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ingest.json")
     args = p.parse_args()
+    if args.clients > 0:
+        return concurrent_main(args)
     if args.setup_mlflow:
         setup_mlflow()
     with_mlflow = not args.no_mlflow and (MLFLOW_VENV / "bin" / "mlflow").exists()
@@ -332,6 +403,27 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(table(results, with_mlflow))
+    return 0
+
+
+def concurrent_main(args: argparse.Namespace) -> int:
+    results: dict = {"steps": args.steps, "layers": args.layers, "batch_reports": args.batch_reports}
+    tmp = Path(tempfile.mkdtemp(prefix="qkwatch-bench-"))
+    try:
+        for kind in args.db.split(","):
+            results[kind] = run_concurrent(kind, tmp, args.pg_url, args)
+            print(json.dumps({kind: results[kind]}), flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print("| database | clients | workers | points | seconds | points/s |\n|---|---:|---:|---:|---:|---:|")
+    for kind in args.db.split(","):
+        r = results[kind]
+        print(
+            f"| {kind} | {r['clients']} | {r['workers']} | {r['points']:,} | {r['ingest_s']:.2f} | "
+            f"{r['points_per_s']:,.0f} |"
+        )
     return 0
 
 

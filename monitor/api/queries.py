@@ -19,8 +19,9 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, HTTPException, Query
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from qkwatch.monitor.api.deps import Reader, StoreDep, load_run
 from qkwatch.monitor.api.disposition import attachment
@@ -54,6 +55,22 @@ def _enc_row(row: Sequence[float | None]) -> Sequence[float | str | None]:
     except TypeError:  # a None (not measured) in the row
         pass
     return [encode_value(v) for v in row]
+
+
+def _json_rows(values: bytes, measured: bytes | None, width: int) -> list[Sequence[float | str | None]]:
+    """Native doubles and their measured bytes (see :func:`_f64`) -> ``values`` rows of wire values.
+
+    The same rows as the grid's (``Store.history``), read from the bytes that ``encoding=f64`` sends:
+    one ``tolist`` instead of a Python float per frame value, then None where not measured.
+    """
+    doubles = array("d")
+    doubles.frombytes(values)
+    flat: list[float | None] = doubles.tolist()  # type: ignore[assignment]
+    if measured is not None:
+        flat = [v if m else None for v, m in zip(flat, measured, strict=True)]
+    if not width:
+        return []
+    return [_enc_row(flat[i : i + width]) for i in range(0, len(flat), width)]
 
 
 def _f64(values: bytes, measured: bytes | None) -> dict[str, str | None]:
@@ -233,7 +250,7 @@ def history(
         Literal["json", "f64"],
         Query(description="json: `values` as JSON rows; f64: `values_f64` and `measured`, base64 (see below)"),
     ] = "json",
-) -> JSONResponse:
+) -> Response:
     """Every value of the run's metrics in one call, unbucketed, per metric a grid: ``steps``, ``layers``
     (-1: a run-level scalar) and ``values`` (one row per step, one value per layer; null: not measured).
 
@@ -264,12 +281,15 @@ def history(
             }
         else:
             body = {
-                name: {"steps": g.steps, "layers": g.layers, "values": [_enc_row(row) for row in g.values]}
-                for name, g in store.history(run, names, **window).items()
+                name: {"steps": steps, "layers": layers, "values": _json_rows(values, measured, len(layers))}
+                for name, (steps, layers, values, measured) in store.history_doubles(run, names, **window).items()
             }
     except Invalid as exc:
         raise HTTPException(422, str(exc)) from None
-    return JSONResponse({"run": run.id, "project": run.project, "name": run.name, "attempt": attempt, "metrics": body})
+    content = {"run": run.id, "project": run.project, "name": run.name, "attempt": attempt, "metrics": body}
+    # orjson, not json.dumps, writes the doubles: number formatting was most of the answer's time (bench/RESULTS.md).
+    # Every value went through _enc_row or _f64, so no NaN or infinity is left for it to write as null.
+    return Response(orjson.dumps(content), media_type="application/json")
 
 
 @router.get("/compare", response_model=ComparePublic)

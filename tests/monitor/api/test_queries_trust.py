@@ -376,3 +376,49 @@ def test_history_as_doubles_equals_the_json_rows_whichever_way_it_was_stored(h):
                 assert decoded(doubles[name]) == decoded(rows[name]), (run["name"], params, name)
     merged = h.get(f"/v1/runs/{resumed['id']}/history", encoding="f64")["metrics"]["qkai"]
     assert decoded(merged) == [["0.1", "nan"], ["0.1", "nan"], ["0.2", "inf"], ["0.2", "inf"], ["0.2", "inf"]]
+
+
+TRICKY = [0.1, 1 / 3, -0.0, 5e-324, 1.7976931348623157e308, -2.2250738585072014e-308, 1e-7, 1e16, 123456.789]
+
+
+def _before(h, run_id: str, **params) -> dict:
+    """``GET /history``'s JSON values as the route built them before orjson: the store's grids,
+    ``_enc_row`` and ``json.dumps`` (which refuses a NaN or infinity), parsed back."""
+    run = h.store.get_run(run_id)
+    window = {"start": params.get("start"), "end": params.get("end"), "attempt": params.get("attempt")}
+    grids = h.store.history(run, sorted(h.store.run_metrics(run)), **window, max_points=None)
+    body = {
+        n: {"steps": g.steps, "layers": g.layers, "values": [queries._enc_row(r) for r in g.values]}
+        for n, g in grids.items()
+    }
+    return json.loads(json.dumps(body, allow_nan=False))
+
+
+def _reprs(value):
+    """``value`` with every float as its repr, so that -0.0 and 0.0 (equal as floats) differ."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list):
+        return [_reprs(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _reprs(v) for k, v in value.items()}
+    return value
+
+
+def test_history_json_values_are_the_values_json_dumps_gave_on_tricky_values(h):
+    whole = h.create_run(config={"n_layers": len(TRICKY) + 4})
+    row = [*TRICKY, "nan", "inf", "-inf", 2.5]
+    h.send(whole["id"], [report(s, {"qkai": row, "pr_gap": row[::-1]}, scalars={"loss": row[s]}) for s in range(6)])
+    gaps = h.create_run(attempt_key="a1")  # not measured, two attempts, layers shared out: the merged path
+    h.send(gaps["id"], [report(s, {"qkai": [1e-300, None, "nan"]}, scalars={"loss": -0.0}) for s in range(0, 30, 10)])
+    h.send(gaps["id"], [report(5, {"qkai": [None, 0.7, None]})])
+    h.create_run(gaps["name"], attempt_key="a2")
+    h.send(gaps["id"], [report(s, {"qkai": ["-inf", 3.0]}) for s in range(20, 40, 10)])
+    for run in (whole, gaps):
+        for params in ({}, {"start": 5, "end": 20}, {"attempt": 1}):
+            r = h.client.get(f"/v1/runs/{run['id']}/history", params=params, headers=h.headers("read"))
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            body = json.loads(r.text, parse_constant=lambda c: pytest.fail(f"bare {c} in the answer"))
+            assert _reprs(body["metrics"]) == _reprs(_before(h, run["id"], **params)), (run["name"], params)
+    values = h.get(f"/v1/runs/{whole['id']}/history", metrics="qkai")["metrics"]["qkai"]["values"]
+    assert _reprs(values[0]) == _reprs([*TRICKY, "nan", "inf", "-inf", 2.5])  # and they are what was sent
