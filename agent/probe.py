@@ -131,6 +131,10 @@ class Capture:
     activations_seen: set[int] = field(default_factory=set)
 
 
+Measured = tuple[dict[str, Tensor], dict[str, Tensor]]
+"""One layer's measurement: per-layer values (0-d) and per-head ones (``(n_heads,)``, with ``heads``)."""
+
+
 class Probe:
     def __init__(
         self,
@@ -153,7 +157,9 @@ class Probe:
         self.heads = heads
         self.measure_thread = measure_thread
         self._worker: ThreadPoolExecutor | None = None
-        self._pending: list[tuple[Site, str, Future[tuple[dict[str, Tensor], dict[str, Tensor]]]]] = []
+        self._pending: list[tuple[list[Site], str, Future[list[Measured]]]] = []
+        self._queued: list[tuple[Site, dict[str, Tensor]]] = []  # activation rows not handed over yet
+        self._tapped = sum(1 for site in sites if site.layer in owned)
         self.plan: Plan | None = None
         self.capture = Capture()
         self._removers: list[Callable[[], object]] = []  # what they return is ignored
@@ -193,18 +199,20 @@ class Probe:
 
     def _collect(self) -> None:
         """Store what the worker thread measured, in the order the layers were handed to it."""
+        self._hand_over_activations()  # layers whose forward ran but not every layer's (a fast path)
         pending, self._pending = self._pending, []
-        for site, what, future in pending:
+        for sites, what, future in pending:
             try:
-                per_layer, heads = future.result()
+                results = future.result()
             except Exception as exc:
                 if what == "activations":
-                    self.capture.activations_seen.discard(site.layer)  # added when handed over
-                self._warn(site, what, exc)
+                    self.capture.activations_seen.difference_update(s.layer for s in sites)  # added when handed over
+                self._warn(sites[0], what, exc)
                 continue
-            self._store(site.layer, per_layer, heads)
-            if what == "weights":
-                self.capture.weights_seen.add(site.layer)
+            for site, (per_layer, heads) in zip(sites, results, strict=True):
+                self._store(site.layer, per_layer, heads)
+                if what == "weights":
+                    self.capture.weights_seen.add(site.layer)
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -314,20 +322,16 @@ class Probe:
         copies = [None if w is None else w.detach().clone() for w in (wq, wk, rotation)]
         assert copies[0] is not None and copies[1] is not None, "site.weights() gives both projections"
         self._pending.append(
-            (site, "weights", self._submit(self._weight_values, copies[0], copies[1], copies[2], plan.spectra))
+            ([site], "weights", self._submit(self._weight_values, copies[0], copies[1], copies[2], plan.spectra))
         )
 
-    def _weight_values(
-        self, wq: Tensor, wk: Tensor, rotation: Tensor | None, spectra: bool
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def _weight_values(self, wq: Tensor, wk: Tensor, rotation: Tensor | None, spectra: bool) -> list[Measured]:
         """One layer's weight metrics (the worker thread's work), per head only with ``heads``."""
         with torch.no_grad():
             per_layer, per_head = weight_metrics(wq, wk, rotation, spectra=spectra)
-        return per_layer, per_head if self.heads else {}
+        return [(per_layer, per_head if self.heads else {})]
 
-    def _submit(
-        self, fn: Callable[..., tuple[dict[str, Tensor], dict[str, Tensor]]], *args: Any
-    ) -> Future[tuple[dict[str, Tensor], dict[str, Tensor]]]:
+    def _submit(self, fn: Callable[..., list[Measured]], *args: Any) -> Future[list[Measured]]:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkwatch-measure")
         return self._worker.submit(fn, *args)
@@ -345,9 +349,33 @@ class Probe:
 
     def _submit_activations(self, site: Site, q: Tensor, k: Tensor) -> None:
         """Copy the sampled rows here (the training thread) and measure them in the worker thread."""
-        inputs = self._activation_inputs(q, k, copy=True)
-        self._pending.append((site, "activations", self._submit(self._activation_metrics_no_grad, site, inputs)))
+        self._queued.append((site, self._activation_inputs(q, k, copy=True)))
         self.capture.activations_seen.add(site.layer)  # taken back by _collect if the measurement fails
+        if len(self._queued) == self._tapped:  # the forward's last layer: every layer in one batch
+            self._hand_over_activations()
+
+    def _hand_over_activations(self) -> None:
+        queued, self._queued = self._queued, []
+        if queued:
+            sites = [site for site, _ in queued]
+            self._pending.append((sites, "activations", self._submit(self._activation_batch, queued)))
+
+    def _activation_batch(self, queued: list[tuple[Site, dict[str, Tensor]]]) -> list[Measured]:
+        """The worker thread's work: the layers' rows stacked, one call per shape (one, for a uniform
+        model), so that each of the few dozen small operations runs once per report, not per layer."""
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i, (site, inputs) in enumerate(queued):
+            key = (site.causal, site.remove_outlier, *((n, t.shape, t.dtype) for n, t in inputs.items()))
+            groups.setdefault(key, []).append(i)
+        results: list[Measured | None] = [None] * len(queued)
+        with torch.no_grad():  # grad mode is per thread
+            for members in groups.values():
+                site, first = queued[members[0]]
+                stacked = {n: torch.stack([queued[i][1][n] for i in members]) for n in first if n != "pos"}
+                per_layer, heads = self._activation_metrics(site, {**stacked, "pos": first["pos"]})
+                for j, i in enumerate(members):
+                    results[i] = ({n: v[j] for n, v in per_layer.items()}, {n: v[j] for n, v in heads.items()})
+        return [r for r in results if r is not None]
 
     def _activation_inputs(self, q: Tensor, k: Tensor, *, copy: bool) -> dict[str, Tensor]:
         """The rows the activation metrics read (own copies with ``copy``: the model may reuse its buffers).
@@ -381,26 +409,23 @@ class Probe:
             inputs["pr_q"], inputs["pr_k"] = self._strided(q), self._strided(k)  # copies (advanced indexing)
         return inputs
 
-    def _activation_metrics_no_grad(
-        self, site: Site, inputs: dict[str, Tensor]
-    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        with torch.no_grad():  # grad mode is per thread
-            return self._activation_metrics(site, inputs)
-
     def _activation_metrics(self, site: Site, inputs: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """Per-layer (and per-head, with ``heads``) activation metrics of :meth:`_activation_inputs`' rows."""
+        """Per-layer (and per-head, with ``heads``) activation metrics of :meth:`_activation_inputs`' rows;
+        with the rows of several layers stacked on a leading dim, a value per layer along it."""
         seqs_k, pos = inputs["seqs_k"], inputs["pos"]
         stats = attention_stats(
             inputs["stats_q"], seqs_k, causal=site.causal, q_pos=pos if site.causal else None, erank=False
         )
-        stats = {name: value.mean(0) for name, value in stats.items()}  # (H,): the sequences averaged
-        seq_k = seqs_k[0]
+        stats = {name: value.mean(-2) for name, value in stats.items()}  # (..., H): the sequences averaged
+        seq_k = seqs_k.select(-4, 0)  # the first sequence: (..., G, T, hs)
         stats["qk_erank"] = qk_erank(inputs["erank_q"], seq_k)
         if "spectrum_q" in inputs:
             spectrum_q = inputs["spectrum_q"]
             w = spectrum_q.shape[-2]
             stats.update(
-                attention_spectrum(spectrum_q, seq_k[:, :w], causal=site.causal, remove_outlier=site.remove_outlier)
+                attention_spectrum(
+                    spectrum_q, seq_k[..., :w, :], causal=site.causal, remove_outlier=site.remove_outlier
+                )
             )
         per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
         if "pr_q" in inputs:

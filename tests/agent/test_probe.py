@@ -520,10 +520,21 @@ def test_row_statistics_average_sample_seqs_sequences_and_qk_erank_reads_the_fir
         assert report["layers"]["qk_erank"][layer] == pytest.approx(erank, rel=1e-3)
 
 
-def test_the_measure_thread_reports_what_the_hook_computes(tmp_path: Path) -> None:
+def test_the_measure_thread_reports_what_the_hook_computes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU activation metrics computed in the ``qkwatch-measure`` thread from copies of the sampled
-    rows equal those computed in the hook itself, per layer and per head, report after report
-    (the model trains between them, so a copy that aliased the model's buffers would differ)."""
+    rows, every layer in one batch, equal those computed in the hook itself layer by layer, per
+    layer and per head, report after report (the model trains between them, so a copy that
+    aliased the model's buffers would differ)."""
+    from qkwatch.agent.probe import Probe
+
+    batches: list[int] = []
+    batch_of = Probe._activation_batch
+
+    def counted(self, queued):
+        batches.append(len(queued))
+        return batch_of(self, queued)
+
+    monkeypatch.setattr(Probe, "_activation_batch", counted)
     reports = {}
     for threaded in (True, False):
         torch.manual_seed(0)
@@ -534,6 +545,7 @@ def test_the_measure_thread_reports_what_the_hook_computes(tmp_path: Path) -> No
         train(a, model, 5)
         reports[threaded] = [r for r in spooled(a) if r["layers"]]
     assert [r["step"] for r in reports[True]] == [0, 2, 4]
+    assert batches == [4, 4, 4]  # TinyGPT's 4 layers, once per report
     for threaded, inline in zip(reports[True], reports[False], strict=True):
         assert set(threaded["layers"]) >= {"attn_entropy", "attn_srank", "qk_erank", "pr_q"}
         assert threaded["layers"] == inline["layers"]
