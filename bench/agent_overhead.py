@@ -190,6 +190,83 @@ def profile_reports(
     return out.getvalue()
 
 
+def parts(args: argparse.Namespace) -> None:
+    """``--parts``: what one report costs, piece by piece, on the bench's model (one process, no A/B)."""
+    from qkwatch.agent.metrics.attention import _singular_values
+    from qkwatch.agent.probe import Plan
+
+    model, _ = make(args, torch.device("cpu"))
+    monitor = agent.attach(model, url=None, project="bench", run="parts", spool=tempfile.mkdtemp(), every=args.every)
+    probe = monitor.probe
+    x = torch.randint(0, VOCAB, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+    caught: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for site in probe.sites:
+        site.install_tap(lambda q, k: caught.append((q.detach(), k.detach())))
+    with torch.no_grad():
+        model(x)
+    pairs = list(zip(probe.sites, caught, strict=True))
+
+    def timed(fn: Callable[[], object], n: int = 20) -> str:
+        fn()
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return f"{1e3 * min(times):.2f} | {1e3 * statistics.median(times):.2f}"
+
+    def inline() -> None:
+        for site, (q, k) in pairs:
+            probe._activation_metrics(site, probe._activation_inputs(q, k, copy=False))
+
+    def copies() -> list[tuple[Any, dict[str, torch.Tensor]]]:
+        return [(site, probe._activation_inputs(q, k, copy=True)) for site, (q, k) in pairs]
+
+    queued = copies()
+    w = min(args.seq, probe.spectrum_window)
+    attn = torch.softmax(torch.randn(args.layers * args.heads, w, w), -1)
+    plan = Plan(0, weights=True, activations=True)
+    probe.arm(plan)
+    rows = [
+        (f"activation metrics of {args.layers} layers, layer by layer in the hook (`measure_thread=False`)", inline),
+        ("copies of the sampled rows, all layers (training thread, `measure_thread=True`)", copies),
+        ("activation metrics of all layers in one batch (the measure thread)", lambda: probe._activation_batch(queued)),
+        (
+            f"  of which the spectrum's {args.layers * args.heads} float64 `eigvalsh` of {w} x {w} Grams",
+            lambda: _singular_values(attn),
+        ),
+        (
+            "weight metrics of all layers, batched (training thread, at the report)",
+            lambda: probe._weights_batched(plan),
+        ),
+    ]
+    print(f"\nload average {os.getloadavg()[0]:.2f}; one thread; best and median of 20\n")
+    print("| piece of a report | best (ms) | median (ms) |\n|---|---:|---:|")
+    for label, fn in rows:
+        print(f"| {label} | {timed(fn)} |")
+    probe.disarm()
+
+    def finish() -> None:
+        for step in range(1, args.every):
+            monitor.log(step, loss=torch.tensor(1.0))
+        monitor.step(args.every)
+        with torch.no_grad():
+            model(x)
+        time.sleep(0.3)  # the measure thread is done: what is left is the training thread's
+        start = time.perf_counter()
+        monitor._finish_report()
+        spent.append(time.perf_counter() - start)
+
+    spent: list[float] = []
+    for _ in range(10):
+        finish()
+    print(
+        f"| finishing a report at the next `step()`: collect, weights, pack, encode, spool {args.every} records "
+        f"| {1e3 * min(spent):.2f} | {1e3 * statistics.median(spent):.2f} |"
+    )
+    monitor.close(timeout=0.1, status=None)
+
+
 def bootstrap_mean(values: np.ndarray, resamples: int = RESAMPLES, seed: int = 0) -> tuple[float, float]:
     """95 % percentile-bootstrap interval of the mean of ``values``."""
     rng = np.random.default_rng(seed)
@@ -279,6 +356,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--parts", action="store_true", help="time the pieces of one report instead (no A/B)")
     parser.add_argument(
         "--measure-thread",
         choices=("on", "off"),
@@ -289,6 +367,9 @@ def main() -> None:
     device = torch.device(args.device)
     if args.ranks > 1 and device.type != "cpu":
         parser.error("--ranks 2 runs FSDP2 on gloo: CPU only")
+    if args.parts:
+        parts(args)
+        return
     started = time.time()
     load_before = os.getloadavg()
     workdir = Path(tempfile.mkdtemp())
