@@ -5,6 +5,13 @@ activation outlives its hook, and nothing is copied to the host here (the agent 
 scalar of a report and copies it once). Between report steps the hooks return at once: no
 device work, no synchronisation.
 
+On the CPU (``measure_thread``, default on) a hook copies only the rows it samples and hands them
+to a worker thread, ``qkwatch-measure``; at the forward's last owned layer every layer's rows go
+in one batched call (one per shape), computed while the step runs on, and the report collects the
+results when it is packed. Under FSDP2 the weight hook copies the layer's unsharded W_Q, W_K for
+it the same way. The values are those the hook would compute; on a GPU the hooks only queue
+kernels and compute in place.
+
 Under ``torch.compile`` the hooks trace as no-ops except for one opaque custom op per layer
 (``qkwatch::tap``): the graph keeps it without a break or a guard, and at run time it hands the
 real queries and keys to the same measurement. Weights are then read at the report instead.
