@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from qkwatch.agent.adapters import Site, find_sites
 from qkwatch.agent.config import AgentConfig
+from qkwatch.agent.disk_spool import encode_record
 from qkwatch.agent.forks import track as track_forks
 from qkwatch.agent.health import DropNotes, Health, Overhead, health_scalars
 from qkwatch.agent.host_copy import HostCopyWriter, start_host_copy
@@ -339,24 +340,35 @@ class Agent:
         Room is made in the spool before the report's own count of dropped reports is set, so the
         count it carries includes every drop made to fit it.
         """
-        for logged in encode_logged(packed):
-            self._spool_report(logged)
-        if not packed.main:
+        report = encode(packed, self.n_layers) if packed.main else None
+        self._spool_reports(encode_logged(packed), report)
+        if report is None:
             return
-        report = encode(packed, self.n_layers)
-        self._spool_report(report, note_drops=True)
         entropy = report["layers"].get("attn_entropy")
         if entropy:
             self.lambdas_state.observe(
                 {i: float(v) for i, v in enumerate(entropy) if isinstance(v, float) and i in self.owned}
             )
 
-    def _spool_report(self, report: dict[str, Any], *, note_drops: bool = False) -> None:
-        self.spool.make_room(len(json.dumps(report)) + 256)
-        if note_drops:
+    def _spool_reports(self, logged: list[dict[str, Any]], report: dict[str, Any] | None) -> None:
+        """The scalar-only reports of earlier steps, then the report (if any), in one write.
+
+        Room is made once for all of them; the report's drop count is set after it, so it includes
+        every drop made to fit them (the report's size is counted before the count is added: the
+        256 bytes a record are the margin).
+        """
+        records = [encode_record({"attempt_key": self.attempt_key, "report": r}) for r in logged]
+        incoming = sum(len(r) + 256 for r in records)
+        if report is not None:
+            incoming += len(json.dumps(report)) + 256
+        if not records and report is None:
+            return
+        self.spool.make_room(incoming)
+        if report is not None:
             self._drops.note(report, self.spool.dropped)
-        self.spool.append({"attempt_key": self.attempt_key, "report": report})
-        self.health.written += 1
+            records.append(encode_record({"attempt_key": self.attempt_key, "report": report}))
+        self.spool.append_encoded(records)
+        self.health.written += len(records)
         self.sender.notify()
 
     def _health_scalars(self) -> dict[str, float]:

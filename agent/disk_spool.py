@@ -131,15 +131,23 @@ class Spool:
 
     def append(self, payload: dict[str, Any]) -> None:
         """Append one record (one ``write`` call). Raises OSError if the disk refuses."""
-        data = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-        if len(data) > MAX_RECORD:
-            raise ValueError(f"a report of {len(data)} bytes exceeds the spool's record limit of {MAX_RECORD}")
+        self.append_encoded([encode_record(payload)])
+
+    def append_encoded(self, records: list[bytes]) -> None:
+        """Append records made by :func:`encode_record`, in order, with one ``write`` call (a report and
+        the scalar-only reports of the steps before it). Raises OSError if the disk refuses; a write
+        cut short by a kill leaves whole records and a torn tail, which the next open truncates."""
+        for data in records:
+            if len(data) > MAX_RECORD:
+                raise ValueError(f"a report of {len(data)} bytes exceeds the spool's record limit of {MAX_RECORD}")
+        if not records:
+            return
         fd = self._fd
         if fd is None or self._size >= self.segment_bytes:
             fd = self._open_segment(self._segment + 1 if fd is not None else max(self._segment, 1))
-        record = HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data
-        os.write(fd, record)
-        self._size += len(record)
+        blob = b"".join(HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data for data in records)
+        os.write(fd, blob)
+        self._size += len(blob)
 
     def _open_segment(self, number: int) -> int:
         """Close the current segment and open segment ``number`` for appending; returns its fd."""
@@ -277,6 +285,11 @@ class Spool:
 
     def _segment_path(self, number: int) -> Path:
         return self.path / f"seg-{number:08d}.log"
+
+
+def encode_record(payload: dict[str, Any]) -> bytes:
+    """A record's bytes as the spool stores them (compact JSON; NaN and infinities refused)."""
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _scan(file: Path, offset: int, *, number: int = 0) -> Iterator[Record]:

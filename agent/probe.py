@@ -5,6 +5,13 @@ activation outlives its hook, and nothing is copied to the host here (the agent 
 scalar of a report and copies it once). Between report steps the hooks return at once: no
 device work, no synchronisation.
 
+On the CPU (``measure_thread``, default on) a hook copies only the rows it samples and hands them
+to a worker thread, ``qkwatch-measure``; at the forward's last owned layer every layer's rows go
+in one batched call (one per shape), computed while the step runs on, and the report collects the
+results when it is packed. Under FSDP2 the weight hook copies the layer's unsharded W_Q, W_K for
+it the same way. The values are those the hook would compute; on a GPU the hooks only queue
+kernels and compute in place.
+
 Under ``torch.compile`` the hooks trace as no-ops except for one opaque custom op per layer
 (``qkwatch::tap``): the graph keeps it without a break or a guard, and at run time it hands the
 real queries and keys to the same measurement. Weights are then read at the report instead.
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -69,6 +77,12 @@ class ProbeConfig:
     241 from 4,096."""
     heads: bool = False
     """Also ship per-head values of the per-head metrics."""
+    measure_thread: bool = True
+    """CPU tensors: the activation hook copies the rows it samples (a few hundred KiB a layer; under
+    FSDP2 the weight hook copies the layer's unsharded W_Q, W_K) and a worker thread
+    (``qkwatch-measure``) computes the metrics while the step runs on; the report waits for them
+    when it is packed (the next step's ``step()`` call). The values are those the hook would
+    compute. On a GPU the hooks only queue kernels and this setting changes nothing."""
 
     def __post_init__(self) -> None:
         positive_ints(self, "sample_rows", "sample_seqs", "spectrum_window")
@@ -85,6 +99,7 @@ class ProbeConfig:
             heads=self.heads,
             pr_rows=self.pr_rows,
             spectrum_window=self.spectrum_window,
+            measure_thread=self.measure_thread,
         )
 
 
@@ -123,6 +138,10 @@ class Capture:
     activations_seen: set[int] = field(default_factory=set)
 
 
+Measured = tuple[dict[str, Tensor], dict[str, Tensor]]
+"""One layer's measurement: per-layer values (0-d) and per-head ones (``(n_heads,)``, with ``heads``)."""
+
+
 class Probe:
     def __init__(
         self,
@@ -134,6 +153,7 @@ class Probe:
         sample_seqs: int = 1,
         pr_rows: int = 4096,
         spectrum_window: int = 256,
+        measure_thread: bool = False,
     ):
         self.sites = sites
         self.owned = owned
@@ -142,6 +162,11 @@ class Probe:
         self.pr_rows = pr_rows
         self.spectrum_window = spectrum_window
         self.heads = heads
+        self.measure_thread = measure_thread
+        self._worker: ThreadPoolExecutor | None = None
+        self._pending: list[tuple[list[Site], str, Future[list[Measured]]]] = []
+        self._queued: list[tuple[Site, dict[str, Tensor]]] = []  # activation rows not handed over yet
+        self._tapped = sum(1 for site in sites if site.layer in owned)
         self.plan: Plan | None = None
         self.capture = Capture()
         self._removers: list[Callable[[], object]] = []  # what they return is ignored
@@ -164,6 +189,8 @@ class Probe:
         self.capture = Capture()
 
     def disarm(self) -> Capture:
+        """The capture of the armed step, with the worker thread's measurements (waited for)."""
+        self._collect()
         capture, self.capture, self.plan = self.capture, Capture(), None
         return capture
 
@@ -172,6 +199,27 @@ class Probe:
             remove()
         self._removers.clear()
         self.plan = None
+        self._collect()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+
+    def _collect(self) -> None:
+        """Store what the worker thread measured, in the order the layers were handed to it."""
+        self._hand_over_activations()  # layers whose forward ran but not every layer's (a fast path)
+        pending, self._pending = self._pending, []
+        for sites, what, future in pending:
+            try:
+                results = future.result()
+            except Exception as exc:
+                if what == "activations":
+                    self.capture.activations_seen.difference_update(s.layer for s in sites)  # added when handed over
+                self._warn(sites[0], what, exc)
+                continue
+            for site, (per_layer, heads) in zip(sites, results, strict=True):
+                self._store(site.layer, per_layer, heads)
+                if what == "weights":
+                    self.capture.weights_seen.add(site.layer)
 
     # --- hooks ------------------------------------------------------------------------------
 
@@ -193,7 +241,10 @@ class Probe:
             plan = self.plan
             if plan is None or not plan.activations or site.layer in self.capture.activations_seen:
                 return
-            self._guarded(site, "activations", lambda: self._measure_activations(site, q, k))
+            if self.measure_thread and q.device.type == "cpu":
+                self._guarded(site, "activations", lambda: self._submit_activations(site, q, k))
+            else:
+                self._guarded(site, "activations", lambda: self._measure_activations(site, q, k))
 
         token = _register_tap(measure)
         self._removers.append(lambda: _TAPS.pop(token, None))
@@ -214,10 +265,13 @@ class Probe:
             with torch.no_grad():
                 fn()
         except Exception as exc:
-            key = f"{what}:{type(exc).__name__}"
-            if key not in self._warned:
-                self._warned.add(key)
-                logger.warning("qkwatch could not measure %s of layer %d (%s): %s", what, site.layer, site.name, exc)
+            self._warn(site, what, exc)
+
+    def _warn(self, site: Site, what: str, exc: Exception) -> None:
+        key = f"{what}:{type(exc).__name__}"
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("qkwatch could not measure %s of layer %d (%s): %s", what, site.layer, site.name, exc)
 
     def measure_weights_now(self, plan: Plan) -> None:
         """Weights read at the report: all owned layers batched (plain weights), or the layers whose
@@ -266,7 +320,28 @@ class Probe:
                 self.capture.weights_seen.add(site.layer)
 
     def _measure_weights(self, site: Site, plan: Plan) -> None:
-        self._weights_of(site, *site.weights(), plan)
+        """In the forward (FSDP2: the weights are whole only there): here, or in the worker thread
+        from copies (the unsharded weights are freed after the forward)."""
+        wq, wk, rotation = site.weights()
+        if not (self.measure_thread and wq.device.type == "cpu"):
+            self._weights_of(site, wq, wk, rotation, plan)
+            return
+        copies = [None if w is None else w.detach().clone() for w in (wq, wk, rotation)]
+        assert copies[0] is not None and copies[1] is not None, "site.weights() gives both projections"
+        self._pending.append(
+            ([site], "weights", self._submit(self._weight_values, copies[0], copies[1], copies[2], plan.spectra))
+        )
+
+    def _weight_values(self, wq: Tensor, wk: Tensor, rotation: Tensor | None, spectra: bool) -> list[Measured]:
+        """One layer's weight metrics (the worker thread's work), per head only with ``heads``."""
+        with torch.no_grad():
+            per_layer, per_head = weight_metrics(wq, wk, rotation, spectra=spectra)
+        return [(per_layer, per_head if self.heads else {})]
+
+    def _submit(self, fn: Callable[..., list[Measured]], *args: Any) -> Future[list[Measured]]:
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkwatch-measure")
+        return self._worker.submit(fn, *args)
 
     def _weights_of(self, site: Site, wq: Tensor, wk: Tensor, rotation: Tensor | None, plan: Plan) -> None:
         rotation = None if rotation is None else rotation.detach()
@@ -275,37 +350,97 @@ class Probe:
         self.capture.weights_seen.add(site.layer)
 
     def _measure_activations(self, site: Site, q: Tensor, k: Tensor) -> None:
-        q, k = q.detach(), k.detach()  # (B, H, T, hs), (B, G, T, hs)
-        seqs_q, seqs_k = q[: self.sample_seqs], k[: self.sample_seqs]  # (S, H, T, hs), (S, G, T, hs)
-        seq_q, seq_k = q[0], k[0]  # one sequence: (H, T, hs), (G, T, hs)
-        t = seq_k.shape[-2]
-        # sample_rows rows in all, spread over the sequences (the noise is in which sequence, not
-        # which row); qk_erank, capped by the rows it sees, takes all of them from the first one
-        pos = self._rows(t, min(max(1, self.sample_rows // len(seqs_q)), t), k.device)
-        stats = attention_stats(
-            seqs_q[:, :, pos], seqs_k, causal=site.causal, q_pos=pos if site.causal else None, erank=False
-        )
-        stats = {name: value.mean(0) for name, value in stats.items()}  # (H,): the sequences averaged
-        rows = self._rows(t, min(self.sample_rows, t), k.device)
-        stats["qk_erank"] = qk_erank(seq_q[:, rows], seq_k)
-        if seq_q.shape[-2] == t:  # self-attention: the square matrix exists
-            w = min(t, self.spectrum_window)
-            stats.update(
-                attention_spectrum(seq_q[:, :w], seq_k[:, :w], causal=site.causal, remove_outlier=site.remove_outlier)
-            )
-        per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
-        per_layer.update(self._participation(q, k))
-        heads = {name: stats[name].float() for name in ACTIVATION_HEAD_METRICS} if self.heads else {}
+        per_layer, heads = self._activation_metrics(site, self._activation_inputs(q, k, copy=False))
         self._store(site.layer, per_layer, heads)
         self.capture.activations_seen.add(site.layer)
 
-    def _participation(self, q: Tensor, k: Tensor) -> dict[str, Tensor]:
-        """``pr_q``, ``pr_k`` from up to ``pr_rows`` positions of the whole micro-batch, heads concatenated."""
-        if q.shape[0] * q.shape[-2] < 2 or k.shape[0] * k.shape[-2] < 2:
-            return {}
-        pr_q = participation_ratio(self._strided(q).float())  # (n, H*hs)
-        pr_k = participation_ratio(self._strided(k).float())  # (n, G*hs)
-        return {"pr_q": pr_q, "pr_k": pr_k, "pr_gap": pr_q - pr_k}
+    def _submit_activations(self, site: Site, q: Tensor, k: Tensor) -> None:
+        """Copy the sampled rows here (the training thread) and measure them in the worker thread."""
+        self._queued.append((site, self._activation_inputs(q, k, copy=True)))
+        self.capture.activations_seen.add(site.layer)  # taken back by _collect if the measurement fails
+        if len(self._queued) == self._tapped:  # the forward's last layer: every layer in one batch
+            self._hand_over_activations()
+
+    def _hand_over_activations(self) -> None:
+        queued, self._queued = self._queued, []
+        if queued:
+            sites = [site for site, _ in queued]
+            self._pending.append((sites, "activations", self._submit(self._activation_batch, queued)))
+
+    def _activation_batch(self, queued: list[tuple[Site, dict[str, Tensor]]]) -> list[Measured]:
+        """The worker thread's work: the layers' rows stacked, one call per shape (one, for a uniform
+        model), so that each of the few dozen small operations runs once per report, not per layer."""
+        groups: dict[tuple[object, ...], list[int]] = {}
+        for i, (site, inputs) in enumerate(queued):
+            key = (site.causal, site.remove_outlier, *((n, t.shape, t.dtype) for n, t in inputs.items()))
+            groups.setdefault(key, []).append(i)
+        results: list[Measured | None] = [None] * len(queued)
+        with torch.no_grad():  # grad mode is per thread
+            for members in groups.values():
+                site, first = queued[members[0]]
+                stacked = {n: torch.stack([queued[i][1][n] for i in members]) for n in first if n != "pos"}
+                per_layer, heads = self._activation_metrics(site, {**stacked, "pos": first["pos"]})
+                for j, i in enumerate(members):
+                    results[i] = ({n: v[j] for n, v in per_layer.items()}, {n: v[j] for n, v in heads.items()})
+        return [r for r in results if r is not None]
+
+    def _activation_inputs(self, q: Tensor, k: Tensor, *, copy: bool) -> dict[str, Tensor]:
+        """The rows the activation metrics read (own copies with ``copy``: the model may reuse its buffers).
+
+        ``q (B, H, T, hs)``, ``k (B, G, T, hs)``: row statistics read ``sample_rows`` query rows
+        spread over the first ``sample_seqs`` sequences, against all keys of those sequences;
+        ``qk_erank`` ``sample_rows`` rows of the first sequence; the spectrum the first
+        ``spectrum_window`` queries and keys of the first sequence; PR strided positions of the batch.
+        """
+        q, k = q.detach(), k.detach()
+        seqs_q, seqs_k = q[: self.sample_seqs], k[: self.sample_seqs]  # (S, H, T, hs), (S, G, T, hs)
+        t = seqs_k.shape[-2]
+        # sample_rows rows in all, spread over the sequences (the noise is in which sequence, not
+        # which row); qk_erank, capped by the rows it sees, takes all of them from the first one
+        pos = self._rows(t, min(max(1, self.sample_rows // len(seqs_q)), t), k.device)
+        rows = self._rows(t, min(self.sample_rows, t), k.device)
+
+        def keep(x: Tensor) -> Tensor:
+            return x.clone() if copy else x
+
+        inputs = {
+            "stats_q": seqs_q[:, :, pos],  # advanced indexing: a copy already
+            "pos": pos,
+            "seqs_k": keep(seqs_k),
+            "erank_q": q[0][:, rows],
+        }
+        if q.shape[-2] == t:  # self-attention: the square matrix exists
+            w = min(t, self.spectrum_window)
+            inputs["spectrum_q"] = keep(q[0][:, :w])
+        if q.shape[0] * q.shape[-2] >= 2 and k.shape[0] * k.shape[-2] >= 2:
+            inputs["pr_q"], inputs["pr_k"] = self._strided(q), self._strided(k)  # copies (advanced indexing)
+        return inputs
+
+    def _activation_metrics(self, site: Site, inputs: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Per-layer (and per-head, with ``heads``) activation metrics of :meth:`_activation_inputs`' rows;
+        with the rows of several layers stacked on a leading dim, a value per layer along it."""
+        seqs_k, pos = inputs["seqs_k"], inputs["pos"]
+        stats = attention_stats(
+            inputs["stats_q"], seqs_k, causal=site.causal, q_pos=pos if site.causal else None, erank=False
+        )
+        stats = {name: value.mean(-2) for name, value in stats.items()}  # (..., H): the sequences averaged
+        seq_k = seqs_k.select(-4, 0)  # the first sequence: (..., G, T, hs)
+        stats["qk_erank"] = qk_erank(inputs["erank_q"], seq_k)
+        if "spectrum_q" in inputs:
+            spectrum_q = inputs["spectrum_q"]
+            w = spectrum_q.shape[-2]
+            stats.update(
+                attention_spectrum(
+                    spectrum_q, seq_k[..., :w, :], causal=site.causal, remove_outlier=site.remove_outlier
+                )
+            )
+        per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
+        if "pr_q" in inputs:
+            pr_q = participation_ratio(inputs["pr_q"].float())  # (n, H*hs)
+            pr_k = participation_ratio(inputs["pr_k"].float())  # (n, G*hs)
+            per_layer.update({"pr_q": pr_q, "pr_k": pr_k, "pr_gap": pr_q - pr_k})
+        heads = {name: stats[name].float() for name in ACTIVATION_HEAD_METRICS} if self.heads else {}
+        return per_layer, heads
 
     def _strided(self, x: Tensor) -> Tensor:
         """Up to ``pr_rows`` rows of ``x (B, heads, T, hs)``, evenly spaced over its B*T positions."""

@@ -134,5 +134,7 @@ def group_heads(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
 
 def _broadcast_shapes(a: torch.Size, b: torch.Size) -> torch.Size:
     """``torch.broadcast_shapes(a, b)``; RuntimeError when they do not broadcast."""
+    if a == b:  # the common case, without torch.broadcast_shapes' cost (tens of microseconds)
+        return a
     shape: torch.Size = torch.broadcast_shapes(a, b)  # type: ignore[no-untyped-call]  # unannotated in torch
     return shape

@@ -70,7 +70,8 @@ def column_alignment(wq: Tensor, wk: Tensor) -> Tensor:
         (``E|cos| = sqrt(2 / (pi d_model))`` for independent isotropic columns).
     """
     try:
-        torch.broadcast_shapes(wq.shape, wk.shape)  # type: ignore[no-untyped-call]  # unannotated in torch
+        if wq.shape != wk.shape:  # torch.broadcast_shapes costs tens of microseconds: only when needed
+            torch.broadcast_shapes(wq.shape, wk.shape)  # type: ignore[no-untyped-call]  # unannotated in torch
     except RuntimeError:
         raise ValueError(f"column_alignment: wq {tuple(wq.shape)} and wk {tuple(wk.shape)} do not broadcast") from None
     dot = (wq * wk).sum(-2)

@@ -518,3 +518,58 @@ def test_row_statistics_average_sample_seqs_sequences_and_qk_erank_reads_the_fir
         prob = s / s.sum(-1, keepdims=True)
         erank = np.exp(-(prob * np.log(np.where(prob > 0, prob, 1))).sum(-1)).mean()
         assert report["layers"]["qk_erank"][layer] == pytest.approx(erank, rel=1e-3)
+
+
+def test_the_measure_thread_reports_what_the_hook_computes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU activation metrics computed in the ``qkwatch-measure`` thread from copies of the sampled
+    rows, every layer in one batch, equal those computed in the hook itself layer by layer, per
+    layer and per head, report after report (the model trains between them, so a copy that
+    aliased the model's buffers would differ)."""
+    from qkwatch.agent.probe import Probe
+
+    batches: list[int] = []
+    batch_of = Probe._activation_batch
+
+    def counted(self, queued):
+        batches.append(len(queued))
+        return batch_of(self, queued)
+
+    monkeypatch.setattr(Probe, "_activation_batch", counted)
+    reports = {}
+    for threaded in (True, False):
+        torch.manual_seed(0)
+        model = TinyGPT()
+        a = agent.attach(
+            model, spool=str(tmp_path / str(threaded)), run="r", every=2, heads=True, measure_thread=threaded, **OFFLINE
+        )
+        train(a, model, 5)
+        reports[threaded] = [r for r in spooled(a) if r["layers"]]
+    assert [r["step"] for r in reports[True]] == [0, 2, 4]
+    assert batches == [4, 4, 4]  # TinyGPT's 4 layers, once per report
+    for threaded, inline in zip(reports[True], reports[False], strict=True):
+        assert set(threaded["layers"]) >= {"attn_entropy", "attn_srank", "qk_erank", "pr_q"}
+        assert threaded["layers"] == inline["layers"]
+        assert threaded["heads"] == inline["heads"]
+
+
+def test_a_failure_in_the_measure_thread_is_a_missing_layer_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception in the worker thread skips that layer's activation metrics with one warning; the
+    first report names the layers as missing; training and the weight metrics carry on."""
+    from qkwatch.agent import probe
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("spectrum exploded")
+
+    monkeypatch.setattr(probe, "attention_spectrum", broken)
+    model = TinyGPT()
+    a = agent.attach(model, spool=str(tmp_path), run="r", every=1, **OFFLINE)
+    train(a, model, 2)
+    reports = [r for r in spooled(a) if r["layers"]]
+    assert [r["step"] for r in reports] == [0, 1]
+    assert all(v is None for v in reports[0]["layers"].get("attn_entropy", [None]))
+    assert all(isinstance(v, float) for v in reports[0]["layers"]["qkai"])
+    assert [e["kind"] for e in reports[0]["events"]] == ["missing_layers"]
+    warnings = [r.message for r in caplog.records if "spectrum exploded" in r.message]
+    assert len(warnings) == 1
