@@ -244,6 +244,13 @@ def forecast_section(r: dict[str, Any]) -> str:
         if shipped
         else ""
     )
+    study = r.get("forecast_study")
+    if shipped and study and study.get("shipped_forecast") != shipped:
+        shipped_text += (
+            f" The file has since shipped the forecast chosen below ({_rule_text(study['shipped_forecast'])}); "
+            "its firings on this suite's runs with nothing induced, the false alarms of the table at the end "
+            "of this section, have not been measured yet."
+        )
     if not rows:
         return f"""## The forecast
 
