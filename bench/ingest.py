@@ -114,20 +114,33 @@ def reports(steps: range, layers: int) -> list[dict]:
 # --- qkwatch -------------------------------------------------------------------------------------
 
 
+def report_bodies(steps: int, layers: int, batch_reports: int) -> list[str]:
+    """The run's report batches as JSON bodies, encoded before any clock starts."""
+    return [
+        json.dumps({"batch_id": str(uuid.uuid4()), "reports": reports(range(s, min(s + batch_reports, steps)), layers)})
+        for s in range(0, steps, batch_reports)
+    ]
+
+
+def post_reports(c: httpx.Client, run_id: str, bodies: list[str]) -> int:
+    """POST each body in turn; the points the collector says it inserted."""
+    inserted = 0
+    for body in bodies:
+        r = c.post(f"/v1/runs/{run_id}/reports", content=body, headers={"content-type": "application/json"})
+        r.raise_for_status()
+        inserted += r.json()["inserted"]
+    return inserted
+
+
 def qkwatch_ingest(url: str, steps: int, layers: int, batch_reports: int) -> dict:
     with httpx.Client(base_url=url, timeout=120) as c:
         run = c.post(
             "/v1/runs",
             json={"project": "bench", "name": f"ingest-{uuid.uuid4().hex[:6]}", "config": {"n_layers": layers}},
         ).json()
-        batches = [reports(range(s, min(s + batch_reports, steps)), layers) for s in range(0, steps, batch_reports)]
-        bodies = [json.dumps({"batch_id": str(uuid.uuid4()), "reports": b}) for b in batches]
+        bodies = report_bodies(steps, layers, batch_reports)
         t0 = time.perf_counter()
-        inserted = 0
-        for body in bodies:
-            r = c.post(f"/v1/runs/{run['id']}/reports", content=body, headers={"content-type": "application/json"})
-            r.raise_for_status()
-            inserted += r.json()["inserted"]
+        inserted = post_reports(c, run["id"], bodies)
         ingest_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         n = 0
@@ -218,19 +231,10 @@ def _client_run(url: str, steps: int, layers: int, batch_reports: int, barrier: 
             "/v1/runs",
             json={"project": "bench", "name": f"ingest-{uuid.uuid4().hex[:6]}", "config": {"n_layers": layers}},
         ).json()
-        bodies = [
-            json.dumps(
-                {"batch_id": str(uuid.uuid4()), "reports": reports(range(s, min(s + batch_reports, steps)), layers)}
-            )
-            for s in range(0, steps, batch_reports)
-        ]
+        bodies = report_bodies(steps, layers, batch_reports)
         barrier.wait()
         t0 = time.time()
-        inserted = 0
-        for body in bodies:
-            r = c.post(f"/v1/runs/{run['id']}/reports", content=body, headers={"content-type": "application/json"})
-            r.raise_for_status()
-            inserted += r.json()["inserted"]
+        inserted = post_reports(c, run["id"], bodies)
         return t0, time.time(), inserted
 
 

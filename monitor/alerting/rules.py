@@ -86,6 +86,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -300,10 +301,10 @@ class ForecastRule:
         ys = [y / scale for _, y in points]
         x0 = math.fsum(xs) / n
         if self.fit == "theil_sen":
-            slope = _median(
+            slope = statistics.median(
                 [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(i + 1, n) if xs[j] != xs[i]]
             )
-            y0 = _median([y - slope * (x - x0) for x, y in zip(xs, ys, strict=True)])
+            y0 = statistics.median([y - slope * (x - x0) for x, y in zip(xs, ys, strict=True)])
         else:
             y0 = math.fsum(ys) / n
             slope = math.fsum((x - x0) * (y - y0) for x, y in zip(xs, ys, strict=True)) / math.fsum(
@@ -324,12 +325,6 @@ FITS = ("least_squares", "theil_sen")
 """A forecast rule's lines (ForecastRule.fit)."""
 THEIL_SEN_WINDOW_MAX = 64
 """Largest window of a theil_sen forecast: each layer's report takes the median of window (window - 1) / 2 slopes."""
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 _FIT_SCALE_ABOVE = 2.0**500
