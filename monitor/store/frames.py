@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,31 @@ def merge_steps(rows: Iterable[tuple[int, bytes, bytes | None, bool]]) -> list[M
         else:
             out.append(MergedStep(step, [v if p else None for v, p in zip(a, present, strict=True)], False))
     return out
+
+
+_DOUBLE = struct.Struct("d")
+
+
+def column(rows: Iterable[tuple[int, bytes | None, bytes | None]]) -> tuple[list[int], list[float]]:
+    """One layer out of frames: rows (step, the layer's 8 bytes of ``vals``, its byte of ``present``)
+    ordered by (step, attempt) -> (steps, values), the merged value per step where the layer was measured.
+
+    The layer's bytes are empty (or None) in a frame too short to hold it; its ``present`` byte is None
+    when the frame holds every layer. A later row of a step that carries the layer overwrites the value,
+    as in :func:`merge_steps`.
+    """
+    steps: list[int] = []
+    values: list[float] = []
+    for step, v8, p1 in rows:
+        if not v8 or len(v8) != 8 or (p1 is not None and p1 != b"\x01"):
+            continue
+        value = _DOUBLE.unpack(v8)[0]
+        if steps and steps[-1] == step:
+            values[-1] = value
+        else:
+            steps.append(step)
+            values.append(value)
+    return steps, values
 
 
 def heatmap(

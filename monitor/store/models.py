@@ -3,9 +3,10 @@
 The alert rows (:class:`qkwatch.monitor.alerting.records.AlertRow` and ``PendingNotification``)
 live in ``alerting``, which formats them and must not import the store.
 
-Points carry no surrogate key: their natural key (run, metric id, head, layer, step, attempt) is
-the primary key, ordered so that a series (one layer) and a heatmap (all layers of one metric)
-are index range scans. ``head`` is -1 for a layer value; ``layer`` is -1 for a run-level scalar.
+Points carry no surrogate key: their natural key (run, metric id, head, step, layer, attempt) is
+the primary key, ordered so that a batch's points of one metric are written together and a
+heatmap (all layers of one metric) is an index range scan; one layer over many steps is read from
+the frames. ``head`` is -1 for a layer value; ``layer`` is -1 for a run-level scalar.
 A NaN value is stored as SQL NULL on both databases (SQLite turns a bound NaN into NULL anyway;
 "not measured" is never stored, so NULL is unambiguous); infinities are stored as such.
 """
@@ -115,13 +116,17 @@ run_metrics = sa.Table(
 points = sa.Table(
     "points",
     metadata,
-    sa.Column("run_pk", sa.Integer, primary_key=True),
-    sa.Column("metric_id", sa.Integer, primary_key=True),
-    sa.Column("head", sa.Integer, primary_key=True),
-    sa.Column("layer", sa.Integer, primary_key=True),
-    sa.Column("step", sa.BigInteger, primary_key=True),
-    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("run_pk", sa.Integer, nullable=False),
+    sa.Column("metric_id", sa.Integer, nullable=False),
+    sa.Column("head", sa.Integer, nullable=False),
+    sa.Column("layer", sa.Integer, nullable=False),
+    sa.Column("step", sa.BigInteger, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("value", sa.Double),
+    # Step before layer (migration 0011): a batch's points of one metric lie together at the end of
+    # the run's range, so a batch writes a few pages per metric, not one per layer. One layer over
+    # many steps is read from the frames (reads.series).
+    sa.PrimaryKeyConstraint("run_pk", "metric_id", "head", "step", "layer", "attempt"),
     sqlite_with_rowid=False,
 )
 

@@ -70,7 +70,13 @@ def series(
     max_points: int,
     attempt: int | None,
 ) -> m.Series:
-    """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max."""
+    """One layer's (or a scalar's) values; more than ``max_points`` steps are bucketed keeping min and max.
+
+    A layer value is read from the frames (the points' key puts the step before the layer, so one
+    layer over many steps is not a range of it); a per-head value or a scalar from the points.
+    """
+    if head == m.LAYER_VALUE and layer >= 0:
+        return _series_from_frames(conn, run, metric, layer, start, end, max_points, attempt)
     p = m.points
     where = [
         *_point_filter(run, metric_names.lookup(conn, metric), head, attempt),
@@ -100,6 +106,60 @@ def series(
         [means.of_aggregates(*r[2:]) for r in buckets],
         [_agg(r[4], r[6]) for r in buckets],
         [_agg(r[5], r[6]) for r in buckets],
+        True,
+    )
+
+
+def _series_from_frames(
+    conn: sa.Connection,
+    run: m.RunRow,
+    metric: str,
+    layer: int,
+    start: int | None,
+    end: int | None,
+    max_points: int,
+    attempt: int | None,
+) -> m.Series:
+    """:func:`series` of a layer value, from the 8 bytes of ``layer`` in each frame (cut out in SQL).
+
+    The same answer as the points would give: per step the latest attempt that logged the layer wins
+    (``frames.merge_steps``'s rule), and buckets as in SQL (``means.mean`` of the non-NaN values, NaN
+    when a bucket holds only NaN).
+    """
+    f = m.frames
+    metric_id = metric_names.lookup(conn, metric)
+    where = [
+        f.c.run_pk == run.pk,
+        f.c.metric_id == (-1 if metric_id is None else metric_id),
+        *sql.step_range(f.c.step, start, end),
+    ]
+    where += [f.c.attempt == attempt] if attempt is not None else []
+    rows = conn.execute(
+        sa.select(f.c.step, sa.func.substr(f.c.vals, 8 * layer + 1, 8), sa.func.substr(f.c.present, layer + 1, 1))
+        .where(*where)
+        .order_by(f.c.step, f.c.attempt, f.c.mask)
+    ).all()
+    steps, vals = frames.column(rows)
+    if len(steps) <= max_points:
+        return m.Series(steps, vals, vals, vals, False)
+    lo, hi = steps[0], steps[-1]
+    width = -(-(hi - lo + 1) // max_points)
+    firsts: list[int] = []
+    groups: list[list[float]] = []
+    last = None
+    for step, value in zip(steps, vals, strict=True):
+        b = (step - lo) // width
+        if b != last:
+            firsts.append(step)
+            groups.append([])
+            last = b
+        groups[-1].append(value)
+    real = [[v for v in g if not math.isnan(v)] for g in groups]
+    return m.Series(
+        firsts,
+        [means.mean(r) if r else math.nan for r in real],
+        [min(r) if r else math.nan for r in real],
+        [max(r) if r else math.nan for r in real],
         True,
     )
 

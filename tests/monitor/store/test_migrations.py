@@ -59,7 +59,7 @@ def test_metric_ids_migration_keeps_points_and_frames(db_url: str):
                 {"id": uuid.uuid4().hex},
             )
             pk = conn.execute(sa.text("SELECT pk FROM runs")).scalar()
-            for step, value in ((0, 0.25), (1, 0.5)):
+            for step, value in ((0, 0.25), (1, 0.5)):  # a point and its frame, as the collector writes them
                 conn.execute(
                     sa.text(
                         "INSERT INTO points (run_pk, metric, head, layer, step, attempt, value) "
@@ -67,18 +67,19 @@ def test_metric_ids_migration_keeps_points_and_frames(db_url: str):
                     ),
                     {"pk": pk, "step": step, "v": value},
                 )
-            conn.execute(
-                sa.text(
-                    "INSERT INTO frames (run_pk, metric, step, attempt, mask, vals, present, has_nan) "
-                    "VALUES (:pk, 'qkai', 0, 1, 'a1', :vals, NULL, :f)"
-                ),
-                {"pk": pk, "vals": array("d", [0.25]).tobytes(), "f": False},
-            )
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO frames (run_pk, metric, step, attempt, mask, vals, present, has_nan) "
+                        "VALUES (:pk, 'qkai', :step, 1, 'a1', :vals, NULL, :f)"
+                    ),
+                    {"pk": pk, "step": step, "vals": array("d", [value]).tobytes(), "f": False},
+                )
         upgrade(engine)
         store = Store(engine)
         run = store.list_runs(projects=["p"])[0][0]
         assert store.series(run, "qkai", 0).values == [0.25, 0.5]
-        assert store.heatmap(run, "qkai").values == [[0.25]]
+        assert store.heatmap(run, "qkai").values == [[0.25], [0.5]]
+        assert [(r[1], r[5]) for r in store.export_rows(run)] == [(0, 0.25), (1, 0.5)]  # the points
         _downgrade(engine, "0001")
         with engine.connect() as conn:
             assert conn.execute(sa.text("SELECT count(*) FROM points WHERE metric = 'qkai'")).scalar() == 2

@@ -1,0 +1,96 @@
+"""A layer's series is read from the frames (migration 0011 put the step before the layer in the points'
+key). It must be the series the points hold: checked here against an independent reduction of the
+points themselves (the export's merged view, or one attempt's), on both databases, with attempts
+that overwrite each other, layers reported by some reports only, NaN, infinities and buckets."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from itertools import count
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.wire import ReportBatch, RunCreate
+
+LAYERS = 4
+RULES = RuleSet.default(0.7)
+NAMES = count()
+
+# A layer's value on the wire: a number, "nan" or an infinity, or None (not measured by this report).
+wire_value = st.one_of(
+    st.none(),
+    st.floats(-1e6, 1e6, allow_nan=False),
+    st.sampled_from(["nan", "inf", "-inf", 1.7e308, -1.7e308]),
+)
+report = st.tuples(st.integers(0, 12), st.lists(wire_value, min_size=1, max_size=LAYERS))
+attempt_reports = st.lists(report, min_size=1, max_size=12)
+
+
+def _expected(points: list[tuple[int, float]], max_points: int) -> tuple[list[int], list[float], list[float], list[float]]:
+    """(steps, means, mins, maxs) of a layer's points (step, value), in step order, as the SQL did."""
+    if len(points) <= max_points:
+        vals = [v for _, v in points]
+        return [s for s, _ in points], vals, vals, vals
+    lo, hi = points[0][0], points[-1][0]
+    width = -(-(hi - lo + 1) // max_points)
+    buckets: dict[int, list[tuple[int, float]]] = {}
+    for s, v in points:
+        buckets.setdefault((s - lo) // width, []).append((s, v))
+    steps, means, mins, maxs = [], [], [], []
+    for b in sorted(buckets):
+        members = buckets[b]
+        real = [v for _, v in members if not math.isnan(v)]
+        steps.append(min(s for s, _ in members))
+        mins.append(min(real) if real else math.nan)
+        maxs.append(max(real) if real else math.nan)
+        if not real:
+            means.append(math.nan)
+        elif math.inf in real and -math.inf in real:
+            means.append(math.nan)
+        elif math.inf in real or -math.inf in real:
+            means.append(math.inf if math.inf in real else -math.inf)
+        else:
+            means.append(math.fsum(r / len(real) for r in real))
+    return steps, means, mins, maxs
+
+
+def _same(got: list[float | None], want: list[float]) -> bool:
+    return len(got) == len(want) and all(
+        g is not None and (math.isnan(w) and math.isnan(g) or math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-9))
+        for g, w in zip(got, want, strict=True)
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(attempts=st.lists(attempt_reports, min_size=1, max_size=2), max_points=st.integers(1, 8), data=st.data())
+def test_layer_series_from_frames_equals_the_points(db_url, attempts, max_points, data):
+    engine = make_engine(db_url)
+    store = Store(engine)
+    try:
+        name = f"series-{next(NAMES)}-{uuid.uuid4().hex[:6]}"
+        for i, reports in enumerate(attempts):
+            run, _ = store.create_or_resume_run(RunCreate(project="series", name=name, attempt_key=f"a{i}"))
+            for step, values in reports:  # one report a batch: a step may come twice, the first value stays
+                body = {"step": step, "time": 1.0, "layers": {"qkai": values}}
+                store.add_reports(run.id, ReportBatch.model_validate({"batch_id": uuid.uuid4(), "reports": [body]}), RULES)
+        run = store.get_run(run.id)
+        layer = data.draw(st.integers(0, LAYERS - 1))
+        attempt = data.draw(st.sampled_from([None, *range(1, len(attempts) + 1)]))
+        points = sorted(
+            (step, value)
+            for (att, step, metric, la, head, value) in store.export_rows(run, attempt=attempt)
+            if metric == "qkai" and la == layer and head == -1
+        )
+        got = store.series(run, "qkai", layer, max_points=max_points, attempt=attempt)
+        steps, means, mins, maxs = _expected(points, max_points)
+        assert got.steps == steps
+        assert got.downsampled == (len(points) > max_points)
+        assert _same(list(got.values), means)
+        assert _same(list(got.mins), mins) and _same(list(got.maxs), maxs)
+    finally:
+        store.close()
