@@ -324,15 +324,22 @@ def insert_points(conn: sa.Connection, run_pk: int, attempt: int, rows: list[Poi
         return 0
     if is_postgres(conn):
         return _insert_points_postgres(conn, run_pk, attempt, [(ids[m], h, la, s, v) for (m, h, la, s, v) in rows])
-    return _insert_points_sqlite(conn, [(run_pk, ids[m], h, la, s, attempt, v) for (m, h, la, s, v) in rows])
+    params = [(run_pk, ids[m], h, s, la, attempt, v) for (m, h, la, s, v) in rows]
+    params.sort(key=_KEY_ORDER)
+    return _insert_points_sqlite(conn, params)
+
+
+_KEY_ORDER = itemgetter(1, 2, 3, 4)
+"""(metric id, head, step, layer): the points' key order within one run and attempt."""
 
 
 def _insert_points_sqlite(conn: sa.Connection, params: list[tuple[int, int, int, int, int, int, float | None]]) -> int:
     # One prepared statement run over all rows (sqlite3's executemany, in C); its rowcount sums
     # the rows actually inserted, so ignored duplicates are not counted. ``params``: (run_pk,
-    # metric id, head, layer, step, attempt, value), built in one pass.
+    # metric id, head, step, layer, attempt, value) in key order, so that consecutive inserts land
+    # on the same leaf page.
     result = conn.exec_driver_sql(
-        "INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
+        "INSERT INTO points (run_pk, metric_id, head, step, layer, attempt, value) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
         params,
     )
