@@ -63,6 +63,13 @@ def mean(values: Sequence[float]) -> float:
     total = sum(values)
     if math.isfinite(total):
         return total / len(values)
+    return of_values(values)
+
+
+def of_values(values: Sequence[float]) -> float:
+    """The mean of ``values`` (at least one, none NaN) as :func:`aggregates` computes it in SQL: the
+    two sums, in the order given. A huge value and its negative cancel exactly here, where the plain
+    sum of :func:`mean` can lose the small values beside them."""
     big = sum(v * SCALE for v in values if abs(v) >= 1.0)
     small = sum(v for v in values if abs(v) < 1.0)
     return of_aggregates(big, small, min(values), max(values), len(values))

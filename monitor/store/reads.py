@@ -123,8 +123,8 @@ def _series_from_frames(
     """:func:`series` of a layer value, from the 8 bytes of ``layer`` in each frame (cut out in SQL).
 
     The same answer as the points would give: per step the latest attempt that logged the layer wins
-    (``frames.merge_steps``'s rule), and buckets as in SQL (``means.mean`` of the non-NaN values, NaN
-    when a bucket holds only NaN).
+    (``frames.merge_steps``'s rule), and buckets as in SQL (``means.of_values`` of the non-NaN values,
+    NaN when a bucket holds only NaN).
     """
     f = m.frames
     metric_id = metric_names.lookup(conn, metric)
@@ -157,7 +157,7 @@ def _series_from_frames(
     real = [[v for v in g if not math.isnan(v)] for g in groups]
     return m.Series(
         firsts,
-        [means.mean(r) if r else math.nan for r in real],
+        [means.of_values(r) if r else math.nan for r in real],
         [min(r) if r else math.nan for r in real],
         [max(r) if r else math.nan for r in real],
         True,
