@@ -420,3 +420,33 @@ def test_run_metrics_arrive_filled_and_names_no_run_uses_go(db_url: str):
             assert conn.execute(sa.text("SELECT count(*) FROM run_metrics")).scalar() == 2
     finally:
         engine.dispose()
+
+
+def test_points_key_puts_the_step_before_the_layer_and_keeps_every_point(db_url: str):
+    """0011: the points' primary key is (run, metric id, head, step, layer, attempt); its downgrade
+    brings back (..., layer, step, ...); both keep every point and the views that read them."""
+    engine = make_engine(db_url)
+    try:
+        upgrade(engine)
+        store = Store(engine)
+        run, _ = store.create_or_resume_run(RunCreate(project=f"rekey-{uuid.uuid4().hex[:6]}", name="r"))
+        reports = [{"step": s, "time": 1.0, "layers": {"qkai": [s / 10, "nan"]}} for s in range(3)]
+        store.add_reports(
+            run.id, ReportBatch.model_validate({"batch_id": uuid.uuid4(), "reports": reports}), RuleSet.default()
+        )
+        before = sorted(store.export_rows(run), key=repr)
+
+        def key() -> list[str]:
+            return sa.inspect(engine).get_pk_constraint("points")["constrained_columns"]
+
+        assert key() == ["run_pk", "metric_id", "head", "step", "layer", "attempt"]
+        _downgrade(engine, "0010")
+        assert key() == ["run_pk", "metric_id", "head", "layer", "step", "attempt"]
+        upgrade(engine)
+        assert key() == ["run_pk", "metric_id", "head", "step", "layer", "attempt"]
+        assert sorted(store.export_rows(run), key=repr) == before
+        with engine.connect() as conn:  # the dashboards' view still reads the table
+            n = conn.execute(sa.text("SELECT count(*) FROM qkwatch_points_v WHERE run_id = :id"), {"id": run.id})
+            assert n.scalar() == 6
+    finally:
+        engine.dispose()
