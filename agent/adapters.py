@@ -42,7 +42,20 @@ if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
 TapFn = Callable[[Tensor, Tensor], None]
-"""Receives ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)``."""
+"""Receives ``q (B, n_heads, T, d_head)`` and ``k (B, n_kv_heads, T, d_head)``.
+
+A tap function may carry ``wanted``, a callable that says whether it would use the tensors now
+(the probe's: a report is armed and the layer not measured yet): a tap that must first cut q and
+k out of a fused output skips that work when it says no (:func:`_wanted`)."""
+
+
+def _wanted(fn: TapFn) -> Callable[[], bool]:
+    """``fn.wanted`` when it has one, else always yes. Never asked while ``torch.compile`` traces:
+    the compiled graph keeps the tap whole, and the probe decides at run time (see ``agent.probe``)."""
+    wanted: Callable[[], bool] | None = getattr(fn, "wanted", None)
+    if wanted is None:
+        return lambda: True
+    return lambda: torch.compiler.is_compiling() or wanted()
 
 
 class AdapterError(Exception):
@@ -366,7 +379,11 @@ def _module_tap(module: nn.Module) -> Callable[[TapFn], Callable[[], None]]:
 
 
 def _split_output(fn: TapFn, h: int, g: int) -> Callable[[Tensor], None]:
+    wanted = _wanted(fn)
+
     def tap(out: Tensor) -> None:
+        if not wanted():
+            return  # no report armed: no split, views or transposes on this forward
         b, t, width = out.shape  # (B, T, (H + 2G) hs)
         hs = width // (h + 2 * g)
         q, k, _ = torch.split(out, [h * hs, g * hs, g * hs], dim=-1)
@@ -377,9 +394,11 @@ def _split_output(fn: TapFn, h: int, g: int) -> Callable[[Tensor], None]:
 
 def _pair_tap(q_mod: nn.Module, k_mod: nn.Module, fn: TapFn, h: int, g: int) -> Callable[[], None]:
     held: dict[str, Tensor] = {}
+    wanted = _wanted(fn)
 
     def on_q(mod: nn.Module, args: tuple[Any, ...], out: Tensor) -> None:
-        held["q"] = out
+        if wanted():
+            held["q"] = out
 
     def on_k(mod: nn.Module, args: tuple[Any, ...], out: Tensor) -> None:
         q = held.pop("q", None)

@@ -257,6 +257,12 @@ class Probe:
                 return
             measure(q, k)
 
+        def wanted() -> bool:
+            """What ``measure`` checks first: the adapter's tap asks before it cuts q and k out."""
+            plan = self.plan
+            return plan is not None and plan.activations and site.layer not in self.capture.activations_seen
+
+        tap.wanted = wanted  # type: ignore[attr-defined]  # see adapters.TapFn
         return tap
 
     def _guarded(self, site: Site, what: str, fn: Callable[[], None]) -> None:

@@ -1319,6 +1319,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--agent-procs", type=int, default=2)
     parser.add_argument("--no-kill", action="store_true", help="no kill -9 midway")
+    parser.add_argument(
+        "--drain",
+        type=float,
+        help="seconds the agents may take to drain their spools after the load (3 x duration + 60)",
+    )
     parser.add_argument("--pg-url", default=PG_ADMIN_URL, help="PostgreSQL server (a fresh database per session)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "fleet.json"))
     parser.add_argument("--png", default=str(ROOT / "bench" / "fleet.png"))
@@ -1342,6 +1347,7 @@ def main(argv: list[str] | None = None) -> int:
             kill_at=None if args.no_kill else 0.5,
             agent_procs=args.agent_procs,
             pg_admin_url=args.pg_url,
+            drain_seconds=args.drain,
         )
         with tempfile.TemporaryDirectory(prefix="qkwatch-fleet-") as tmp:
             started = time.time()

@@ -573,3 +573,38 @@ def test_a_failure_in_the_measure_thread_is_a_missing_layer_not_a_crash(
     assert [e["kind"] for e in reports[0]["events"]] == ["missing_layers"]
     warnings = [r.message for r in caplog.records if "spectrum exploded" in r.message]
     assert len(warnings) == 1
+
+
+def test_taps_cut_q_and_k_out_only_on_report_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tap on a fused projection (nanoGPT's ``c_attn``) splits, views and transposes q and k only
+    when the probe wants them: a report armed and the layer not measured yet. Off report steps a
+    forward makes exactly the ``transpose`` calls of the model without the agent; the reports still
+    measure every layer."""
+    kind = "nanogpt"
+    model, weights, _ = _adapter_model(kind)
+    x = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
+    transposes: list[int] = []
+    real = torch.Tensor.transpose
+
+    def counted(self, *args):
+        transposes.append(1)
+        return real(self, *args)
+
+    def forward_transposes() -> int:
+        transposes.clear()
+        with monkeypatch.context() as m, torch.no_grad():
+            m.setattr(torch.Tensor, "transpose", counted)
+            model(x)
+        return len(transposes)
+
+    bare = forward_transposes()
+    a = agent.attach(model, spool=str(tmp_path), run=kind, every=3, **OFFLINE)
+    per_step = []
+    for step in range(6):
+        a.step(step)
+        per_step.append(forward_transposes())
+    reports = [r for r in spooled(a) if r["layers"]]
+    assert [r["step"] for r in reports] == [0, 3]
+    assert all(len(r["layers"]["attn_entropy"]) == len(weights) for r in reports)
+    assert [per_step[i] for i in (1, 2, 4, 5)] == [bare] * 4  # off report steps: the model's own only
+    assert per_step[0] >= bare + 2 * len(weights) and per_step[3] >= bare + 2 * len(weights)  # q and k of each layer
