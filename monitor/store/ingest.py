@@ -349,7 +349,7 @@ def _insert_points_sqlite(conn: sa.Connection, params: list[tuple[int, int, int,
 
 def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows: list[PointParams]) -> int:
     # Binary COPY straight into ``points`` under a savepoint: every row is new in all but a replay,
-    # and a COPY costs PostgreSQL less than half of an INSERT ... ON CONFLICT (bench/RESULTS.md). A
+    # and it takes about half the time of the temporary table and ON CONFLICT (bench/RESULTS.md). A
     # point stored already (or twice in the batch) makes it fail with a unique violation, undone to
     # the savepoint; then the rows go through a temporary table and INSERT ... ON CONFLICT DO NOTHING,
     # whose rowcount is exactly the new rows. The temporary table empties itself at commit.
