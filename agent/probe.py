@@ -237,9 +237,14 @@ class Probe:
         return hook
 
     def _activation_hook(self, site: Site) -> TapFn:
-        def measure(q: Tensor, k: Tensor) -> None:
+        def wanted() -> bool:
+            """A report armed for activations and this layer not measured yet (the adapter's tap asks
+            before it cuts q and k out of a fused output; see adapters.TapFn)."""
             plan = self.plan
-            if plan is None or not plan.activations or site.layer in self.capture.activations_seen:
+            return plan is not None and plan.activations and site.layer not in self.capture.activations_seen
+
+        def measure(q: Tensor, k: Tensor) -> None:
+            if not wanted():
                 return
             if self.measure_thread and q.device.type == "cpu":
                 self._guarded(site, "activations", lambda: self._submit_activations(site, q, k))
@@ -256,11 +261,6 @@ class Probe:
                 torch.ops.qkwatch.tap(q.detach(), k.detach(), _sink(q.device), token)
                 return
             measure(q, k)
-
-        def wanted() -> bool:
-            """What ``measure`` checks first: the adapter's tap asks before it cuts q and k out."""
-            plan = self.plan
-            return plan is not None and plan.activations and site.layer not in self.capture.activations_seen
 
         tap.wanted = wanted  # type: ignore[attr-defined]  # see adapters.TapFn
         return tap

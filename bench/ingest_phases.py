@@ -14,18 +14,16 @@ To compare two trees, run it from a ``git worktree`` of each (``PYTHONPATH=<work
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import secrets
+import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
-
-from bench.ingest import report_bodies
+from bench.ingest import database, report_bodies
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import events, ingest, lambdas
 from qkwatch.monitor.store.engine import make_engine
@@ -33,7 +31,9 @@ from qkwatch.monitor.store.migrate import upgrade
 from qkwatch.monitor.store.store import Store
 from qkwatch.monitor.wire import ReportBatch, RunCreate
 
-PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+PG_ADMIN_URL = os.environ.get("QKWATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""The PostgreSQL server (as ``bench.ingest``'s ``--pg-url``); a fresh database on it, dropped after."""
+DRIVER = "postgresql+psycopg"
 PHASES = {
     ingest: ["flatten", "_record_batch", "ids_for_batch", "insert_points", "insert_frames", "_upsert_latest"],
     lambdas: ["feed_schedule"],
@@ -62,24 +62,6 @@ def _instrument(spent: Counter[str]) -> None:
         setattr(ingest, name, _timed(spent, name, getattr(ingest, name)))
 
 
-@contextlib.contextmanager
-def _database(kind: str) -> Iterator[str]:
-    if kind == "sqlite":
-        with tempfile.TemporaryDirectory() as tmp:
-            yield f"sqlite:///{tmp}/collector.db"
-        return
-    name = f"qkwatch_phases_{secrets.token_hex(4)}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield sa.make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
@@ -90,7 +72,7 @@ def main() -> None:
     spent: Counter[str] = Counter()
     _instrument(spent)
     bodies = report_bodies(args.steps, args.layers, args.batch_reports)
-    with _database(args.db) as url:
+    with tempfile.TemporaryDirectory() as tmp, database(args.db, Path(tmp), PG_ADMIN_URL, "phases", DRIVER) as url:
         engine = make_engine(url)
         upgrade(engine)
         store = Store(engine)

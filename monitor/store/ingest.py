@@ -351,40 +351,29 @@ def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows
     # Binary COPY straight into ``points`` under a savepoint: every row is new in all but a replay,
     # and it takes about half the time of the temporary table and ON CONFLICT (bench/RESULTS.md). A
     # point stored already (or twice in the batch) makes it fail with a unique violation, undone to
-    # the savepoint; then the rows go through a temporary table and INSERT ... ON CONFLICT DO NOTHING,
-    # whose rowcount is exactly the new rows. The temporary table empties itself at commit.
+    # the savepoint; then the same payload goes into a temporary table and INSERT ... ON CONFLICT DO
+    # NOTHING, whose rowcount is exactly the new rows. The temporary table empties itself at commit.
     from psycopg.errors import UniqueViolation  # here: the postgres extra may not be installed
 
     driver: psycopg.Connection[Any] | None = conn.connection.driver_connection
     assert driver is not None  # None only once the connection is closed; we are inside its transaction
+    payload = _copy_payload(run_pk, attempt, rows)
     cursor = driver.cursor()
     try:
         cursor.execute("SAVEPOINT points_in")
         try:
-            _copy(
-                cursor,
-                "points (run_pk, metric_id, head, layer, step, attempt, value)",
-                rows,
-                (run_pk, attempt),
-            )
+            _copy(cursor, "points", payload)
             cursor.execute("RELEASE SAVEPOINT points_in")
             return len(rows)
         except UniqueViolation:
             cursor.execute("ROLLBACK TO SAVEPOINT points_in")
         cursor.execute(
-            "CREATE TEMP TABLE IF NOT EXISTS points_in (metric_id int, head int, layer int, step bigint, "
-            "value float8) ON COMMIT DELETE ROWS"
+            "CREATE TEMP TABLE IF NOT EXISTS points_in (run_pk int, metric_id int, head int, layer int, "
+            "step bigint, attempt int, value float8) ON COMMIT DELETE ROWS"
         )
-        _copy(
-            cursor,
-            "points_in (metric_id, head, layer, step, value)",
-            rows,
-            None,
-        )
+        _copy(cursor, "points_in", payload)
         cursor.execute(
-            "INSERT INTO points (run_pk, metric_id, head, layer, step, attempt, value) "
-            "SELECT %s, metric_id, head, layer, step, %s, value FROM points_in ON CONFLICT DO NOTHING",
-            (run_pk, attempt),
+            f"INSERT INTO points ({_POINT_COLUMNS}) SELECT {_POINT_COLUMNS} FROM points_in ON CONFLICT DO NOTHING"
         )
         inserted: int = cursor.rowcount
         cursor.execute("RELEASE SAVEPOINT points_in")
@@ -393,40 +382,31 @@ def _insert_points_postgres(conn: sa.Connection, run_pk: int, attempt: int, rows
         cursor.close()
 
 
+_POINT_COLUMNS = "run_pk, metric_id, head, layer, step, attempt, value"
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags 0, no header extension
 _COPY_TRAILER = b"\xff\xff"
 _POINT_ROW = struct.Struct(">hiiiiiiiiiqiiid")
-"""A point in binary COPY: 7 fields, each (length, value): run_pk, metric id, head, layer, step, attempt, value."""
+"""A point in binary COPY: 7 fields, each (length, value), in the order of :data:`_POINT_COLUMNS`."""
 _POINT_ROW_NULL = struct.Struct(">hiiiiiiiiiqiii")
 """The same with a NULL value (a NaN; length -1 and no bytes)."""
-_IN_ROW = struct.Struct(">hiiiiiiiqid")
-"""A point into ``points_in``: 5 fields, metric id, head, layer, step, value."""
-_IN_ROW_NULL = struct.Struct(">hiiiiiiiqi")
 
 
-def _copy(
-    cursor: psycopg.Cursor[Any], target: str, rows: list[PointParams], run_attempt: tuple[int, int] | None
-) -> None:
-    """Binary COPY of ``rows`` (metric id, head, layer, step, value) into ``target``, with the run's pk
-    and the attempt in each row when ``run_attempt`` is given. The payload is packed here, one
-    ``struct`` call a row (psycopg's ``write_row`` took several times as long)."""
+def _copy_payload(run_pk: int, attempt: int, rows: list[PointParams]) -> bytes:
+    """``rows`` (metric id, head, layer, step, value) of the run and attempt as a binary COPY payload,
+    packed here with one ``struct`` call a row (psycopg's ``write_row`` took several times as long)."""
     parts = [_COPY_HEADER]
-    if run_attempt is None:
-        for m, h, la, st, v in rows:
-            if v is None:
-                parts.append(_IN_ROW_NULL.pack(5, 4, m, 4, h, 4, la, 8, st, -1))
-            else:
-                parts.append(_IN_ROW.pack(5, 4, m, 4, h, 4, la, 8, st, 8, v))
-    else:
-        run_pk, attempt = run_attempt
-        for m, h, la, st, v in rows:
-            if v is None:
-                parts.append(_POINT_ROW_NULL.pack(7, 4, run_pk, 4, m, 4, h, 4, la, 8, st, 4, attempt, -1))
-            else:
-                parts.append(_POINT_ROW.pack(7, 4, run_pk, 4, m, 4, h, 4, la, 8, st, 4, attempt, 8, v))
+    for m, h, la, st, v in rows:
+        if v is None:
+            parts.append(_POINT_ROW_NULL.pack(7, 4, run_pk, 4, m, 4, h, 4, la, 8, st, 4, attempt, -1))
+        else:
+            parts.append(_POINT_ROW.pack(7, 4, run_pk, 4, m, 4, h, 4, la, 8, st, 4, attempt, 8, v))
     parts.append(_COPY_TRAILER)
-    with cursor.copy(f"COPY {target} FROM STDIN (FORMAT BINARY)") as copy:
-        copy.write(b"".join(parts))
+    return b"".join(parts)
+
+
+def _copy(cursor: psycopg.Cursor[Any], table: str, payload: bytes) -> None:
+    with cursor.copy(f"COPY {table} ({_POINT_COLUMNS}) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.write(payload)
 
 
 def insert_frames(

@@ -110,6 +110,20 @@ def series(
     )
 
 
+def _frame_filter(
+    conn: sa.Connection, run: m.RunRow, metric: str, start: int | None, end: int | None, attempt: int | None
+) -> list[sa.ColumnElement[bool]]:
+    """Conditions on ``frames``: the run's frames of ``metric`` in the step range, of ``attempt`` or all."""
+    f = m.frames
+    metric_id = metric_names.lookup(conn, metric)
+    where = [
+        f.c.run_pk == run.pk,
+        f.c.metric_id == (-1 if metric_id is None else metric_id),
+        *sql.step_range(f.c.step, start, end),
+    ]
+    return where + ([f.c.attempt == attempt] if attempt is not None else [])
+
+
 def _series_from_frames(
     conn: sa.Connection,
     run: m.RunRow,
@@ -127,13 +141,7 @@ def _series_from_frames(
     NaN when a bucket holds only NaN).
     """
     f = m.frames
-    metric_id = metric_names.lookup(conn, metric)
-    where = [
-        f.c.run_pk == run.pk,
-        f.c.metric_id == (-1 if metric_id is None else metric_id),
-        *sql.step_range(f.c.step, start, end),
-    ]
-    where += [f.c.attempt == attempt] if attempt is not None else []
+    where = _frame_filter(conn, run, metric, start, end, attempt)
     rows = conn.execute(
         sa.select(f.c.step, sa.func.substr(f.c.vals, 8 * layer + 1, 8), sa.func.substr(f.c.present, layer + 1, 1))
         .where(*where)
@@ -225,13 +233,7 @@ def _heatmap_from_frames(
     attempt: int | None,
 ) -> m.Heatmap:
     f = m.frames
-    metric_id = metric_names.lookup(conn, metric)
-    where = [
-        f.c.run_pk == run.pk,
-        f.c.metric_id == (-1 if metric_id is None else metric_id),
-        *sql.step_range(f.c.step, start, end),
-    ]
-    where += [f.c.attempt == attempt] if attempt is not None else []
+    where = _frame_filter(conn, run, metric, start, end, attempt)
     rows = conn.execute(
         sa.select(f.c.step, f.c.vals, f.c.present, f.c.has_nan).where(*where).order_by(f.c.step, f.c.attempt, f.c.mask)
     ).all()
