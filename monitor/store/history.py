@@ -90,8 +90,7 @@ def _rows(
     pw = [
         p.c.run_pk == run.pk,
         p.c.metric_id.in_(list(ids)),
-        p.c.head == m.LAYER_VALUE,
-        p.c.layer == m.RUN_SCALAR,
+        *reads.scalar_filter(),
         *sql.step_range(p.c.step, start, end),
         *reads.attempt_filter(run, attempt),
     ]

@@ -129,6 +129,25 @@ points = sa.Table(
     sa.PrimaryKeyConstraint("run_pk", "metric_id", "head", "step", "layer", "attempt"),
     sqlite_with_rowid=False,
 )
+RUN_SCALARS_WHERE = "head = -1 AND layer = -1"
+"""The run scalars among the points (a loss, a health value): what ``ix_points_run_scalars`` holds."""
+# The run scalars (migration 0012): under the key above a metric's scalars (layer -1) lie one per step
+# among its layer values, so reading them scanned every layer value of the metric. A partial index
+# keeps them apart, covering (the value is in it). Its key repeats head and layer so that a query on
+# (run, metric, head, layer) matches more of its columns than of the primary key's, which is how
+# SQLite's planner, with no statistics, chooses it (reads.scalar_filter; tested on both databases).
+sa.Index(
+    "ix_points_run_scalars",
+    points.c.run_pk,
+    points.c.metric_id,
+    points.c.head,
+    points.c.layer,
+    points.c.step,
+    points.c.attempt,
+    points.c.value,
+    sqlite_where=sa.text(RUN_SCALARS_WHERE),
+    postgresql_where=sa.text(RUN_SCALARS_WHERE),
+)
 
 frames = sa.Table(
     # One row per (report, metric): the layer values as one float64 array, so that a heatmap

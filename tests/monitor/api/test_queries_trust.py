@@ -9,10 +9,13 @@ import json
 import math
 import struct
 import uuid
+from array import array
 from datetime import datetime, timedelta, timezone
 from urllib.parse import quote
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from qkwatch.monitor.api import queries
 from tests.monitor.conftest import report
@@ -376,6 +379,29 @@ def test_history_as_doubles_equals_the_json_rows_whichever_way_it_was_stored(h):
                 assert decoded(doubles[name]) == decoded(rows[name]), (run["name"], params, name)
     merged = h.get(f"/v1/runs/{resumed['id']}/history", encoding="f64")["metrics"]["qkai"]
     assert decoded(merged) == [["0.1", "nan"], ["0.1", "nan"], ["0.2", "inf"], ["0.2", "inf"], ["0.2", "inf"]]
+
+
+@given(
+    st.integers(1, 5).flatmap(
+        lambda width: st.tuples(
+            st.just(width),
+            st.lists(
+                st.one_of(st.floats(), st.sampled_from([1.7976931348623157e308, -1.7976931348623157e308, -0.0])),
+                max_size=4 * width,
+            ).map(lambda xs: xs[: len(xs) - len(xs) % width]),
+        )
+    ),
+    st.booleans(),
+)
+def test_json_rows_are_the_rows_encoded_one_by_one(width_values, with_measured):
+    """The finite-sum shortcut of ``_json_rows`` gives the rows ``_enc_row`` gives, on NaN, infinities,
+    -0.0 and finite values whose sum overflows."""
+    width, values = width_values
+    measured = bytes(i % 3 != 1 for i in range(len(values))) if with_measured else None
+    flat = [v if measured is None or measured[i] else None for i, v in enumerate(values)]
+    want = [queries._enc_row(flat[i : i + width]) for i in range(0, len(flat), width)]
+    got = queries._json_rows(array("d", values).tobytes(), measured, width)
+    assert _reprs(got) == _reprs(want)
 
 
 TRICKY = [0.1, 1 / 3, -0.0, 5e-324, 1.7976931348623157e308, -2.2250738585072014e-308, 1e-7, 1e16, 123456.789]
