@@ -294,20 +294,28 @@ def _stored_values(
 
     A join with the keys as a VALUES list: one primary-key probe per key on both databases (an
     IN list of row values makes SQLite scan the run, and SQLite has no ``VALUES ... AS k (cols)``).
+    The join also bounds the points to the chunk's metrics and steps: PostgreSQL, with statistics
+    older than the run, can plan it as one scan of the run's whole index instead of probes (seen in
+    ``bench/fleet.py`` at 256 ranks: each replayed batch read millions of points), and the bounds
+    keep even that plan to the batch's own range of the key (``tests/monitor/store/test_exactly_once.py``).
     """
     out: dict[tuple[int, int, int], float | None] = {}
     for i in range(0, len(keys), 1000):  # 3,000 parameters per statement
         chunk = keys[i : i + 1000]
         rows = ", ".join(f"(:m{j}, :l{j}, :s{j})" for j in range(len(chunk)))
-        params = {"run_pk": run_pk, "head": LAYER_VALUE, "attempt": attempt}
+        metric_ids = sorted({metric_id for metric_id, _, _ in chunk})
+        steps = [step for _, _, step in chunk]
+        params = {"run_pk": run_pk, "head": LAYER_VALUE, "attempt": attempt, "lo": min(steps), "hi": max(steps)}
+        params |= {f"id{j}": metric_id for j, metric_id in enumerate(metric_ids)}
         for j, (metric_id, layer, step) in enumerate(chunk):
             params |= {f"m{j}": metric_id, f"l{j}": layer, f"s{j}": step}
+        ids = ", ".join(f":id{j}" for j in range(len(metric_ids)))
         result = conn.execute(
             sa.text(
                 f"WITH k (metric_id, layer, step) AS (VALUES {rows}) "
                 "SELECT k.metric_id, k.layer, k.step, p.value FROM k JOIN points p ON p.run_pk = :run_pk "
                 "AND p.metric_id = k.metric_id AND p.head = :head AND p.layer = k.layer AND p.step = k.step "
-                "AND p.attempt = :attempt"
+                f"AND p.attempt = :attempt AND p.metric_id IN ({ids}) AND p.step BETWEEN :lo AND :hi"
             ),
             params,
         )

@@ -74,3 +74,58 @@ def test_replays_store_exactly_the_union(db_url: str, plan: list[int]):
         assert {r.attempt for r in rows} == {1}
     finally:
         store.close()
+
+
+def _plan_of(engine: sa.Engine, statement: str, parameters: object) -> str:
+    """The database's own plan of ``statement`` (PostgreSQL: EXPLAIN ANALYZE, so it really runs)."""
+    with engine.connect() as conn:
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        prefix = "EXPLAIN ANALYZE " if engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN "
+        cursor.execute(prefix + statement, parameters)
+        return "\n".join(" ".join(map(str, row)) for row in cursor.fetchall())
+
+
+def test_a_partial_replay_reads_only_its_own_steps_of_the_points(isolated_db_url: str):
+    """A batch holding points stored already reads their first values back (``keep_first_values``).
+    However its database plans that read, with statistics or without (a fresh database has none),
+    it may touch only the batch's own steps of the points, not the run's whole range of the key:
+    found at 256 ranks in bench/fleet.py, where PostgreSQL scanned every point of the run for each
+    replayed batch. Checked on the statement the store sends, by the database's plan of it."""
+    engine = make_engine(isolated_db_url)
+    store = Store(engine)
+    layers, metrics = 24, [f"m{i}" for i in range(6)]
+    try:
+        run, _ = store.create_or_resume_run(RunCreate(project=f"replay-{uuid.uuid4().hex[:6]}", name="r"))
+
+        def batch(steps: range) -> ReportBatch:
+            reports = [
+                {"step": s, "time": 1.0, "layers": {name: [s / 1000 + la for la in range(layers)] for name in metrics}}
+                for s in steps
+            ]
+            return ReportBatch.model_validate({"batch_id": str(uuid.uuid4()), "reports": reports})
+
+        for lo in range(0, 400, 50):
+            store.add_reports(run.id, batch(range(lo, lo + 50)), RuleSet.default())
+        seen: list[tuple[str, object]] = []
+
+        def note(conn, cursor, statement, parameters, context, executemany) -> None:
+            if statement.startswith("WITH k (metric_id, layer, step)"):
+                seen.append((statement, parameters))
+
+        sa.event.listen(engine, "before_cursor_execute", note)
+        try:
+            result = store.add_reports(run.id, batch(range(200, 210)), RuleSet.default())  # a new id, old points
+        finally:
+            sa.event.remove(engine, "before_cursor_execute", note)
+        assert (result.inserted, result.duplicates) == (0, 10 * layers * len(metrics))
+        assert seen, "the replay did not read the stored values"
+        for statement, parameters in seen:
+            plan = _plan_of(engine, statement, parameters)
+            # PostgreSQL: each index scan's condition; SQLite: each SEARCH or SCAN of the points (alias p).
+            conditions = [
+                line for line in plan.splitlines() if "Index Cond" in line or " p USING" in line or "SCAN p" in line
+            ]
+            assert conditions and all("step" in line for line in conditions), plan
+            assert "Seq Scan on points" not in plan, plan
+    finally:
+        store.close()
