@@ -7,6 +7,11 @@ for 72,000 points on SQLite, twice per history call (`bench/history.py`). The in
 rows with head -1 and layer -1, keyed (run, metric id, head, layer, step, attempt) and covering the
 value. Ingest adds a row to it per scalar point only.
 
+Building it reads every point once. On PostgreSQL it is a plain ``CREATE INDEX`` (not
+``CONCURRENTLY``: the migrations run in one transaction), so collectors' writes to ``points`` wait
+until it is built: on a large database, upgrade at a quiet time (``qkwatch db upgrade`` before the
+collectors start). Reads are not held up.
+
 Revision ID: 0012
 Revises: 0011
 Create Date: 2027-02-17 09:00:00
