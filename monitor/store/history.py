@@ -90,7 +90,7 @@ def _rows(
     pw = [
         p.c.run_pk == run.pk,
         p.c.metric_id.in_(list(ids)),
-        *reads.scalar_filter(),
+        *m.RUN_SCALARS,
         *sql.step_range(p.c.step, start, end),
         *reads.attempt_filter(run, attempt),
     ]

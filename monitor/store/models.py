@@ -129,13 +129,18 @@ points = sa.Table(
     sa.PrimaryKeyConstraint("run_pk", "metric_id", "head", "step", "layer", "attempt"),
     sqlite_with_rowid=False,
 )
-RUN_SCALARS_WHERE = "head = -1 AND layer = -1"
-"""The run scalars among the points (a loss, a health value): what ``ix_points_run_scalars`` holds."""
+RUN_SCALARS = (
+    points.c.head == sa.literal_column(str(LAYER_VALUE)),
+    points.c.layer == sa.literal_column(str(RUN_SCALAR)),
+)
+"""The run scalars among the points (a loss, a health value): the conditions of ``ix_points_run_scalars``,
+and what every read of scalars puts in its WHERE. Constants, not bound parameters, so that both
+databases' planners can prove a query's conditions the index's (PostgreSQL's generic plans could not)."""
 # The run scalars (migration 0012): under the key above a metric's scalars (layer -1) lie one per step
 # among its layer values, so reading them scanned every layer value of the metric. A partial index
 # keeps them apart, covering (the value is in it). Its key repeats head and layer so that a query on
 # (run, metric, head, layer) matches more of its columns than of the primary key's, which is how
-# SQLite's planner, with no statistics, chooses it (reads.scalar_filter; tested on both databases).
+# SQLite's planner, with no statistics, chooses it (tests/monitor/store/test_run_scalars.py).
 sa.Index(
     "ix_points_run_scalars",
     points.c.run_pk,
@@ -145,8 +150,8 @@ sa.Index(
     points.c.step,
     points.c.attempt,
     points.c.value,
-    sqlite_where=sa.text(RUN_SCALARS_WHERE),
-    postgresql_where=sa.text(RUN_SCALARS_WHERE),
+    sqlite_where=sa.and_(*RUN_SCALARS),
+    postgresql_where=sa.and_(*RUN_SCALARS),
 )
 
 frames = sa.Table(

@@ -39,14 +39,6 @@ def attempt_filter(run: m.RunRow, attempt: int | None) -> list[sa.ColumnElement[
     ]
 
 
-def scalar_filter() -> list[sa.ColumnElement[bool]]:
-    """Conditions on ``points`` that keep the run scalars (head -1, layer -1), written as constants so
-    that both databases' planners can prove them the partial index ``ix_points_run_scalars``'s (a bound
-    parameter would leave PostgreSQL's generic plans without it)."""
-    p = m.points
-    return [p.c.head == sa.literal_column(str(m.LAYER_VALUE)), p.c.layer == sa.literal_column(str(m.RUN_SCALAR))]
-
-
 def _point_filter(run: m.RunRow, metric_id: int | None, head: int, attempt: int | None) -> list[sa.ColumnElement[bool]]:
     p = m.points
     return [
@@ -88,7 +80,7 @@ def series(
     p = m.points
     where = [
         *_point_filter(run, metric_names.lookup(conn, metric), head, attempt),
-        *(scalar_filter() if (head, layer) == (m.LAYER_VALUE, m.RUN_SCALAR) else [p.c.layer == layer]),
+        *(m.RUN_SCALARS if (head, layer) == (m.LAYER_VALUE, m.RUN_SCALAR) else [p.c.layer == layer]),
         *sql.step_range(p.c.step, start, end),
     ]
     n, lo, hi = conn.execute(

@@ -13,6 +13,7 @@ from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
 from qkwatch.monitor.wire import ReportBatch, RunCreate
+from tests.monitor.store.plans import plan_of, statements
 
 LAYERS = 3
 
@@ -76,15 +77,6 @@ def test_replays_store_exactly_the_union(db_url: str, plan: list[int]):
         store.close()
 
 
-def _plan_of(engine: sa.Engine, statement: str, parameters: object) -> str:
-    """The database's own plan of ``statement`` (PostgreSQL: EXPLAIN ANALYZE, so it really runs)."""
-    with engine.connect() as conn:
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        prefix = "EXPLAIN ANALYZE " if engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN "
-        cursor.execute(prefix + statement, parameters)
-        return "\n".join(" ".join(map(str, row)) for row in cursor.fetchall())
-
-
 def test_a_partial_replay_reads_only_its_own_steps_of_the_points(isolated_db_url: str):
     """A batch holding points stored already reads their first values back (``keep_first_values``).
     However its database plans that read, with statistics or without (a fresh database has none),
@@ -106,21 +98,16 @@ def test_a_partial_replay_reads_only_its_own_steps_of_the_points(isolated_db_url
 
         for lo in range(0, 400, 50):
             store.add_reports(run.id, batch(range(lo, lo + 50)), RuleSet.default())
-        seen: list[tuple[str, object]] = []
-
-        def note(conn, cursor, statement, parameters, context, executemany) -> None:
-            if statement.startswith("WITH k (metric_id, layer, step)"):
-                seen.append((statement, parameters))
-
-        sa.event.listen(engine, "before_cursor_execute", note)
-        try:
-            result = store.add_reports(run.id, batch(range(200, 210)), RuleSet.default())  # a new id, old points
-        finally:
-            sa.event.remove(engine, "before_cursor_execute", note)
+        replay = batch(range(200, 210))  # a new id, old points
+        result, seen = statements(
+            engine,
+            lambda statement: statement.startswith("WITH k (metric_id, layer, step)"),
+            lambda: store.add_reports(run.id, replay, RuleSet.default()),
+        )
         assert (result.inserted, result.duplicates) == (0, 10 * layers * len(metrics))
         assert seen, "the replay did not read the stored values"
         for statement, parameters in seen:
-            plan = _plan_of(engine, statement, parameters)
+            plan = plan_of(engine, statement, parameters, analyze=True)
             # PostgreSQL: each index scan's condition; SQLite: each SEARCH or SCAN of the points (alias p).
             conditions = [
                 line for line in plan.splitlines() if "Index Cond" in line or " p USING" in line or "SCAN p" in line

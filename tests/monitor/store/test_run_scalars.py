@@ -18,6 +18,7 @@ from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import is_postgres, make_engine
 from qkwatch.monitor.store.store import Store
 from qkwatch.monitor.wire import ReportBatch, RunCreate
+from tests.monitor.store.plans import plan_of, statements
 
 LAYERS, STEPS = 24, 400
 
@@ -42,33 +43,16 @@ def _fill(store: Store, attempts: int) -> m.RunRow:
     return store.get_run(run.id)
 
 
-def _scalar_statements(store: Store, read) -> list[tuple[str, object]]:
-    """The statements on ``points`` that ``read()`` sends with the run scalars' condition, and their parameters."""
-    seen: list[tuple[str, object]] = []
-
-    def note(conn, cursor, statement, parameters, context, executemany) -> None:
-        if "points" in statement and m.RUN_SCALARS_WHERE.split(" AND ")[1] in statement.replace("points.", ""):
-            seen.append((statement, parameters))
-
-    sa.event.listen(store.engine, "before_cursor_execute", note)
-    try:
-        read()
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", note)
-    return seen
+def _reads_scalars(statement: str) -> bool:
+    """A statement on ``points`` with the run scalars' condition (``models.RUN_SCALARS``) in it."""
+    return "points" in statement and "layer = -1" in statement.replace("points.", "")
 
 
-def _plan(engine: sa.Engine, statement: str, parameters: object) -> str:
-    with engine.connect() as conn:
-        raw = conn.connection.dbapi_connection
-        assert raw is not None
-        cursor = raw.cursor()
-        if is_postgres(engine):
-            cursor.execute("ANALYZE points")
-            cursor.execute("EXPLAIN " + statement, parameters)
-        else:
-            cursor.execute("EXPLAIN QUERY PLAN " + statement, parameters)
-        return "\n".join(" ".join(map(str, row)) for row in cursor.fetchall())
+def _analyze(engine: sa.Engine) -> None:
+    """Statistics for PostgreSQL's planner (SQLite's plans here need none)."""
+    if is_postgres(engine):
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE points")
 
 
 @pytest.mark.parametrize("attempts", [1, 2])
@@ -77,6 +61,7 @@ def test_every_read_of_the_scalars_uses_their_index(db_url: str, attempts: int):
     store = Store(engine)
     try:
         run = _fill(store, attempts)
+        _analyze(engine)
         reads = {
             "history": lambda: store.history(run, ["qkai", "loss"], max_points=10**6),
             "history_doubles": lambda: store.history_doubles(run, ["qkai", "loss"], max_points=10**6),
@@ -84,10 +69,10 @@ def test_every_read_of_the_scalars_uses_their_index(db_url: str, attempts: int):
             "series of a scalar, bucketed": lambda: store.series(run, "loss", -1, max_points=5),
         }
         for name, read in reads.items():
-            statements = _scalar_statements(store, read)
-            assert statements, f"{name}: no statement read the scalars"
-            for statement, parameters in statements:
-                plan = _plan(engine, statement, parameters)
+            _, sent = statements(engine, _reads_scalars, read)
+            assert sent, f"{name}: no statement read the scalars"
+            for statement, parameters in sent:
+                plan = plan_of(engine, statement, parameters)
                 assert "ix_points_run_scalars" in plan, f"{name}: {statement}\n{plan}"
     finally:
         store.close()

@@ -27,7 +27,7 @@ down_revision = "0011"
 branch_labels = None
 depends_on = None
 
-WHERE = "head = -1 AND layer = -1"  # models.RUN_SCALARS_WHERE as of this revision
+WHERE = "head = -1 AND layer = -1"  # models.RUN_SCALARS as of this revision
 
 
 def upgrade() -> None:
