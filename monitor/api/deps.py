@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from qkwatch.monitor.settings import Settings
 from qkwatch.monitor.store.models import RunRow, TokenRow
-from qkwatch.monitor.store.store import NotFound, Store, hash_token
+from qkwatch.monitor.store.store import NotFound, Snapshot, Store, hash_token
 
 SCOPES = ("ingest", "read", "control")
 ALL_PROJECTS = "*"
@@ -213,9 +213,12 @@ Reader = Annotated[Principal, Depends(require("read"))]
 Controller = Annotated[Principal, Depends(require("control"))]
 
 
-def load_run(store: Store, run_id: str, principal: Principal) -> RunRow:
+def load_run(store: Store | Snapshot, run_id: str, principal: Principal) -> RunRow:
     """The run named by its id or ``project/name``, checked against the caller's project: 404 unknown,
-    403 another project's (for ``project/name``, before the lookup: no one learns which names exist)."""
+    403 another project's (for ``project/name``, before the lookup: no one learns which names exist).
+
+    ``store`` may be a :class:`Snapshot`, so that the run and what the route reads next come from one
+    transaction."""
     try:
         if "/" in run_id:
             project, name = run_id.split("/", 1)

@@ -17,8 +17,9 @@ import math
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeAlias
 
+import numpy as np
 import orjson
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -41,6 +42,8 @@ MAX_HISTORY_VALUES = 2_000_000
 """The most values one history answer holds (about 20 MB of JSON); ask for a step range beyond it."""
 Step = Annotated[int | None, Query(ge=0, le=MAX_STEP)]
 Attempt = Annotated[int | None, Query(ge=1, le=MAX_INDEX, description="Only this attempt; default: the merged view")]
+JsonRows: TypeAlias = np.ndarray[Any, np.dtype[np.float64]] | list[Sequence[float | str | None]]
+"""``GET /history``'s ``values`` of one metric before orjson writes them (see :func:`_json_rows`)."""
 
 
 def _enc(values: Sequence[float | None]) -> list[float | str | None]:
@@ -57,25 +60,33 @@ def _enc_row(row: Sequence[float | None]) -> Sequence[float | str | None]:
     return [encode_value(v) for v in row]
 
 
-def _json_rows(values: bytes, measured: bytes | None, width: int) -> list[Sequence[float | str | None]]:
+def _json_rows(values: bytes, measured: bytes | None, width: int) -> JsonRows:
     """Native doubles and their measured bytes (see :func:`_f64`) -> ``values`` rows of wire values.
 
-    The same rows as the grid's (``Store.history``), read from the bytes that ``encoding=f64`` sends:
-    one ``tolist`` instead of a Python float per frame value, then None where not measured.
+    The same rows as the grid's (``Store.history``), read from the bytes that ``encoding=f64`` sends.
+    When every value is measured and finite (the usual run) the rows are a steps x layers numpy view
+    of the bytes, which :func:`_dumps` writes without a Python float per value; otherwise lists,
+    None where not measured and ``"nan"``, ``"inf"``, ``"-inf"`` spelled out.
     """
-    doubles = array("d")
-    doubles.frombytes(values)
-    flat: list[float | None] = doubles.tolist()  # type: ignore[assignment]
     if not width:
         return []
-    if measured is None and math.isfinite(sum(doubles)):
-        # A NaN or an infinity makes the sum NaN or infinite, and it stays so: a finite sum means every
-        # value is finite, so every row goes out as it is (the usual run; one pass in C, not one per row).
-        # An overflowing sum of finite values only sends the rows the long way below.
-        return [flat[i : i + width] for i in range(0, len(flat), width)]
+    grid = np.frombuffer(values, dtype=np.float64).reshape(-1, width)
+    if measured is None and bool(np.isfinite(grid).all()):
+        return grid
+    flat: list[float | None] = grid.ravel().tolist()
     if measured is not None:
         flat = [v if m else None for v, m in zip(flat, measured, strict=True)]
     return [_enc_row(flat[i : i + width]) for i in range(0, len(flat), width)]
+
+
+def _dumps(content: Any) -> bytes:
+    """``content`` as JSON by orjson, numpy arrays (:func:`_json_rows`) included.
+
+    orjson, not json.dumps, writes the doubles: number formatting was most of the answer's time
+    (bench/RESULTS.md). Every value went through :func:`_json_rows` or :func:`_f64`, so no NaN or
+    infinity is left for it to write as null.
+    """
+    return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _f64(values: bytes, measured: bytes | None) -> dict[str, str | None]:
@@ -265,36 +276,37 @@ def history(
     of one byte per value (1: measured, 0: not; a 0's value is NaN), or null when all were measured.
     It skips formatting and parsing each number as text: the fastest way to read a whole run.
     """
-    run = load_run(store, run_id, principal)
-    check_attempt(run, attempt)
-    have = store.run_metrics(run)
-    names = list(dict.fromkeys(n for item in metrics for n in item.split(",") if n)) if metrics else sorted(have)
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise HTTPException(
-            404,
-            f"run {_label(run)} has no metric {', '.join(map(repr, missing))}"
-            + (f"; it has {', '.join(sorted(have))}" if have else "; it has reported none yet"),
-        )
-    window = {"start": start, "end": end, "attempt": attempt, "max_points": MAX_HISTORY_VALUES}
+    with store.snapshot() as snap:  # the run, its metrics and their values: one transaction
+        run = load_run(snap, run_id, principal)
+        check_attempt(run, attempt)
+        have = snap.run_metrics(run)
+        names = list(dict.fromkeys(n for item in metrics for n in item.split(",") if n)) if metrics else sorted(have)
+        missing = [n for n in names if n not in have]
+        if missing:
+            raise HTTPException(
+                404,
+                f"run {_label(run)} has no metric {', '.join(map(repr, missing))}"
+                + (f"; it has {', '.join(sorted(have))}" if have else "; it has reported none yet"),
+            )
+        try:
+            doubles = snap.history_doubles(
+                run, names, start=start, end=end, attempt=attempt, max_points=MAX_HISTORY_VALUES
+            )
+        except Invalid as exc:
+            raise HTTPException(422, str(exc)) from None
     body: dict[str, dict[str, Any]]
-    try:
-        if encoding == "f64":
-            body = {
-                name: {"steps": steps, "layers": layers, **_f64(values, measured)}
-                for name, (steps, layers, values, measured) in store.history_doubles(run, names, **window).items()
-            }
-        else:
-            body = {
-                name: {"steps": steps, "layers": layers, "values": _json_rows(values, measured, len(layers))}
-                for name, (steps, layers, values, measured) in store.history_doubles(run, names, **window).items()
-            }
-    except Invalid as exc:
-        raise HTTPException(422, str(exc)) from None
+    if encoding == "f64":
+        body = {
+            name: {"steps": steps, "layers": layers, **_f64(values, measured)}
+            for name, (steps, layers, values, measured) in doubles.items()
+        }
+    else:
+        body = {
+            name: {"steps": steps, "layers": layers, "values": _json_rows(values, measured, len(layers))}
+            for name, (steps, layers, values, measured) in doubles.items()
+        }
     content = {"run": run.id, "project": run.project, "name": run.name, "attempt": attempt, "metrics": body}
-    # orjson, not json.dumps, writes the doubles: number formatting was most of the answer's time (bench/RESULTS.md).
-    # Every value went through _enc_row or _f64, so no NaN or infinity is left for it to write as null.
-    return Response(orjson.dumps(content), media_type="application/json")
+    return Response(_dumps(content), media_type="application/json")
 
 
 @router.get("/compare", response_model=ComparePublic)

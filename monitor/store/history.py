@@ -21,8 +21,8 @@ from qkwatch.monitor.store.errors import Invalid
 
 Doubles = tuple[list[int], list[int], bytes, bytes | None]
 """(steps, layers, float64 values step-major with NaN where not measured, measured bytes or None)."""
-FrameRead = sa.Row[int, int, bytes, bytes | None, bool]
-"""A frame row as :func:`_rows` reads it: (metric id, step, vals, present, has_nan)."""
+FrameRead = tuple[int, int, bytes, bytes | None, bool]
+"""A frame row as :func:`_rows` reads it: (metric id, step, vals, present, has_nan; 0 or 1 on SQLite)."""
 Scalar = tuple[int, float]
 """A run-level scalar point: (step, value)."""
 
@@ -82,7 +82,8 @@ def _rows(
     """Per metric with values: its frame rows (metric id, step, vals, present, has_nan) in (step, attempt)
     order, and its scalar points (step, value) in the merged view (or of ``attempt``)."""
     f, p = m.frames, m.points
-    ids = {i: name for name in metrics if (i := metric_names.lookup(conn, name)) is not None}
+    named = metric_names.lookup_many(conn, metrics)
+    ids = {named[name]: name for name in metrics if name in named}
     if not ids:
         return {}
     fw = [f.c.run_pk == run.pk, f.c.metric_id.in_(list(ids)), *sql.step_range(f.c.step, start, end)]
@@ -96,11 +97,12 @@ def _rows(
     ]
     if max_points is not None:
         _check_size(conn, fw, pw, max_points)
-    frame_rows = conn.execute(
+    frame_rows = sql.fetch_rows(
+        conn,
         sa.select(f.c.metric_id, f.c.step, f.c.vals, f.c.present, f.c.has_nan)
         .where(*fw)
-        .order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask)
-    ).all()
+        .order_by(f.c.metric_id, f.c.step, f.c.attempt, f.c.mask),
+    )
     scalar_rows = conn.execute(
         sa.select(p.c.metric_id, p.c.step, p.c.value).where(*pw).order_by(p.c.metric_id, p.c.step)
     ).all()
@@ -121,9 +123,10 @@ def _check_size(
     """Raise :class:`Invalid` naming both counts and the limit when the layer values (8 bytes each in
     the frames) and the scalar points together are more than ``limit``; counted before any is read."""
     f, p = m.frames, m.points
-    frame_bytes = sa.func.coalesce(sa.func.sum(sa.func.length(f.c.vals)), 0)
-    layer_values = int(conn.execute(sa.select(frame_bytes).where(*frame_where)).scalar_one()) // 8
-    scalars = int(conn.execute(sa.select(sa.func.count()).select_from(p).where(*scalar_where)).scalar_one())
+    frame_bytes = sa.select(sa.func.coalesce(sa.func.sum(sa.func.length(f.c.vals)), 0)).where(*frame_where)
+    scalar_count = sa.select(sa.func.count()).select_from(p).where(*scalar_where)
+    counts = conn.execute(sa.select(frame_bytes.scalar_subquery(), scalar_count.scalar_subquery())).one()
+    layer_values, scalars = int(counts[0]) // 8, int(counts[1])
     if layer_values + scalars > limit:
         raise Invalid(
             f"the history holds {layer_values + scalars} values ({layer_values} layer values and {scalars} "

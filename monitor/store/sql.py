@@ -83,3 +83,23 @@ def step_range(column: sa.ColumnElement[int], start: int | None, end: int | None
     if end is not None:
         out.append(column <= end)
     return out
+
+
+def fetch_rows(conn: sa.Connection, stmt: sa.Select[Any]) -> list[tuple[Any, ...]]:
+    """Every row of ``stmt`` as plain tuples, read through the driver's cursor on ``conn``'s transaction.
+
+    For reads of thousands of rows (a run's frames): SQLAlchemy builds no row object per row, and
+    PostgreSQL sends the rows in its binary format, so a ``bytea`` arrives as its bytes rather than
+    as hex text that psycopg decodes (``bench/RESULTS.md``, whole-run history). Only for columns
+    and parameters that need no SQLAlchemy type processing (integers, floats, bytes, booleans, text).
+    """
+    compiled = stmt.compile(dialect=conn.dialect, compile_kwargs={"render_postcompile": True})
+    cursor: Any = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]  # open: conn is in a transaction
+    try:
+        if is_postgres(conn):
+            cursor.execute(str(compiled), compiled.params, binary=True)
+        else:
+            cursor.execute(str(compiled), [compiled.params[k] for k in compiled.positiontup or ()])
+        return list(cursor.fetchall())
+    finally:
+        cursor.close()

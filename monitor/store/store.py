@@ -38,7 +38,7 @@ from qkwatch.monitor.wire import ReportBatch, RunCreate, RunPatch
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CLIP_WHO", "TERMINAL", "Invalid", "NotFound", "Store", "hash_token"]
+__all__ = ["CLIP_WHO", "TERMINAL", "Invalid", "NotFound", "Snapshot", "Store", "hash_token"]
 
 
 def _now(now: float | None) -> float:
@@ -76,6 +76,16 @@ class Store:
         with self.engine.connect().execution_options(**self._read_options) as conn, conn.begin():
             yield conn
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Snapshot]:
+        """Several reads in one read-only transaction: one connection, one snapshot of the database.
+
+        For a request that reads a run and then its values (``GET /history``): one checkout of
+        the pool and one transaction instead of one per read.
+        """
+        with self._read() as conn:
+            yield Snapshot(conn)
+
     def schema_revision(self) -> str | None:
         """The Alembic revision the database is at; None when it has none (an empty database)."""
         with self._read() as conn:
@@ -92,8 +102,13 @@ class Store:
             return lifecycle.create_or_resume(conn, body, _now(now))
 
     def get_run(self, run_id: str) -> m.RunRow:
-        with self._read() as conn:
-            return runs.get(conn, m.runs.c.id == run_id)
+        """The run ``run_id``.
+
+        Raises:
+            NotFound: no such run.
+        """
+        with self.snapshot() as s:
+            return s.get_run(run_id)
 
     def get_run_by_name(self, project: str, name: str) -> m.RunRow:
         """The run ``project/name``.
@@ -101,8 +116,8 @@ class Store:
         Raises:
             NotFound: no such run.
         """
-        with self._read() as conn:
-            return runs.by_name(conn, project, name)
+        with self.snapshot() as s:
+            return s.get_run_by_name(project, name)
 
     def list_runs(
         self,
@@ -348,8 +363,8 @@ class Store:
 
         See :func:`qkwatch.monitor.store.history.doubles`.
         """
-        with self._read() as conn:
-            return history.doubles(conn, run, metrics, start, end, attempt, max_points)
+        with self.snapshot() as s:
+            return s.history_doubles(run, metrics, start=start, end=end, attempt=attempt, max_points=max_points)
 
     def export_rows(self, run: m.RunRow, attempt: int | None = None, chunk: int = 5000) -> Iterator[m.ExportRow]:
         """Every point of the run (merged view unless ``attempt``) as (attempt, step, metric, layer, head, value)."""
@@ -364,8 +379,8 @@ class Store:
 
     def run_metrics(self, run: m.RunRow) -> dict[str, list[int]]:
         """Metric name -> layers that reported it (``[-1]`` for a run-level scalar)."""
-        with self._read() as conn:
-            return reads.run_metrics(conn, run)
+        with self.snapshot() as s:
+            return s.run_metrics(run)
 
     def latest_snapshot(
         self,
@@ -427,3 +442,44 @@ class Store:
         """Take up to ``want`` tokens from the rate-limit bucket ``key``; see :func:`.tokens.take`."""
         with self._write() as conn:
             return tokens.take(conn, key, want, rate, burst, _now(now))
+
+
+class Snapshot:
+    """Reads on one read-only transaction (:meth:`Store.snapshot`); the same answers as the Store's
+    methods of the same names, which each open their own."""
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self._conn = conn
+
+    def get_run(self, run_id: str) -> m.RunRow:
+        """The run ``run_id``.
+
+        Raises:
+            NotFound: no such run.
+        """
+        return runs.get(self._conn, m.runs.c.id == run_id)
+
+    def get_run_by_name(self, project: str, name: str) -> m.RunRow:
+        """The run ``project/name``.
+
+        Raises:
+            NotFound: no such run.
+        """
+        return runs.by_name(self._conn, project, name)
+
+    def run_metrics(self, run: m.RunRow) -> dict[str, list[int]]:
+        """Metric name -> layers that reported it (``[-1]`` for a run-level scalar)."""
+        return reads.run_metrics(self._conn, run)
+
+    def history_doubles(
+        self,
+        run: m.RunRow,
+        metrics: Sequence[str],
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        attempt: int | None = None,
+        max_points: int | None = None,
+    ) -> dict[str, Doubles]:
+        """See :meth:`Store.history_doubles`."""
+        return history.doubles(self._conn, run, metrics, start, end, attempt, max_points)
