@@ -7,9 +7,9 @@ and ``qkwatch.trainer`` (``qkwatch/agent`` is a link to ``agent/``, and so on). 
 * nothing imports a bare ``agent``, ``monitor`` or ``trainer``: only ``qkwatch`` is installed.
 * ``qkwatch.monitor`` never imports torch, safetensors or any other ``qkwatch`` package (a
   collector host needs no torch). numpy it may: it is one of the package's own dependencies
-  (``GET /history`` writes its JSON from a numpy view of the stored doubles). Inside it, ``alerting`` never imports ``store``, ``api``, ``ui``
-  or ``main`` (the store calls the rules, not the other way round), and ``store`` never imports
-  ``api``, ``ui`` or ``main``.
+  (``GET /history`` writes its JSON from a numpy view of the stored doubles). Inside it,
+  ``alerting`` never imports ``store``, ``api``, ``ui`` or ``main`` (the store calls the rules,
+  not the other way round), and ``store`` never imports ``api``, ``ui`` or ``main``.
 * ``qkwatch.agent`` imports from ``qkwatch.monitor`` only its pure modules (the wire schema, the
   schedule formula and the thresholds), and never the trainer or the top-level glue.
 * ``qkwatch.agent.metrics`` is pure math: tensors in, tensors out; no threads, sockets, files or hooks.

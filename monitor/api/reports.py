@@ -26,7 +26,8 @@ def add_reports(
 ) -> IngestPublic:
     """Store a batch of reports whole or not at all, once: a replayed ``batch_id`` or an already
     stored (run, attempt, step, metric, layer, head) is counted in ``duplicates``, not stored again."""
-    run_id = load_run(store, run_id, principal).id  # an id, or project/name
+    if "/" in run_id:  # project/name: its id (the project checked before the lookup)
+        run_id = load_run(store, run_id, principal).id
     if len(body.reports) > settings.max_reports_per_batch:
         raise HTTPException(
             413, f"reports: {len(body.reports)} reports in one batch; the limit is {settings.max_reports_per_batch}"
@@ -34,8 +35,13 @@ def add_reports(
     n = body.point_count()
     if n > settings.max_points_per_batch:
         raise HTTPException(413, f"reports: {n} points in one batch; the limit is {settings.max_points_per_batch}")
+    # The run is read once, locked for the write; the caller's project is checked on it there.
     result = store.add_reports(
-        run_id, body, request.app.state.rules, max_metric_names=settings.max_metric_names_per_run
+        run_id,
+        body,
+        request.app.state.rules,
+        max_metric_names=settings.max_metric_names_per_run,
+        allow=lambda run: principal.check_project(run.project),
     )
     request.app.state.service_metrics.ingested(result.inserted, result.duplicates)
     if result.notifications:

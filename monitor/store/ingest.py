@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
@@ -139,11 +140,13 @@ def write_batch(
     rules: RuleSet,
     now: float,
     max_names: int | None = None,
+    allow: Callable[[models.RunRow], None] | None = None,
 ) -> models.IngestResult:
     """Store a flattened batch whole or not at all (the caller's transaction), exactly once.
 
     Args:
         max_names: the most distinct metric names a run may have (None: no limit).
+        allow: called with the locked run before anything is written (see ``Store.add_reports``).
 
     Raises:
         NotFound: unknown run.
@@ -151,6 +154,8 @@ def write_batch(
     """
     total = len(flat.points)
     run = runs.locked(conn, run_id)
+    if allow is not None:
+        allow(run)
     attempt = batch.attempt or run.latest_attempt
     if attempt > run.latest_attempt:
         raise Invalid(

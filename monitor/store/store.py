@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import sqlalchemy as sa
@@ -245,6 +245,7 @@ class Store:
         now: float | None = None,
         *,
         max_metric_names: int | None = None,
+        allow: Callable[[m.RunRow], None] | None = None,
     ) -> m.IngestResult:
         """Store a batch whole or not at all, exactly once (batch id + natural key of each point).
 
@@ -254,6 +255,9 @@ class Store:
 
         Args:
             max_metric_names: the most distinct metric names a run may have (None: no limit).
+            allow: called with the run, as locked for the write and before anything is written;
+                what it raises (the caller may not write to this run) rolls the transaction back
+                and propagates. The run is read once per batch, not once to check and again to write.
 
         Raises:
             NotFound: unknown run.
@@ -263,7 +267,7 @@ class Store:
         now = _now(now)
         flat = ingest.flatten(batch)
         with self._write() as conn:
-            return ingest.write_batch(conn, run_id, batch, flat, rules, now, max_metric_names)
+            return ingest.write_batch(conn, run_id, batch, flat, rules, now, max_metric_names, allow)
 
     # --- alerts and notifications -------------------------------------------------------------
 
