@@ -46,6 +46,22 @@ def test_other_projects_are_forbidden(h):
     assert h.client.get(f"/v1/runs/{run['id']}", headers={"Authorization": f"Bearer {admin}"}).status_code == 200
 
 
+def test_reports_into_another_projects_run_are_refused_and_nothing_is_written(h):
+    """The ingest checks the caller's project on the run it locks for the write: 403, the batch not
+    stored (its id not taken either: the run's own agent may send it later), by id and by name."""
+    run = h.create_run()
+    _, other = h.store.create_token("someone-else", ["ingest"])
+    body = {"batch_id": "0b7d2d0e-3f57-4a43-8a8e-6f0e2d6a9b11", "reports": [report(1, {"qkai": [0.5, 0.6]})]}
+    for ref in (run["id"], f"{h.project}%2F{run['name']}"):
+        r = h.client.post(f"/v1/runs/{ref}/reports", json=body, headers={"Authorization": f"Bearer {other}"})
+        assert r.status_code == 403, r.text
+        assert "someone-else" in r.json()["detail"]
+    with h.store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(m.points)).scalar_one() == 0
+        assert conn.execute(sa.select(sa.func.count()).select_from(m.frames)).scalar_one() == 0
+    assert h.send(run["id"], body["reports"], batch_id=body["batch_id"]) == {"inserted": 2, "duplicates": 0}
+
+
 def test_tokens_are_stored_hashed_and_revocable(h):
     row, secret = h.store.create_token(h.project, ["read"], name="grafana")
     with h.store.engine.connect() as conn:
