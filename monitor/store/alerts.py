@@ -20,6 +20,13 @@ from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store import sql
 from qkwatch.monitor.wire import encode_value
 
+_STATES = (
+    sa.select(m.alert_state, m.alerts.c.state.label("alert_row_state"))
+    .select_from(m.alert_state.outerjoin(m.alerts, m.alerts.c.id == m.alert_state.c.alert_id))
+    .where(m.alert_state.c.run_pk == sa.bindparam("run_pk"))
+)
+"""A run's rule states with the state of each one's alert (built once: it runs in every ingest)."""
+
 
 class AlertRows:
     """The :class:`qkwatch.monitor.alerting.evaluator.AlertLedger` of one run, inside the ingest transaction."""
@@ -28,12 +35,6 @@ class AlertRows:
         self.conn, self.run_pk, self.now = conn, run_pk, now
 
     def load_states(self) -> dict[StateKey, StoredState]:
-        s, a = m.alert_state, m.alerts
-        q = (
-            sa.select(s, a.c.state.label("alert_row_state"))
-            .select_from(s.outerjoin(a, a.c.id == s.c.alert_id))
-            .where(s.c.run_pk == self.run_pk)
-        )
         return {
             (r.rule, r.layer): StoredState(
                 streak=r.streak,
@@ -45,7 +46,7 @@ class AlertRows:
                 memory=json.loads(r.memory) if r.memory else None,
                 alert_ended=r.alert_row_state == "ended",
             )
-            for r in self.conn.execute(q)
+            for r in self.conn.execute(_STATES, {"run_pk": self.run_pk})
         }
 
     def save_states(self, states: dict[StateKey, StoredState]) -> None:

@@ -20,6 +20,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from qkwatch.monitor.alerting.evaluator import RunEnd, evaluate_batch
 from qkwatch.monitor.alerting.rules import RuleSet
@@ -188,22 +189,19 @@ def _record_batch(
     """Record the batch id; False when the run has it already (a replay, stored before)."""
     # The batch id is the run's, whatever the attempt: a resumed process re-sending it is a replay.
     # (RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT DO NOTHING.)
-    b = models.batches
-    return (
-        conn.execute(
-            sql.insert(conn, b)
-            .values(
-                run_pk=run.pk,
-                batch_id=batch_id,
-                attempt=attempt,
-                points=points,
-                received_at=now,
-            )
-            .on_conflict_do_nothing()
-            .returning(b.c.batch_id)
-        ).first()
-        is not None
-    )
+    stmt = _RECORD_BATCH["postgresql" if is_postgres(conn) else "sqlite"]
+    params = {"run_pk": run.pk, "batch_id": batch_id, "attempt": attempt, "points": points, "received_at": now}
+    return conn.execute(stmt, params).first() is not None
+
+
+# Built once (see runs._BY_ID): one per dialect, each ``INSERT ... ON CONFLICT DO NOTHING RETURNING``.
+_RECORD_BATCH = {
+    name: dialect.insert(models.batches)
+    .values({c: sa.bindparam(c) for c in ("run_pk", "batch_id", "attempt", "points", "received_at")})
+    .on_conflict_do_nothing()
+    .returning(models.batches.c.batch_id)
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
 
 
 def _upsert_latest(conn: sa.Connection, pk: int, attempt: int, latest: Latest) -> None:
@@ -247,7 +245,11 @@ def _touch_run(
     if run.status == "crashed" and run.status_reason == "stale" and inserted:
         # The heartbeat guessed wrong: the run was only quiet.
         values.update(status="running", status_reason=None)
-    conn.execute(sa.update(models.runs).where(models.runs.c.pk == run.pk).values(**values))
+    conn.execute(_TOUCH_RUN, {"run_pk_": run.pk, **values})
+
+
+_TOUCH_RUN = sa.update(models.runs).where(models.runs.c.pk == sa.bindparam("run_pk_"))
+"""The run's row updated; the columns set are the keys of the parameters (see ``_touch_run``)."""
 
 
 def keep_first_values(conn: sa.Connection, run_pk: int, attempt: int, flat: FlatBatch, ids: dict[str, int]) -> None:

@@ -67,6 +67,10 @@ def advance_entropies(
     return changed
 
 
+_ENTROPIES = sa.select(m.lambda_state).where(m.lambda_state.c.run_pk == sa.bindparam("run_pk"))
+"""A run's running entropies (built once: it runs in every ingest)."""
+
+
 def feed_schedule(
     conn: sa.Connection,
     run: m.RunRow,
@@ -83,8 +87,7 @@ def feed_schedule(
     cfg = run.config.schedule
     ls = m.lambda_state
     state = {
-        r.layer: Entropy(sql.from_db(r.h), r.attempt, r.step)
-        for r in conn.execute(sa.select(ls).where(ls.c.run_pk == run.pk))
+        r.layer: Entropy(sql.from_db(r.h), r.attempt, r.step) for r in conn.execute(_ENTROPIES, {"run_pk": run.pk})
     }
     changed = advance_entropies(state, attempt, reports, cfg)
     if not changed:

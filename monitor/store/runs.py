@@ -38,11 +38,19 @@ def tags_of(conn: sa.Connection, pks: Sequence[int]) -> dict[int, tuple[str, ...
     """The tags of each run of ``pks`` that has any, sorted (in Python: the same order on both databases)."""
     if not pks:
         return {}
-    t = m.run_tags
     found: dict[int, list[str]] = {}
-    for run_pk, tag in conn.execute(sa.select(t.c.run_pk, t.c.tag).where(t.c.run_pk.in_(list(pks)))):
+    for run_pk, tag in conn.execute(_TAGS_OF, {"pks": list(pks)}):
         found.setdefault(run_pk, []).append(tag)
     return {pk: tuple(sorted(tags)) for pk, tags in found.items()}
+
+
+# Statements of every ingest and most reads, built once: building a Core statement per call costs
+# several times what running it costs on SQLite (about 70 against 20 microseconds for a run by id).
+_TAGS_OF = sa.select(m.run_tags.c.run_pk, m.run_tags.c.tag).where(
+    m.run_tags.c.run_pk.in_(sa.bindparam("pks", expanding=True))
+)
+_BY_ID = sa.select(m.runs).where(m.runs.c.id == sa.bindparam("run_id"))
+_LOCKED = _BY_ID.with_for_update()
 
 
 def run_row(r: sa.Row[Any], tags: tuple[str, ...]) -> m.RunRow:
@@ -96,7 +104,16 @@ def _warn_set_aside(run_id: str, key: str, why: str) -> None:
 
 def get(conn: sa.Connection, where: sa.ColumnElement[bool]) -> m.RunRow:
     """The one run matching ``where``; NotFound when none does."""
-    r = conn.execute(sa.select(m.runs).where(where)).first()
+    return _one(conn, sa.select(m.runs).where(where))
+
+
+def by_id(conn: sa.Connection, run_id: str) -> m.RunRow:
+    """The run ``run_id``; NotFound when there is none."""
+    return _one(conn, _BY_ID, {"run_id": run_id})
+
+
+def _one(conn: sa.Connection, stmt: sa.Select[Any], params: dict[str, Any] | None = None) -> m.RunRow:
+    r = conn.execute(stmt, params).first()
     if r is None:
         raise NotFound("run not found")
     return run_rows(conn, [r])[0]
@@ -117,7 +134,7 @@ def locked(conn: sa.Connection, run_id: str) -> m.RunRow:
     FOR UPDATE serialises the writes of one run across replicas on PostgreSQL (the schedule and
     the alert streaks are read-modify-write); SQLite's BEGIN IMMEDIATE already does.
     """
-    r = conn.execute(sa.select(m.runs).where(m.runs.c.id == run_id).with_for_update()).first()
+    r = conn.execute(_LOCKED, {"run_id": run_id}).first()
     if r is None:
         raise NotFound(f"run {run_id} not found")
     return run_rows(conn, [r])[0]

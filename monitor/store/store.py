@@ -403,7 +403,7 @@ class Store:
 
     def lambda_state(self, run_id: str) -> tuple[m.RunRow, m.LambdaState]:
         with self._read() as conn:
-            run = runs.get(conn, m.runs.c.id == run_id)
+            run = runs.by_id(conn, run_id)
             return run, lambdas.state(conn, run)
 
     def set_overrides(
@@ -461,7 +461,7 @@ class Snapshot:
         Raises:
             NotFound: no such run.
         """
-        return runs.get(self._conn, m.runs.c.id == run_id)
+        return runs.by_id(self._conn, run_id)
 
     def get_run_by_name(self, project: str, name: str) -> m.RunRow:
         """The run ``project/name``.
