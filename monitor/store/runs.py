@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from qkwatch.monitor.store import metric_names
 from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.engine import is_postgres
 from qkwatch.monitor.store.errors import NotFound
 from qkwatch.monitor.wire import RunConfig, clip_depth
 
@@ -49,8 +50,29 @@ def tags_of(conn: sa.Connection, pks: Sequence[int]) -> dict[int, tuple[str, ...
 _TAGS_OF = sa.select(m.run_tags.c.run_pk, m.run_tags.c.tag).where(
     m.run_tags.c.run_pk.in_(sa.bindparam("pks", expanding=True))
 )
-_BY_ID = sa.select(m.runs).where(m.runs.c.id == sa.bindparam("run_id"))
-_LOCKED = _BY_ID.with_for_update()
+
+
+def _tags_column(dialect: str) -> sa.Label[Any]:
+    """The run's tags in its own row (one statement, not two): an array on PostgreSQL, JSON text on SQLite."""
+    t = m.run_tags
+    agg = sa.func.array_agg(t.c.tag) if dialect == "postgresql" else sa.func.json_group_array(t.c.tag)
+    return sa.select(agg).where(t.c.run_pk == m.runs.c.pk).scalar_subquery().label("tags_")
+
+
+_BY_ID = {
+    d: sa.select(m.runs, _tags_column(d)).where(m.runs.c.id == sa.bindparam("run_id")) for d in ("postgresql", "sqlite")
+}
+_LOCKED = {d: stmt.with_for_update() for d, stmt in _BY_ID.items()}
+
+
+def _with_tags(r: sa.Row[Any]) -> m.RunRow:
+    """A row of ``_BY_ID`` or ``_LOCKED`` as a run row, its tags sorted as :func:`tags_of` sorts them."""
+    tags = r.tags_ if r.tags_ is None or isinstance(r.tags_, list) else json.loads(r.tags_)
+    return run_row(r, tuple(sorted(tags or ())))
+
+
+def _dialect(conn: sa.Connection) -> str:
+    return "postgresql" if is_postgres(conn) else "sqlite"
 
 
 def run_row(r: sa.Row[Any], tags: tuple[str, ...]) -> m.RunRow:
@@ -108,12 +130,15 @@ def get(conn: sa.Connection, where: sa.ColumnElement[bool]) -> m.RunRow:
 
 
 def by_id(conn: sa.Connection, run_id: str) -> m.RunRow:
-    """The run ``run_id``; NotFound when there is none."""
-    return _one(conn, _BY_ID, {"run_id": run_id})
+    """The run ``run_id``, its tags read in the same statement; NotFound when there is none."""
+    r = conn.execute(_BY_ID[_dialect(conn)], {"run_id": run_id}).first()
+    if r is None:
+        raise NotFound("run not found")
+    return _with_tags(r)
 
 
-def _one(conn: sa.Connection, stmt: sa.Select[Any], params: dict[str, Any] | None = None) -> m.RunRow:
-    r = conn.execute(stmt, params).first()
+def _one(conn: sa.Connection, stmt: sa.Select[Any]) -> m.RunRow:
+    r = conn.execute(stmt).first()
     if r is None:
         raise NotFound("run not found")
     return run_rows(conn, [r])[0]
@@ -134,10 +159,10 @@ def locked(conn: sa.Connection, run_id: str) -> m.RunRow:
     FOR UPDATE serialises the writes of one run across replicas on PostgreSQL (the schedule and
     the alert streaks are read-modify-write); SQLite's BEGIN IMMEDIATE already does.
     """
-    r = conn.execute(_LOCKED, {"run_id": run_id}).first()
+    r = conn.execute(_LOCKED[_dialect(conn)], {"run_id": run_id}).first()
     if r is None:
         raise NotFound(f"run {run_id} not found")
-    return run_rows(conn, [r])[0]
+    return _with_tags(r)
 
 
 def locked_by_name(conn: sa.Connection, project: str, name: str) -> m.RunRow | None:

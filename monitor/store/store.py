@@ -10,6 +10,10 @@ each method opens one transaction and hands its connection to the module of its 
 * :mod:`qkwatch.monitor.store.alerts` (alerts and the notification outbox), :mod:`qkwatch.monitor.store.lambdas`
   (running entropies, overrides, audit), :mod:`qkwatch.monitor.store.events`, :mod:`qkwatch.monitor.store.tokens`.
 
+A route that reads a run and then its values takes one read transaction for all of them with
+:meth:`Store.snapshot`, whose :class:`Snapshot` has the same read methods (one pool checkout, one
+snapshot of the database).
+
 Errors the API turns into 4xx are raised as :class:`NotFound` and :class:`Invalid`.
 """
 
