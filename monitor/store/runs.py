@@ -53,9 +53,10 @@ _TAGS_OF = sa.select(m.run_tags.c.run_pk, m.run_tags.c.tag).where(
 
 
 def _tags_column(dialect: str) -> sa.Label[Any]:
-    """The run's tags in its own row (one statement, not two): an array on PostgreSQL, JSON text on SQLite."""
+    """The run's tags in its own row (one statement, not two): an array on PostgreSQL; on SQLite the
+    tags joined by commas, which no tag holds (``wire.TAG_PATTERN``), without needing SQLite's JSON."""
     t = m.run_tags
-    agg = sa.func.array_agg(t.c.tag) if dialect == "postgresql" else sa.func.json_group_array(t.c.tag)
+    agg = sa.func.array_agg(t.c.tag) if dialect == "postgresql" else sa.func.group_concat(t.c.tag, ",")
     return sa.select(agg).where(t.c.run_pk == m.runs.c.pk).scalar_subquery().label("tags_")
 
 
@@ -67,7 +68,7 @@ _LOCKED = {d: stmt.with_for_update() for d, stmt in _BY_ID.items()}
 
 def _with_tags(r: sa.Row[Any]) -> m.RunRow:
     """A row of ``_BY_ID`` or ``_LOCKED`` as a run row, its tags sorted as :func:`tags_of` sorts them."""
-    tags = r.tags_ if r.tags_ is None or isinstance(r.tags_, list) else json.loads(r.tags_)
+    tags = r.tags_ if r.tags_ is None or isinstance(r.tags_, list) else r.tags_.split(",")
     return run_row(r, tuple(sorted(tags or ())))
 
 
