@@ -189,7 +189,7 @@ def _record_batch(
     """Record the batch id; False when the run has it already (a replay, stored before)."""
     # The batch id is the run's, whatever the attempt: a resumed process re-sending it is a replay.
     # (RETURNING, not rowcount: psycopg reports -1 for an INSERT ... ON CONFLICT DO NOTHING.)
-    stmt = _RECORD_BATCH["postgresql" if is_postgres(conn) else "sqlite"]
+    stmt = _RECORD_BATCH[conn.dialect.name]
     params = {"run_pk": run.pk, "batch_id": batch_id, "attempt": attempt, "points": points, "received_at": now}
     return conn.execute(stmt, params).first() is not None
 

@@ -16,7 +16,6 @@ from pydantic import ValidationError
 
 from qkwatch.monitor.store import metric_names
 from qkwatch.monitor.store import models as m
-from qkwatch.monitor.store.engine import is_postgres
 from qkwatch.monitor.store.errors import NotFound
 from qkwatch.monitor.wire import RunConfig, clip_depth
 
@@ -72,10 +71,6 @@ def _with_tags(r: sa.Row[Any]) -> m.RunRow:
     return run_row(r, tuple(sorted(tags or ())))
 
 
-def _dialect(conn: sa.Connection) -> str:
-    return "postgresql" if is_postgres(conn) else "sqlite"
-
-
 def run_row(r: sa.Row[Any], tags: tuple[str, ...]) -> m.RunRow:
     return m.RunRow(
         pk=r.pk,
@@ -127,22 +122,18 @@ def _warn_set_aside(run_id: str, key: str, why: str) -> None:
 
 def get(conn: sa.Connection, where: sa.ColumnElement[bool]) -> m.RunRow:
     """The one run matching ``where``; NotFound when none does."""
-    return _one(conn, sa.select(m.runs).where(where))
+    r = conn.execute(sa.select(m.runs).where(where)).first()
+    if r is None:
+        raise NotFound("run not found")
+    return run_rows(conn, [r])[0]
 
 
 def by_id(conn: sa.Connection, run_id: str) -> m.RunRow:
     """The run ``run_id``, its tags read in the same statement; NotFound when there is none."""
-    r = conn.execute(_BY_ID[_dialect(conn)], {"run_id": run_id}).first()
+    r = conn.execute(_BY_ID[conn.dialect.name], {"run_id": run_id}).first()
     if r is None:
         raise NotFound("run not found")
     return _with_tags(r)
-
-
-def _one(conn: sa.Connection, stmt: sa.Select[Any]) -> m.RunRow:
-    r = conn.execute(stmt).first()
-    if r is None:
-        raise NotFound("run not found")
-    return run_rows(conn, [r])[0]
 
 
 def by_pk(conn: sa.Connection, pk: int) -> m.RunRow:
@@ -160,7 +151,7 @@ def locked(conn: sa.Connection, run_id: str) -> m.RunRow:
     FOR UPDATE serialises the writes of one run across replicas on PostgreSQL (the schedule and
     the alert streaks are read-modify-write); SQLite's BEGIN IMMEDIATE already does.
     """
-    r = conn.execute(_LOCKED[_dialect(conn)], {"run_id": run_id}).first()
+    r = conn.execute(_LOCKED[conn.dialect.name], {"run_id": run_id}).first()
     if r is None:
         raise NotFound(f"run {run_id} not found")
     return _with_tags(r)

@@ -357,23 +357,6 @@ class Store:
         with self._read() as conn:
             return history.grids(conn, run, metrics, start, end, attempt, max_points)
 
-    def history_doubles(
-        self,
-        run: m.RunRow,
-        metrics: Sequence[str],
-        *,
-        start: int | None = None,
-        end: int | None = None,
-        attempt: int | None = None,
-        max_points: int | None = None,
-    ) -> dict[str, Doubles]:
-        """:meth:`history` as float64 bytes: per metric (steps, layers, values, measured).
-
-        See :func:`qkwatch.monitor.store.history.doubles`.
-        """
-        with self.snapshot() as s:
-            return s.history_doubles(run, metrics, start=start, end=end, attempt=attempt, max_points=max_points)
-
     def export_rows(self, run: m.RunRow, attempt: int | None = None, chunk: int = 5000) -> Iterator[m.ExportRow]:
         """Every point of the run (merged view unless ``attempt``) as (attempt, step, metric, layer, head, value)."""
         with self.engine.connect() as conn:
@@ -489,5 +472,8 @@ class Snapshot:
         attempt: int | None = None,
         max_points: int | None = None,
     ) -> dict[str, Doubles]:
-        """See :meth:`Store.history_doubles`."""
+        """:meth:`Store.history` as float64 bytes: per metric (steps, layers, values, measured).
+
+        See :func:`qkwatch.monitor.store.history.doubles`.
+        """
         return history.doubles(self._conn, run, metrics, start, end, attempt, max_points)
