@@ -19,17 +19,8 @@ real queries and keys to the same measurement. Weights are then read at the repo
 Weights are read in a forward pre-hook of the attention module: under FSDP2 its parameters are
 unsharded there, so no extra all-gather is needed; each rank measures only the layers it owns
 (``layer % world == rank``), so a rank pays about 1/world of the cost. Activations come from the
-site's tap, the queries and keys of the whole micro-batch:
-
-* row statistics (entropy, top-k, logits): ``sample_rows`` query rows in all, spread over the
-  first ``sample_seqs`` sequences (evenly spaced over each one's positions), against all keys of
-  the same sequence; averaged over sequences and heads (the entropy the schedule reads varies
-  more from sequence to sequence than from row to row); ``qk_erank`` from ``sample_rows`` rows of
-  the first sequence (its value is capped by the rows it sees);
-* seed 003's ``attn_srank`` and ``attn_gap1``: the square attention matrix of the first
-  sequence's first ``spectrum_window`` tokens (``A - U`` where the model removes the outlier);
-* ``pr_q``, ``pr_k``: every position of the micro-batch, evenly strided down to ``pr_rows`` rows
-  (the participation ratio reads low from few rows: see ``participation_ratio``).
+site's tap, the queries and keys of the whole micro-batch and the mask the model attended under;
+which rows are read, and how padding is left out, is ``agent.activations``.
 """
 
 from __future__ import annotations
@@ -44,14 +35,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkwatch.agent.adapters import Site, TapFn
+from qkwatch.agent.activations import ACTIVATION_HEAD_METRICS, Inputs, Sampler
 from qkwatch.agent.checks import SettingError, positive_ints
-from qkwatch.agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
 from qkwatch.agent.metrics.summary import weight_metrics
+from qkwatch.agent.sites import Site, TapFn
 
 logger = logging.getLogger(__name__)
 
-ACTIVATION_HEAD_METRICS = ("attn_entropy", "attn_entropy_nats", "attn_top1", "logit_std", "qk_erank")
+__all__ = ["ACTIVATION_HEAD_METRICS", "Capture", "Plan", "Probe", "ProbeConfig"]
 
 
 @dataclass
@@ -157,21 +148,17 @@ class Probe:
     ):
         self.sites = sites
         self.owned = owned
-        self.sample_rows = sample_rows
-        self.sample_seqs = sample_seqs
-        self.pr_rows = pr_rows
-        self.spectrum_window = spectrum_window
+        self.sampler = Sampler(sample_rows, sample_seqs, spectrum_window, pr_rows, heads)
         self.heads = heads
         self.measure_thread = measure_thread
         self._worker: ThreadPoolExecutor | None = None
         self._pending: list[tuple[list[Site], str, Future[list[Measured]]]] = []
-        self._queued: list[tuple[Site, dict[str, Tensor]]] = []  # activation rows not handed over yet
+        self._queued: list[tuple[Site, Inputs]] = []  # activation rows not handed over yet
         self._tapped = sum(1 for site in sites if site.layer in owned)
         self.plan: Plan | None = None
         self.capture = Capture()
         self._removers: list[Callable[[], object]] = []  # what they return is ignored
         self._warned: set[str] = set()
-        self._positions: dict[tuple[int, int, str], Tensor] = {}
         # Sharded weights (FSDP2's DTensors) are whole only inside the forward: read them there.
         # Plain ones are read at the report, every layer in one batched call.
         self.in_forward = any(_sharded(p) for site in sites for p in site.module.parameters())
@@ -243,24 +230,27 @@ class Probe:
             plan = self.plan
             return plan is not None and plan.activations and site.layer not in self.capture.activations_seen
 
-        def measure(q: Tensor, k: Tensor) -> None:
+        def measure(q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool | None = None) -> None:
             if not wanted():
                 return
-            if self.measure_thread and q.device.type == "cpu":
-                self._guarded(site, "activations", lambda: self._submit_activations(site, q, k))
+            submit = self.measure_thread and q.device.type == "cpu"
+            inputs = partial(self.sampler.inputs, site, q, k, mask, causal, copy=submit)
+            if submit:
+                self._guarded(site, "activations", lambda: self._submit_activations(site, inputs()))
             else:
-                self._guarded(site, "activations", lambda: self._measure_activations(site, q, k))
+                self._guarded(site, "activations", lambda: self._measure_activations(site, inputs()))
 
         token = _register_tap(measure)
         self._removers.append(lambda: _TAPS.pop(token, None))
 
-        def tap(q: Tensor, k: Tensor) -> None:
+        def tap(q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool | None = None) -> None:
             if torch.compiler.is_compiling():
                 # one opaque op in the graph: no graph break, no guard on the plan; at run time it
                 # calls ``measure`` with the real tensors, which returns at once off report steps
-                torch.ops.qkwatch.tap(q.detach(), k.detach(), _sink(q.device), token)
+                mask = mask.detach() if isinstance(mask, Tensor) else None
+                torch.ops.qkwatch.tap(q.detach(), k.detach(), mask, causal, _sink(q.device), token)
                 return
-            measure(q, k)
+            measure(q, k, mask, causal)
 
         tap.wanted = wanted  # type: ignore[attr-defined]  # see adapters.TapFn
         return tap
@@ -355,14 +345,14 @@ class Probe:
         self._store(site.layer, per_layer, per_head if self.heads else {})
         self.capture.weights_seen.add(site.layer)
 
-    def _measure_activations(self, site: Site, q: Tensor, k: Tensor) -> None:
-        per_layer, heads = self._activation_metrics(site, self._activation_inputs(q, k, copy=False))
+    def _measure_activations(self, site: Site, inputs: Inputs) -> None:
+        per_layer, heads = self.sampler.metrics(site, inputs)
         self._store(site.layer, per_layer, heads)
         self.capture.activations_seen.add(site.layer)
 
-    def _submit_activations(self, site: Site, q: Tensor, k: Tensor) -> None:
-        """Copy the sampled rows here (the training thread) and measure them in the worker thread."""
-        self._queued.append((site, self._activation_inputs(q, k, copy=True)))
+    def _submit_activations(self, site: Site, inputs: Inputs) -> None:
+        """Queue the copied rows (taken here, in the training thread) for the worker thread."""
+        self._queued.append((site, inputs))
         self.capture.activations_seen.add(site.layer)  # taken back by _collect if the measurement fails
         if len(self._queued) == self._tapped:  # the forward's last layer: every layer in one batch
             self._hand_over_activations()
@@ -373,7 +363,7 @@ class Probe:
             sites = [site for site, _ in queued]
             self._pending.append((sites, "activations", self._submit(self._activation_batch, queued)))
 
-    def _activation_batch(self, queued: list[tuple[Site, dict[str, Tensor]]]) -> list[Measured]:
+    def _activation_batch(self, queued: list[tuple[Site, Inputs]]) -> list[Measured]:
         """The worker thread's work: the layers' rows stacked, one call per shape (one, for a uniform
         model), so that each of the few dozen small operations runs once per report, not per layer."""
         groups: dict[tuple[object, ...], list[int]] = {}
@@ -385,82 +375,10 @@ class Probe:
             for members in groups.values():
                 site, first = queued[members[0]]
                 stacked = {n: torch.stack([queued[i][1][n] for i in members]) for n in first if n != "pos"}
-                per_layer, heads = self._activation_metrics(site, {**stacked, "pos": first["pos"]})
+                per_layer, heads = self.sampler.metrics(site, {**stacked, "pos": first["pos"]})
                 for j, i in enumerate(members):
                     results[i] = ({n: v[j] for n, v in per_layer.items()}, {n: v[j] for n, v in heads.items()})
         return [r for r in results if r is not None]
-
-    def _activation_inputs(self, q: Tensor, k: Tensor, *, copy: bool) -> dict[str, Tensor]:
-        """The rows the activation metrics read (own copies with ``copy``: the model may reuse its buffers).
-
-        ``q (B, H, T, hs)``, ``k (B, G, T, hs)``: row statistics read ``sample_rows`` query rows
-        spread over the first ``sample_seqs`` sequences, against all keys of those sequences;
-        ``qk_erank`` ``sample_rows`` rows of the first sequence; the spectrum the first
-        ``spectrum_window`` queries and keys of the first sequence; PR strided positions of the batch.
-        """
-        q, k = q.detach(), k.detach()
-        seqs_q, seqs_k = q[: self.sample_seqs], k[: self.sample_seqs]  # (S, H, T, hs), (S, G, T, hs)
-        t = seqs_k.shape[-2]
-        # sample_rows rows in all, spread over the sequences (the noise is in which sequence, not
-        # which row); qk_erank, capped by the rows it sees, takes all of them from the first one
-        pos = self._rows(t, min(max(1, self.sample_rows // len(seqs_q)), t), k.device)
-        rows = self._rows(t, min(self.sample_rows, t), k.device)
-
-        def keep(x: Tensor) -> Tensor:
-            return x.clone() if copy else x
-
-        inputs = {
-            "stats_q": seqs_q[:, :, pos],  # advanced indexing: a copy already
-            "pos": pos,
-            "seqs_k": keep(seqs_k),
-            "erank_q": q[0][:, rows],
-        }
-        if q.shape[-2] == t:  # self-attention: the square matrix exists
-            w = min(t, self.spectrum_window)
-            inputs["spectrum_q"] = keep(q[0][:, :w])
-        if q.shape[0] * q.shape[-2] >= 2 and k.shape[0] * k.shape[-2] >= 2:
-            inputs["pr_q"], inputs["pr_k"] = self._strided(q), self._strided(k)  # copies (advanced indexing)
-        return inputs
-
-    def _activation_metrics(self, site: Site, inputs: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """Per-layer (and per-head, with ``heads``) activation metrics of :meth:`_activation_inputs`' rows;
-        with the rows of several layers stacked on a leading dim, a value per layer along it."""
-        seqs_k, pos = inputs["seqs_k"], inputs["pos"]
-        stats = attention_stats(
-            inputs["stats_q"], seqs_k, causal=site.causal, q_pos=pos if site.causal else None, erank=False
-        )
-        stats = {name: value.mean(-2) for name, value in stats.items()}  # (..., H): the sequences averaged
-        seq_k = seqs_k.select(-4, 0)  # the first sequence: (..., G, T, hs)
-        stats["qk_erank"] = qk_erank(inputs["erank_q"], seq_k)
-        if "spectrum_q" in inputs:
-            spectrum_q = inputs["spectrum_q"]
-            w = spectrum_q.shape[-2]
-            stats.update(
-                attention_spectrum(
-                    spectrum_q, seq_k[..., :w, :], causal=site.causal, remove_outlier=site.remove_outlier
-                )
-            )
-        per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
-        if "pr_q" in inputs:
-            pr_q = participation_ratio(inputs["pr_q"].float())  # (n, H*hs)
-            pr_k = participation_ratio(inputs["pr_k"].float())  # (n, G*hs)
-            per_layer.update({"pr_q": pr_q, "pr_k": pr_k, "pr_gap": pr_q - pr_k})
-        heads = {name: stats[name].float() for name in ACTIVATION_HEAD_METRICS} if self.heads else {}
-        return per_layer, heads
-
-    def _strided(self, x: Tensor) -> Tensor:
-        """Up to ``pr_rows`` rows of ``x (B, heads, T, hs)``, evenly spaced over its B*T positions."""
-        b, _, t, _ = x.shape
-        flat = self._rows(b * t, min(self.pr_rows, b * t), x.device)  # (n,) indices into the B*T rows
-        # advanced indices on either side of a slice put the row dim first: (n, heads, hs)
-        return x[flat // t, :, flat % t].flatten(-2)  # (n, heads*hs): heads side by side
-
-    def _rows(self, t: int, n: int, device: torch.device) -> Tensor:
-        """Evenly spaced row positions, made once per (length, device): no host-to-device copy per report."""
-        key = (t, n, str(device))
-        if key not in self._positions:
-            self._positions[key] = torch.unique(torch.linspace(0, t - 1, n).round().long()).to(device)
-        return self._positions[key]
 
     def _store(self, layer: int, per_layer: dict[str, Tensor], per_head: dict[str, Tensor]) -> None:
         self.capture.layers.setdefault(layer, {}).update(per_layer)
@@ -470,12 +388,12 @@ class Probe:
 
 # --- the tap as a custom op, for compiled forwards ------------------------------------------------
 
-_TAPS: dict[int, Callable[[Tensor, Tensor], None]] = {}
+_TAPS: dict[int, TapFn] = {}
 _SINKS: dict[str, Tensor] = {}
 _NEXT = [0]
 
 
-def _register_tap(fn: Callable[[Tensor, Tensor], None]) -> int:
+def _register_tap(fn: TapFn) -> int:
     _NEXT[0] += 1
     _TAPS[_NEXT[0]] = fn
     return _NEXT[0]
@@ -490,14 +408,14 @@ def _sink(device: torch.device) -> Tensor:
 
 
 @torch.library.custom_op("qkwatch::tap", mutates_args=("sink",))
-def _tap_op(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
+def _tap_op(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink: Tensor, token: int) -> None:
     fn = _TAPS.get(token)
     if fn is not None:
-        fn(q, k)
+        fn(q, k, mask, causal)
 
 
 @_tap_op.register_fake
-def _(q: Tensor, k: Tensor, sink: Tensor, token: int) -> None:
+def _(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink: Tensor, token: int) -> None:
     return None
 
 

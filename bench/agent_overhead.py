@@ -201,7 +201,7 @@ def parts(args: argparse.Namespace) -> None:
     x = torch.randint(0, VOCAB, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
     caught: list[tuple[torch.Tensor, torch.Tensor]] = []
     for site in probe.sites:
-        site.install_tap(lambda q, k: caught.append((q.detach(), k.detach())))
+        site.install_tap(lambda q, k, mask=None, causal=None: caught.append((q.detach(), k.detach())))
     with torch.no_grad():
         model(x)
     pairs = list(zip(probe.sites, caught, strict=True))
@@ -217,13 +217,13 @@ def parts(args: argparse.Namespace) -> None:
 
     def inline() -> None:
         for site, (q, k) in pairs:
-            probe._activation_metrics(site, probe._activation_inputs(q, k, copy=False))
+            probe.sampler.metrics(site, probe.sampler.inputs(site, q, k, None, None, copy=False))
 
     def copies() -> list[tuple[Any, dict[str, torch.Tensor]]]:
-        return [(site, probe._activation_inputs(q, k, copy=True)) for site, (q, k) in pairs]
+        return [(site, probe.sampler.inputs(site, q, k, None, None, copy=True)) for site, (q, k) in pairs]
 
     queued = copies()
-    w = min(args.seq, probe.spectrum_window)
+    w = min(args.seq, probe.sampler.spectrum_window)
     attn = torch.softmax(torch.randn(args.layers * args.heads, w, w), -1)
     plan = Plan(0, weights=True, activations=True)
     probe.arm(plan)

@@ -5,7 +5,14 @@ in float32 by default (float64 on request), and runs on whatever device its inpu
 The definitions are docs/metrics.md's metric tables.
 """
 
-from qkwatch.agent.metrics.attention import SPECTRUM_NAMES, STAT_NAMES, attention_spectrum, attention_stats, qk_erank
+from qkwatch.agent.metrics.attention import (
+    SPECTRUM_NAMES,
+    STAT_NAMES,
+    attention_spectrum,
+    attention_stats,
+    qk_erank,
+    visible_keys,
+)
 from qkwatch.agent.metrics.heads import effective_key_map, group_heads, householder, split_heads, split_qkv
 from qkwatch.agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
 from qkwatch.agent.metrics.subspace import (
@@ -38,4 +45,5 @@ __all__ = [
     "split_heads",
     "split_qkv",
     "stable_rank",
+    "visible_keys",
 ]

@@ -4,6 +4,10 @@
 rows (after RoPE, as the model uses them) and the keys of the same sequence.
 ``attention_spectrum`` measures seed 003's quantities on a square attention matrix (the first
 ``W`` tokens of a sequence): ``W x W`` per head.
+
+Which keys a row sees is the causal mask by default, or a boolean ``mask`` (``visible_keys``
+turns a model's attention mask, padding included, into one). Only visible keys count; a row that
+sees no key at all (a padding token's query) is left out.
 """
 
 from __future__ import annotations
@@ -30,19 +34,65 @@ STAT_NAMES = (
 SPECTRUM_NAMES = ("attn_srank", "attn_gap1")
 
 
+def visible_keys(mask: Tensor | None, causal: bool, t_q: int, t_k: int) -> Tensor | None:
+    """The keys each query row sees, from the mask a model's attention was given.
+
+    ``mask`` follows PyTorch's and transformers' conventions: boolean (True: the key takes part),
+    additive float (0 for a visible key, the dtype's minimum or ``-inf`` for a hidden one; anything
+    above half the minimum counts as visible), or integer ``(B, T_k)`` key padding (1: a real
+    token). Its last dim may run past ``T_k`` (a cache's length): only the first ``T_k`` keys count,
+    as in transformers' eager attention. With ``causal`` the causal mask is applied on top,
+    aligning the last ``T_q`` queries with the last ``T_k`` keys.
+
+    Args:
+        mask: ``(B, T_k)``, ``(B, T_q, T_k)`` or ``(B, H|1, T_q|1, T_k)``, or None.
+        causal: apply the causal mask too.
+        t_q, t_k: the numbers of queries and keys attended.
+
+    Returns:
+        ``(B|1, H|1, T_q, T_k)`` boolean, or None when there is no mask (``causal`` alone then says
+        which keys are seen).
+    """
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        seen = mask
+    elif mask.is_floating_point():
+        seen = mask > torch.finfo(mask.dtype).min / 2
+    else:
+        seen = mask != 0
+    if seen.ndim == 2:
+        seen = seen[:, None, None, :]  # (B, 1, 1, Tk): key padding
+    elif seen.ndim == 3:
+        seen = seen[:, None]  # (B, 1, Tq, Tk)
+    if seen.ndim != 4 or seen.shape[-1] < t_k or seen.shape[-2] not in (1, t_q):
+        raise ValueError(
+            f"an attention mask for {t_q} queries and {t_k} keys must be (B, T_k), (B, T_q, T_k) or "
+            f"(B, H, T_q, T_k); got {tuple(mask.shape)}"
+        )
+    seen = seen[..., :t_k].expand(*seen.shape[:2], t_q, t_k)
+    if causal:
+        rows = torch.arange(t_k - t_q, t_k, device=seen.device)[:, None]
+        seen = seen & (torch.arange(t_k, device=seen.device)[None, :] <= rows)  # (Tq, Tk)
+    return seen
+
+
 def attention_stats(
     q: Tensor,
     k: Tensor,
     causal: bool = True,
     *,
     q_pos: Tensor | None = None,
+    mask: Tensor | None = None,
     dtype: torch.dtype | None = None,
     erank: bool = True,
 ) -> dict[str, Tensor]:
     """Per-head statistics of the softmax attention of sampled queries.
 
     Logits are ``q . k / sqrt(d_head)``; row ``i`` may see ``n_i`` keys (causal: the keys up to its
-    own position, ``n_i = pos_i + 1``; otherwise all ``T_k``).
+    own position, ``n_i = pos_i + 1``; otherwise all ``T_k``; with ``mask``: the keys it marks).
+    Rows with ``n_i = 0`` (padding queries) are left out of every statistic; a statistic with no
+    row to average is NaN.
 
     * ``attn_entropy``: ``H(p_i) / log(n_i)``, rows with ``n_i = 1`` skipped, mean over rows; 1 = uniform.
     * ``attn_entropy_nats``: ``H(p_i) = -sum_j p_ij log p_ij`` in nats over the same rows, mean over
@@ -68,18 +118,19 @@ def attention_stats(
     Returns:
         name -> ``(...)`` tensor, one value per head (``qk_erank`` only with ``erank``).
     """
-    _check(q, k, q_pos)
+    _check(q, k, q_pos if mask is None else None)
     dt = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     qg, kg, shape = group_heads(q.to(dt), k.to(dt))
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     raw = qg @ kg.mT  # (..., Tq, Tk)
     logits = raw * (1.0 / math.sqrt(d))
-    allowed, n_keys = _visible(t_q, t_k, causal, q_pos, q.device)  # (Tq, Tk), (Tq,)
-
-    masked = logits.masked_fill(~allowed, -math.inf)
-    logp = torch.log_softmax(masked, -1)
-    p = logp.exp()
-    out = _row_stats(p, logp, n_keys)
+    if mask is None:
+        allowed, n_keys = _visible(t_q, t_k, causal, q_pos, q.device)  # (Tq, Tk), (Tq,)
+    else:
+        allowed = _grouped_mask(mask, q, k)  # (..., Tq, Tk), heads as in qg
+        n_keys = allowed.sum(-1)
+    p = _softmax(logits, allowed, n_keys)
+    out = _row_stats(p, n_keys)
     out.update(_logit_stats(logits, allowed))
     if erank:
         out["qk_erank"] = effective_rank(_singular_values(raw))
@@ -105,7 +156,13 @@ def qk_erank(q: Tensor, k: Tensor, *, dtype: torch.dtype | None = None) -> Tenso
 
 
 def attention_spectrum(
-    q: Tensor, k: Tensor, causal: bool = True, remove_outlier: bool = False, *, dtype: torch.dtype | None = None
+    q: Tensor,
+    k: Tensor,
+    causal: bool = True,
+    remove_outlier: bool = False,
+    *,
+    mask: Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> dict[str, Tensor]:
     """Seed 003's stable rank and spectral gap of the square ``T x T`` attention matrix, per head.
 
@@ -126,6 +183,10 @@ def attention_spectrum(
     the first ``W`` queries and keys of a sequence. Without the mask the first ``W`` tokens' softmax
     runs over those ``W`` keys only: the attention matrix of the ``W``-token prefix taken as a
     sequence of its own, not a block of the full one.
+
+    With ``mask`` (``(..., H|1, T, T)`` boolean, True where a row sees a key; it replaces
+    ``causal``) a row that sees no key (a padding query) is a zero row of ``A``: the spectrum is
+    that of the matrix of the other rows.
 
     Singular values come from the ``T x T`` Gram ``A A^T``, formed in the compute dtype and
     decomposed in float64 (values below the Gram's rounding count as zero); ``||A||_F^2`` is summed
@@ -150,10 +211,14 @@ def attention_spectrum(
     qg, kg, shape = group_heads(q.to(dt), k.to(dt))
     t = q.shape[-2]
     logits = (qg @ kg.mT) * (1.0 / math.sqrt(q.shape[-1]))  # (..., T, T)
-    allowed, n_keys = _visible(t, t, causal, None, q.device)  # (T, T), (T,)
-    a = torch.softmax(logits.masked_fill(~allowed, -math.inf), -1)
+    if mask is None:
+        allowed, n_keys = _visible(t, t, causal, None, q.device)  # (T, T), (T,)
+    else:
+        allowed = _grouped_mask(mask, q, k)
+        n_keys = allowed.sum(-1)
+    a = _softmax(logits, allowed, n_keys).masked_fill(~allowed, 0.0)  # rows that see no key: zero
     if remove_outlier:
-        a = a - allowed / n_keys.to(dt)[:, None]  # U: the uniform row over each row's visible keys
+        a = a - allowed / n_keys.clamp_min(1).to(dt)[..., None]  # U: the uniform row over each row's visible keys
     sv = _singular_values(a)  # (..., T) descending
     fro2 = a.square().sum((-2, -1))
     second = sv[..., 1] if t > 1 else torch.zeros_like(sv[..., 0])
@@ -162,31 +227,43 @@ def attention_spectrum(
     return {name: torch.where(empty, torch.full_like(v, math.nan), v).reshape(shape) for name, v in out.items()}
 
 
-def _row_stats(p: Tensor, logp: Tensor, n_keys: Tensor) -> dict[str, Tensor]:
+def _softmax(logits: Tensor, allowed: Tensor, n_keys: Tensor) -> Tensor:
+    """Row softmax over the visible keys; a row that sees none gets a finite (uniform) row, which
+    every statistic leaves out, instead of the NaN of a softmax over nothing."""
+    masked = logits.masked_fill(~allowed, -math.inf).masked_fill((n_keys == 0)[..., None], 0.0)
+    return torch.softmax(masked, -1)
+
+
+def _row_stats(p: Tensor, n_keys: Tensor) -> dict[str, Tensor]:
+    """Means over the rows that see a key (the entropies: more than one key; NaN with no such row)."""
     nats = torch.special.entr(p).sum(-1)  # -sum p log p with 0 log 0 = 0, (..., Tq)
-    multi = n_keys > 1
-    rows = multi.sum().clamp_min(1)
-    norm = torch.where(multi, n_keys.to(p.dtype).clamp_min(2).log(), torch.ones_like(n_keys, dtype=p.dtype))
-    entropy = (nats / norm * multi).sum(-1) / rows
+    seen, multi = (n_keys > 0).to(p.dtype), (n_keys > 1).to(p.dtype)
+    norm = n_keys.to(p.dtype).clamp_min(2).log()
     top = p.topk(min(5, p.shape[-1]), dim=-1).values  # (..., Tq, <=5)
     second = top[..., 1] if top.shape[-1] > 1 else torch.zeros_like(top[..., 0])
     return {
-        "attn_entropy": entropy,
-        "attn_entropy_nats": (nats * multi).sum(-1) / rows,
-        "attn_top1": top[..., 0].mean(-1),
-        "attn_top5": top.sum(-1).mean(-1),
-        "attn_gap": (top[..., 0] - second).mean(-1),
+        "attn_entropy": _row_mean(nats / norm, multi),
+        "attn_entropy_nats": _row_mean(nats, multi),
+        "attn_top1": _row_mean(top[..., 0], seen),
+        "attn_top5": _row_mean(top.sum(-1), seen),
+        "attn_gap": _row_mean(top[..., 0] - second, seen),
     }
 
 
+def _row_mean(x: Tensor, rows: Tensor) -> Tensor:
+    """Mean of ``x (..., Tq)`` over the rows weighted 1 in ``rows`` (``(Tq,)`` or ``(..., Tq)``); 0/0 = NaN."""
+    return (x * rows).sum(-1) / rows.sum(-1)
+
+
 def _logit_stats(logits: Tensor, allowed: Tensor) -> dict[str, Tensor]:
-    count = allowed.sum()
+    count = allowed.sum((-2, -1))
     mean = logits.masked_fill(~allowed, 0.0).sum((-2, -1)) / count
     centred = (logits - mean[..., None, None]).masked_fill(~allowed, 0.0)  # two passes: no cancellation
+    top = logits.masked_fill(~allowed, -math.inf).amax((-2, -1))
     return {
         "logit_mean": mean,
         "logit_std": (centred.square().sum((-2, -1)) / count).sqrt(),
-        "logit_max": logits.masked_fill(~allowed, -math.inf).amax((-2, -1)),
+        "logit_max": torch.where(count > 0, top, math.nan),  # no visible key: NaN like the rest, not -inf
     }
 
 
@@ -205,6 +282,22 @@ def _singular_values(m: Tensor) -> Tensor:
     floor = 4 * inner**0.5 * torch.finfo(m.dtype).eps / 2 * evals[..., :1]
     evals = torch.where(evals > floor, evals, torch.zeros_like(evals))
     return evals.sqrt().to(m.dtype)
+
+
+def _grouped_mask(mask: Tensor, q: Tensor, k: Tensor) -> Tensor:
+    """``mask (..., H|1, Tq, Tk)`` lined up with :func:`group_heads`' views of ``q`` and ``k``."""
+    h, g = (q.shape[-3], k.shape[-3]) if q.ndim >= 3 and k.ndim >= 3 else (1, 1)
+    shape_ok = mask.ndim == q.ndim and mask.shape[-2:] == (q.shape[-2], k.shape[-2])
+    if mask.dtype != torch.bool or not shape_ok or (q.ndim >= 3 and mask.shape[-3] not in (1, h)):
+        raise ValueError(
+            f"mask must be boolean (..., H|1, T_q, T_k) with the leading dims of q; got {mask.dtype} "
+            f"{tuple(mask.shape)} for q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    if q.ndim < 3 or h == g or g == 1:
+        return mask
+    if mask.shape[-3] == 1:
+        return mask.unsqueeze(-3)  # (..., 1, 1, Tq, Tk) against (..., G, n_rep, Tq, Tk)
+    return mask.reshape(*mask.shape[:-3], g, h // g, *mask.shape[-2:])  # (..., G, n_rep, Tq, Tk)
 
 
 def _visible(t_q: int, t_k: int, causal: bool, q_pos: Tensor | None, device: torch.device) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,7 @@ def effective_rank(s: Tensor) -> Tensor:
     return torch.where(total.squeeze(-1) > 0, erank, torch.full_like(erank, float("nan")))  # NaN stays NaN
 
 
-def participation_ratio(x: Tensor) -> Tensor:
+def participation_ratio(x: Tensor, rows: Tensor | None = None) -> Tensor:
     """Participation ratio ``(sum l)^2 / sum l^2 = tr(S)^2 / tr(S^2)`` of the sample covariance ``S``.
 
     ``S`` is the covariance of the rows of ``x`` (centred), ``l`` its eigenvalues. Works with the
@@ -43,6 +43,8 @@ def participation_ratio(x: Tensor) -> Tensor:
 
     Args:
         x: ``(..., n_samples, width)``, ``n_samples >= 2``.
+        rows: ``(..., n_samples)`` 0/1 (or boolean): which rows count (a padding token's do not);
+            the result is exactly that of ``x`` with the other rows dropped, at fixed shapes.
 
     Returns:
         ``(...)`` in ``[1, min(n_samples - 1, width)]``; isotropic data gives about ``width``
@@ -50,7 +52,16 @@ def participation_ratio(x: Tensor) -> Tensor:
     """
     if x.ndim < 2 or x.shape[-2] < 2:
         raise ValueError(f"participation_ratio expects (..., n_samples >= 2, width), got {tuple(x.shape)}")
-    xc = x - x.mean(-2, keepdim=True)  # (..., n, w)
+    if rows is None:
+        xc = x - x.mean(-2, keepdim=True)  # (..., n, w)
+    else:
+        if rows.shape != x.shape[:-1]:
+            raise ValueError(
+                f"participation_ratio: rows must have shape {tuple(x.shape[:-1])}, got {tuple(rows.shape)}"
+            )
+        keep = rows.to(x.dtype)[..., None]  # (..., n, 1)
+        mean = (x * keep).sum(-2, keepdim=True) / keep.sum(-2, keepdim=True)
+        xc = (x - mean) * keep  # rows left out are zero rows: they add nothing to either Gram
     n, w = xc.shape[-2:]
     gram = xc @ xc.mT if n <= w else xc.mT @ xc  # (..., min, min); the 1/(n-1) cancels in the ratio
     trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)

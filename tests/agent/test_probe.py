@@ -55,15 +55,19 @@ def test_sampled_entropy_against_full_eager_attention(tmp_path: Path) -> None:
     sampled rows (1e-4); against the mean over every row of both sequences within 0.02 (the stated
     tolerance of the sample).
     """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     model = llama()
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
     x = torch.randint(0, 97, (2, 128), generator=torch.Generator().manual_seed(1))
     a = agent.attach(model, spool=str(tmp_path), run="eager", every=1, sample_rows=32, **OFFLINE)
     a.step(0)
     with torch.no_grad():
         model(x)
-    assert model.config._attn_implementation == "qkwatch_sdpa"  # sdpa kept, wrapped
+    assert model.config._attn_implementation == "sdpa"  # the config untouched
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"].__wrapped__ is sdpa  # the model's own sdpa, wrapped while attached
     (report,) = spooled(a)
-    assert model.config._attn_implementation == "sdpa"  # restored on close
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa  # put back on close
     with torch.no_grad():
         probs = model(x, output_attentions=True, attn_implementation="eager").attentions
     pos = torch.linspace(0, 127, 16).round().long().unique()
@@ -557,12 +561,12 @@ def test_a_failure_in_the_measure_thread_is_a_missing_layer_not_a_crash(
 ) -> None:
     """An exception in the worker thread skips that layer's activation metrics with one warning; the
     first report names the layers as missing; training and the weight metrics carry on."""
-    from qkwatch.agent import probe
+    from qkwatch.agent import activations
 
     def broken(*args, **kwargs):
         raise RuntimeError("spectrum exploded")
 
-    monkeypatch.setattr(probe, "attention_spectrum", broken)
+    monkeypatch.setattr(activations, "attention_spectrum", broken)
     model = TinyGPT()
     a = agent.attach(model, spool=str(tmp_path), run="r", every=1, **OFFLINE)
     train(a, model, 2)

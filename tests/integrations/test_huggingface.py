@@ -24,7 +24,7 @@ import pytest
 import torch
 from transformers import Trainer, TrainerCallback
 
-from qkwatch.agent.disk_spool import SpoolConfig
+from qkwatch.agent.disk_spool import Spool, SpoolConfig
 from qkwatch.integrations.huggingface import QKWatchCallback, RAATrainer, metric_name, scalars
 from qkwatch.raa import ParLoss, par_loss
 from qkwatch.trainer.model import GPT, ModelConfig
@@ -346,6 +346,38 @@ def test_raa_trainer_adds_par_once_per_optimizer_step_with_the_collectors_lambda
     parts = ParLoss(copy.deepcopy(initial), tau_factor=tau_factor).terms(lambdas)
     assert per_layer == pytest.approx([t.item() if t is not None else 0.0 for t in parts], rel=1e-5)
     assert applied == lambdas
+
+
+def test_the_callback_leaves_the_trainers_losses_and_weights_bit_identical(tmp_path: Path) -> None:
+    """An eager Llama (the case that once changed: qkwatch's renamed attention got no causal mask)
+    trained 12 optimizer steps of 2 micro-batches with and without the callback measuring every
+    step: the same logged losses and the same final weights, bit for bit."""
+
+    def train(callbacks: list[TrainerCallback]) -> tuple[list[float], list[torch.Tensor]]:
+        model = tiny_llama()
+        model.set_attn_implementation("eager")
+        trainer = Trainer(
+            model=model,
+            args=arguments(tmp_path / "out", max_steps=12, logging_steps=1),
+            train_dataset=Tokens(64),
+            callbacks=callbacks,
+        )
+        trainer.train()
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        return losses, [p.detach().clone() for p in model.parameters()]
+
+    plain_losses, plain_weights = train([])
+    qk = QKWatchCallback(project="tests", run="invisible", spool=str(tmp_path / "spool"), every=1, **FAST)
+    losses, weights = train([qk])
+    assert len(losses) == 12 and losses == plain_losses
+    assert all(torch.equal(a, b) for a, b in zip(plain_weights, weights, strict=True))
+    spool = Spool(tmp_path / "spool" / "tests" / "invisible" / "rank-0")  # no collector: spooled
+    try:
+        reports = [r.payload["report"] for r in spool.pending(1000) if "report" in r.payload]
+    finally:
+        spool.close()
+    measured = [r for r in reports if r["layers"].get("attn_entropy")]
+    assert len(measured) == 12  # the callback measured every optimizer step
 
 
 def test_raa_trainer_needs_its_callback(tmp_path: Path) -> None:

@@ -197,3 +197,61 @@ def test_the_folded_rotation_is_the_effective_key_map(tiny_model):
 
     folded, _ = attn.key_rotation.fold(wk, None)
     torch.testing.assert_close(split_heads(folded, 2), effective_key_map(split_heads(wk, 2), rotation))
+
+
+class _LossRecorder:
+    """A monitor with no agent and no lambdas: keeps each step's loss (as the trainer logs it)."""
+
+    lambda_source = None
+
+    def __init__(self) -> None:
+        self.losses: dict[int, torch.Tensor] = {}
+
+    def step(self, step: int) -> None:
+        pass
+
+    def lambdas(self) -> None:
+        return None
+
+    def log(self, step: int, **scalars) -> None:
+        if "loss" in scalars:
+            self.losses[step] = scalars["loss"].detach().clone()
+
+    def log_layers(self, step: int, values) -> None:
+        pass
+
+    def close(self, timeout: float = 10.0, *, status: str = "finished", reason: str | None = None) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, states) -> None:
+        pass
+
+
+def test_raa_with_every_weight_at_zero_trains_exactly_as_vanilla(tiny_run, tmp_path):
+    """RAA on with PAR on and every lambda 0 (fixed, no rotation) against RAA off: the same loss at
+    every one of 6 steps and the same validation loss, bit for bit. The PAR term of a layer with
+    lambda 0 is not computed at all (no layer is flagged), so nothing of it reaches the gradient.
+
+    The Householder key rotation is left off on purpose: it is a model change (learned parameters
+    folded into the key weights), not a weight of the loss."""
+    from qkwatch.trainer.train import run
+
+    n_layers = tiny_run().model.n_layers
+    results, losses = [], []
+    for name, raa in (
+        ("vanilla", {"enabled": False}),
+        ("raa-zero", {"enabled": True, "rotation": False, "scheduling": False, "fallback_lambdas": [0.0] * n_layers}),
+    ):
+        monitor = _LossRecorder()
+        results.append(run(tiny_run(steps=6, raa=raa), tmp_path / name, monitor=monitor))
+        losses.append(monitor.losses)
+    assert sorted(losses[0]) == list(range(6))
+    assert all(torch.equal(losses[0][s], losses[1][s]) for s in range(6)), (losses[0], losses[1])
+    assert results[0].val_loss is not None and results[0].val_loss == results[1].val_loss
+    with_par = _LossRecorder()  # the check can fail: a nonzero lambda moves the losses
+    raa_on = {"enabled": True, "rotation": False, "scheduling": False, "fallback_lambdas": [1.0] * n_layers}
+    run(tiny_run(steps=6, raa={**raa_on, "tau_factor": 0.05}), tmp_path / "raa-one", monitor=with_par)
+    assert not torch.equal(losses[0][5], with_par.losses[5])

@@ -1,0 +1,202 @@
+"""HuggingFace ``transformers`` models: where their attention is, and a tap that changes nothing.
+
+Every transformers model of the ``AttentionInterface`` era (Llama, Mistral, Qwen2/3 with GQA and
+RoPE; BERT; GPT-2 with its fused ``Conv1D``) computes q and k in the attention module's forward
+(RoPE applied) and hands them, with the mask it built, to an attention function it looks up at
+call time: ``eager_attention_forward`` from its own module's globals, or
+``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``. The tap wraps the function the model
+will call under its own name, so the model's config, its mask building and every
+``_attn_implementation == ...`` branch in its code stay exactly as they were; the wrapper hands q,
+k and the mask to the probe and returns the original's result untouched. Wrappers are counted
+and the originals put back when the last tap is removed.
+
+(qkwatch once registered a wrapper under a new name, ``qkwatch_<impl>``: transformers then built
+no mask for a name it did not know, and attached eager models stopped being causal.)
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from torch import Tensor, nn
+
+from qkwatch.agent.sites import AdapterError, Projections, Site, TapFn, numbered, projection_site
+
+logger = logging.getLogger(__name__)
+
+EAGER = "eager_attention_forward"
+"""The name a modeling module's forward calls its eager attention by (a global of that module)."""
+
+_TAPS: dict[int, TapFn] = {}
+"""id(attention module) -> tap; read by the wrappers."""
+
+
+def find(model: nn.Module) -> list[Site]:
+    """Every attention layer of a transformers model (``model.config`` names its heads), in order."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation"):
+        return []
+    n_heads = _cfg(config, "num_attention_heads", "n_head")
+    if not n_heads:
+        return []
+    n_kv = _cfg(config, "num_key_value_heads") or n_heads
+    width = _cfg(config, "hidden_size", "n_embd")
+    d_head = _cfg(config, "head_dim") or (width // n_heads if width else None)  # None: the weights' head size
+    sites: list[Site] = []
+    for name, module in numbered(model):
+        projections = _projections(module)
+        if projections is None:
+            continue
+        causal = bool(getattr(module, "is_causal", True))
+        install = partial(_install_tap, config, module)
+        sites.append(
+            projection_site(
+                len(sites), name, module, projections, n_heads, n_kv, d_head=d_head, causal=causal, install_tap=install
+            )
+        )
+    return sites
+
+
+def _projections(module: nn.Module) -> Projections | None:
+    for q, k in (("q_proj", "k_proj"), ("query", "key")):
+        q_mod, k_mod = getattr(module, q, None), getattr(module, k, None)
+        if isinstance(q_mod, nn.Linear) and isinstance(k_mod, nn.Linear):
+            return Projections(q=q_mod, k=k_mod)
+    c_attn = getattr(module, "c_attn", None)
+    if c_attn is not None and type(c_attn).__name__ == "Conv1D" and not getattr(module, "is_cross_attention", False):
+        return Projections(qkv=c_attn, conv1d=True)
+    return None
+
+
+def _cfg(config: Any, *names: str) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+# --- the tap: the model's own attention function, wrapped where the model looks it up ------------
+
+
+def _install_tap(config: Any, module: nn.Module, fn: TapFn) -> Callable[[], None]:
+    """Wrap the attention functions ``module``'s forward can call (its eager one, and the one its
+    config names), and route ``module``'s calls to ``fn``; returns the function that undoes it."""
+    # where the forward looks its functions up (under any decorator, e.g. the ``kernels`` package's)
+    namespace = inspect.unwrap(type(module).forward).__globals__
+    impl = config._attn_implementation or "eager"
+    patches = [_Patch.of(namespace, EAGER, "eager", namespace)]
+    if impl != "eager":
+        interface = namespace.get("ALL_ATTENTION_FUNCTIONS")
+        if interface is None or impl not in interface:
+            raise AdapterError(
+                f"{type(module).__name__} attends through {impl!r}, which transformers' AttentionInterface "
+                f"does not know here; pass layout=qkwatch.Layout(...) to name the layers"
+            )
+        patches.append(_Patch.of(interface, impl, impl, namespace))
+    for patch in patches:
+        patch.acquire()
+    _TAPS[id(module)] = fn
+
+    def remove() -> None:
+        if _TAPS.get(id(module)) is fn:
+            del _TAPS[id(module)]
+        for patch in patches:
+            patch.release()
+
+    return remove
+
+
+@dataclass
+class _Patch:
+    """One attention function replaced by its wrapper in one mapping (a module's globals, or an
+    ``AttentionInterface``), shared by every tap that needs it and put back by the last one."""
+
+    mapping: MutableMapping[str, Any]
+    name: str
+    kind: str
+    users: int = 0
+    original: Callable[..., Any] | None = None
+
+    @classmethod
+    def of(cls, mapping: MutableMapping[str, Any], name: str, kind: str, namespace: dict[str, Any]) -> _Patch:
+        key = (id(mapping), name)
+        if key not in _PATCHES:
+            if name not in mapping:
+                raise AdapterError(f"{namespace.get('__name__', '?')} has no {name} for qkwatch to wrap")
+            _PATCHES[key] = cls(mapping, name, kind)
+        return _PATCHES[key]
+
+    def acquire(self) -> None:
+        if self.users == 0:
+            self.original = self.mapping[self.name]
+            self.mapping[self.name] = _wrapper(self.original, self.kind)
+        self.users += 1
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self.original is not None:
+            self.mapping[self.name] = self.original
+            self.original = None
+            _PATCHES.pop((id(self.mapping), self.name), None)
+
+
+_PATCHES: dict[tuple[int, str], _Patch] = {}
+
+
+def _wrapper(original: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """``original`` (the model's attention function, called exactly as the model called it), after
+    the tap of the calling module, if any, has seen q, k and the mask."""
+
+    def attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, *args: Any, **kwargs: Any) -> Any:
+        tap = _TAPS.get(id(module))
+        if tap is not None:
+            mask = args[0] if args else kwargs.get("attention_mask")
+            tap_mask, causal = _visibility(kind, module, mask, kwargs)
+            t_q, seen = query.shape[-2], key
+            if kind == "sdpa" and tap_mask is None and causal and 1 < t_q < key.shape[-2]:
+                seen = key[..., :t_q, :]  # what sdpa_attention_forward attends (a prefill into an empty static cache)
+            tap(query, seen, tap_mask, causal)
+        return original(module, query, key, value, *args, **kwargs)
+
+    attention.__wrapped__ = original  # type: ignore[attr-defined]
+    return attention
+
+
+def _visibility(kind: str, module: nn.Module, mask: Any, kwargs: dict[str, Any]) -> tuple[Tensor | None, bool]:
+    """The mask the implementation applies, and whether it adds the causal mask (see ``TapFn``).
+
+    Eager attention adds exactly the mask it is given (none: every key). SDPA with a mask applies
+    that mask alone, and without one is causal when the module (or the call's ``is_causal``) says
+    so. Flash attention takes a ``(B, T_k)`` padding mask or none, causal as the module says. A
+    mask that is no tensor (flex attention's ``BlockMask``) cannot be read: the module's causality
+    is assumed and the padding is not seen (said once).
+    """
+    causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if causal is None else causal)
+    if kind == "eager":
+        return (mask if isinstance(mask, Tensor) else None), False
+    if mask is None:
+        return None, causal
+    if not isinstance(mask, Tensor):
+        _warn_once(kind, type(mask).__name__)
+        return None, causal
+    return mask, causal if mask.ndim == 2 else False
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(kind: str, mask_type: str) -> None:
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        logger.warning(
+            "qkwatch cannot read %s's %s: attention statistics assume the module's causal mask and include padded keys",
+            kind,
+            mask_type,
+        )
