@@ -164,7 +164,7 @@ def _logits_and_grads(model: nn.Module, x: torch.Tensor, mask: torch.Tensor | No
     """The outputs, and the gradient of a fixed random projection of them for every parameter."""
     model.zero_grad(set_to_none=True)
     out = _forward(model, x, mask)
-    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out.device, out.dtype)
     (out * weights).sum().backward()
     grads = [p.grad.clone() if p.grad is not None else torch.zeros(0) for p in model.parameters()]
     return [out.detach().clone(), *grads]
