@@ -9,16 +9,10 @@ FROM python:3.11-slim AS collector
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /opt/qkwatch
 COPY pyproject.toml README.md ./
-COPY agent agent
-COPY monitor monitor
-COPY trainer trainer
 COPY qkwatch qkwatch
-COPY dashboards dashboards
 RUN pip install '.[postgres,grafana]' \
     && useradd --system --create-home --uid 10001 qkwatch \
     && mkdir -p /work/runs && chown -R qkwatch /work
-# `qkwatch dashboards push` finds the committed dashboards here.
-ENV QKWATCH_DASHBOARDS_DIR=/opt/qkwatch/dashboards/grafana/dashboards
 USER qkwatch
 WORKDIR /work
 EXPOSE 8000

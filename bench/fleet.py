@@ -10,11 +10,11 @@ What it builds, on this machine's loopback:
   to the work folder;
 * ``--ranks`` simulated agent ranks, ``--ranks-per-run`` per run of ``--layers`` layers, spread
   over ``--agent-procs`` processes. Each rank is the real agent's delivery path: its reports go
-  through ``agent/report.py: encode`` (a :class:`qkwatch.agent.report.Packed` of synthetic
-  per-layer values, as ``Agent._write_report`` spools it), into a real ``agent/disk_spool.py:
-  Spool``, shipped by a real ``agent/shipper.py: Sender`` over ``agent/transport.py:
+  through ``qkwatch/agent/report.py: encode`` (a :class:`qkwatch.agent.report.Packed` of synthetic
+  per-layer values, as ``Agent._write_report`` spools it), into a real ``qkwatch/agent/disk_spool.py:
+  Spool``, shipped by a real ``qkwatch/agent/shipper.py: Sender`` over ``qkwatch/agent/transport.py:
   HttpTransport`` (timed by a wrapper); rank 0 of each run creates the run with
-  ``agent/lambdas.py: fetch_first``, logs a loss every step and polls its lambdas with the real
+  ``qkwatch/agent/lambdas.py: fetch_first``, logs a loss every step and polls its lambdas with the real
   ``LambdaPoller``. Rank r owns the layers ``l % world == r``, as under FSDP2.
 
 Values are functions of (run, layer, step), so a replay sends the same numbers. Every other run
@@ -76,7 +76,7 @@ HAPROXY = "/usr/sbin/haproxy"
 PROJECT = "fleet"
 
 WEIGHT_METRICS = ("qkai", "qkai_max", "stable_rank", "qk_cos")
-"""Per-layer weight metrics of every report (``agent/metrics/summary.py: weight_metrics``)."""
+"""Per-layer weight metrics of every report (``qkwatch/agent/metrics/summary.py: weight_metrics``)."""
 SPECTRA_METRICS = ("wq_fro", "wk_fro", "wq_spec", "wk_spec", "wk_erank")
 """Projection spectra, on every ``spectra_every``-th report."""
 ACTIVATION_METRICS = (
@@ -95,7 +95,7 @@ ACTIVATION_METRICS = (
     "pr_k",
     "pr_gap",
 )
-"""Per-layer activation metrics of every report (``agent/probe.py``), as a real report carries them."""
+"""Per-layer activation metrics of every report (``qkwatch/agent/probe.py``), as a real report carries them."""
 HOT_LAYERS = (20, 21, 22, 23, 24, 25, 40)
 """Layers whose QKAI rises through the threshold in a collapsing run (20-25 are a band, 40 alone)."""
 BAND = (20, 21, 22, 23, 24, 25)
@@ -278,7 +278,7 @@ class Recorder:
 
 
 class TimedTransport:
-    """The agent's ``HttpTransport``, timed call by call (``agent/transport.py: Transport``)."""
+    """The agent's ``HttpTransport``, timed call by call (``qkwatch/agent/transport.py: Transport``)."""
 
     def __init__(self, inner: Any, recorder: Recorder) -> None:
         self.inner = inner
@@ -350,7 +350,7 @@ class SimRank:
         from qkwatch.agent.lambdas import LambdasConfig, fetch_first
         from qkwatch.agent.shipper import SenderConfig
         from qkwatch.agent.transport import HttpTransport
-        from qkwatch.monitor.wire import RunConfig
+        from qkwatch.contract.wire import RunConfig
 
         self.spec, self.cfg = spec, cfg
         self.owned = [layer for layer in range(cfg.layers) if layer % spec.world == spec.rank]
@@ -490,8 +490,8 @@ class SimRank:
         self.frames += sum(any(v is not None for v in row) for row in report["layers"].values())
 
     def _observe(self, report: dict[str, Any]) -> None:
-        """The running entropy as the collector computes it (``monitor/scheduling.py: ema_update``)."""
-        from qkwatch.monitor.scheduling import ema_update
+        """The running entropy as the collector computes it (``qkwatch/contract/scheduling.py: ema_update``)."""
+        from qkwatch.contract.scheduling import ema_update
 
         for layer, v in enumerate(report["layers"].get("attn_entropy", ())):
             if isinstance(v, float):
@@ -744,10 +744,10 @@ class Sampler:
 
 def run_fleet(cfg: FleetConfig, workdir: Path, log: Any = print) -> dict[str, Any]:
     """Build the fleet, load it for ``cfg.duration`` s with a kill -9 midway, check and measure; returns the figures."""
+    from qkwatch.contract.wire import RunConfig
     from qkwatch.monitor.store.engine import make_engine
     from qkwatch.monitor.store.migrate import upgrade
     from qkwatch.monitor.store.store import Store
-    from qkwatch.monitor.wire import RunConfig
 
     workdir.mkdir(parents=True, exist_ok=True)
     with fresh_database(cfg.pg_admin_url) as url:
@@ -1138,7 +1138,7 @@ def _lambdas(
     observed: list[tuple[str, int, list[Any], str]],
 ) -> dict[str, Any]:
     """Every replica's lambdas of every run, read directly, against each other and against the EMA of what was sent."""
-    from qkwatch.monitor.scheduling import ScheduleConfig, entropy_floor
+    from qkwatch.contract.scheduling import ScheduleConfig, entropy_floor
 
     h: dict[str, dict[int, float]] = defaultdict(dict)
     for r in ranks:

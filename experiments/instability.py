@@ -333,12 +333,12 @@ def detector_table(
 # --- forecasts, learning-rate sensitivity, the contraction band ------------------------------------------
 
 
-DETECTORS = Path(__file__).resolve().parents[1] / "dashboards" / "rules" / "detectors.yml"
+DETECTORS = Path(__file__).resolve().parents[1] / "qkwatch" / "dashboards" / "rules" / "detectors.yml"
 """The candidate detectors' rules file, whose qkai_forecast is the forecast users are given."""
 
 
 def shipped_forecast(path: Path = DETECTORS) -> dict[str, Any]:
-    """The qkai_forecast rule of ``dashboards/rules/detectors.yml`` as the file holds it now: its crossing
+    """The qkai_forecast rule of ``qkwatch/dashboards/rules/detectors.yml`` as the file holds it now: its crossing
     error is measured beside the candidates, whether or not tuning chose it."""
     rules = yaml.safe_load(path.read_text())["rules"]
     (rule,) = [r for r in rules if r["name"] == "qkai_forecast"]
@@ -633,7 +633,9 @@ def parse(argv: list[str] | None) -> Options:
     p.add_argument("--root", type=Path, default=None, help="the campaign's folder (default experiments/out/NAME)")
     p.add_argument("--workers", type=int, default=2, help="trainings at once (one CPU thread each)")
     p.add_argument(
-        "--outcome", default="delta=0.5,for=5,window=20", help="the outcome rule (fixed: see monitor/outcomes.py)"
+        "--outcome",
+        default="delta=0.5,for=5,window=20",
+        help="the outcome rule (fixed: see qkwatch/monitor/outcomes.py)",
     )
     p.add_argument("--train-only", action="store_true", help="train the runs and stop")
     p.add_argument("--report", action="store_true", help="rewrite the page from the committed results only")

@@ -84,7 +84,7 @@ python -m experiments.instability --report      # this page from the committed r
 
 ## How a run is judged
 
-The outcome comes from the logged training loss alone (`monitor/outcomes.py`), by a rule fixed
+The outcome comes from the logged training loss alone (`qkwatch/monitor/outcomes.py`), by a rule fixed
 before any detector was scored on the suite, and not moved since: `{r["outcome_rule"]}`. A
 non-finite loss, or a run that did not train, *diverged*; otherwise the loss is smoothed by a
 trailing mean of `window` logged values, and an *excursion* is a smoothed loss at least `delta`
@@ -96,7 +96,7 @@ rule sees every step.
 The rule was revised once, before any detector was scored: its first version (commit 924f0e1)
 did not smooth, and assumed a batch's loss varies by 0.05 nats; on this data it varies by about
 0.2, with rare easy batches 0.6 lower, and the first version called 11 of the first 20 runs
-"spiked" from batch noise alone. `monitor/outcomes.py` records the measurement and the revision.
+"spiked" from batch noise alone. `qkwatch/monitor/outcomes.py` records the measurement and the revision.
 """
 
 
@@ -240,7 +240,7 @@ def forecast_section(r: dict[str, Any]) -> str:
     shipped = r.get("shipped_forecast")
     shipped_text = (
         f"Besides any forecast chosen on tune, the error is measured for the forecast rule shipped in "
-        f"`dashboards/rules/detectors.yml` when the suite was analysed ({_rule_text(shipped)})."
+        f"`qkwatch/dashboards/rules/detectors.yml` when the suite was analysed ({_rule_text(shipped)})."
         if shipped
         else ""
     )

@@ -39,7 +39,7 @@ project measures at the scale of a 2-core CPU machine, through its own pieces: e
 streams through the agent into a collector, and every table and figure of a training experiment is
 made from what the project's Python client (`monitor.client.Client`) reads back from that
 collector. The at-initialisation experiments (seed 003, QKAI's scale) train nothing: they call the
-agent's metric functions (`agent/metrics`) directly on random weights and inputs.
+agent's metric functions (`qkwatch/agent/metrics`) directly on random weights and inputs.
 
 For each claim: the paper's number, ours, the scale difference, and whether it carried over.
 Negative results are reported as such. The interactive figures are in

@@ -2,7 +2,7 @@
 
 ``python -m experiments.seed000 [--seeds 0,1] [--workers 2]`` trains seven variants of the
 ``collapse_cpu`` recipe (whose middle band, layers 3-5 of 8, is *induced* to collapse by the
-``qk_collapse`` intervention from step 150; see trainer/interventions.py), all streaming into one
+``qk_collapse`` intervention from step 150; see qkwatch/trainer/interventions.py), all streaming into one
 collector, evaluates each (passkey with 1 and 5 needles and perplexity, at the training length 128
 and at 256, twice it), and writes ``experiments/results/seed000.json`` from the collector's data.
 
@@ -202,16 +202,16 @@ def balance(results: dict) -> dict[str, Any]:
     """RAA's hold of the induced band, predicted from the two penalties and measured at full strength.
 
     Per band head, with ``S = sum_i c_i^2 = r QKAI``, PAR adds ``lambda ReLU(S - tau)^2``
-    (``tau = tau_factor r``, trainer/raa.py) and ``qk_collapse`` adds ``mu ReLU(target ramp r - S)^2``
-    (trainer/interventions.py). Between ``tau`` and ``target ramp r`` both act, and the derivative of
+    (``tau = tau_factor r``, qkwatch/trainer/raa.py) and ``qk_collapse`` adds ``mu ReLU(target ramp r - S)^2``
+    (qkwatch/trainer/interventions.py). Between ``tau`` and ``target ramp r`` both act, and the derivative of
     their sum in ``S``, ``2 lambda (S - tau) - 2 mu (target ramp r - S)``, vanishes at
     ``S / r = (lambda tau_factor + mu target ramp) / (lambda + mu)``: the penalties alone hold the
     band there, whatever RAA does otherwise. ``lambda`` is the schedule's for the band's measured
     entropy, ``lambda_0 sigmoid((H - h_star) / beta)``, for full RAA, and ``lambda_0`` for the
     unscheduled ablations (``par``, ``par_rotation``); the weights are collapse_cpu's
-    (trainer/recipes.py), the recipe these results were trained with.
+    (qkwatch/trainer/recipes.py), the recipe these results were trained with.
     """
-    from qkwatch.monitor.scheduling import sigmoid
+    from qkwatch.contract.scheduling import sigmoid
     from qkwatch.trainer.recipes import collapse_cpu
 
     cfg = collapse_cpu()
@@ -428,7 +428,7 @@ the mean over the seeds.
 **Scale and the induced band.** Seed 000 trains 1.3B and 6.7B models on 60B tokens and finds the band
 arising by itself; here the band (layers 3-5) is *induced* from step {results["onset"]} by the
 `qk_collapse` intervention (an explicit alignment pressure on W_Q/W_K plus a contraction of W_K,
-`trainer/interventions.py`), which every variant receives. So this experiment tests whether each
+`qkwatch/trainer/interventions.py`), which every variant receives. So this experiment tests whether each
 method *resists* a collapse pressure of seed 000's phenotype, not whether it prevents a collapse
 that training produces by itself.
 

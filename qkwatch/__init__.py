@@ -24,9 +24,9 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from qkwatch.agent import Agent, AgentConfig, Layout, attach
+    from qkwatch.contract.scheduling import ScheduleConfig
+    from qkwatch.contract.thresholds import Thresholds
     from qkwatch.monitor.client import Client, CollectorError
-    from qkwatch.monitor.scheduling import ScheduleConfig
-    from qkwatch.monitor.thresholds import Thresholds
 
 __all__ = [
     "Agent",
@@ -47,8 +47,8 @@ _LAZY = {
     "Layout": "qkwatch.agent",
     "Client": "qkwatch.monitor.client",
     "CollectorError": "qkwatch.monitor.client",
-    "ScheduleConfig": "qkwatch.monitor.scheduling",
-    "Thresholds": "qkwatch.monitor.thresholds",
+    "ScheduleConfig": "qkwatch.contract.scheduling",
+    "Thresholds": "qkwatch.contract.thresholds",
 }
 
 

@@ -1,6 +1,6 @@
 """docs/architecture.md and docs/metrics.md name only what exists: every file, module and ``file.py: name`` they cite.
 
-The check reads the page the way a newcomer does. In a section headed by a folder (``### agent/``,
+The check reads the page the way a newcomer does. In a section headed by a folder (``### qkwatch/agent/``,
 ``### tests/``) a table's file column is relative to that folder; everywhere else a path is
 relative to the repository root, and only text with a ``/`` is taken for a path (``cursor.json``
 in prose is a file at run time, not in the tree). A citation ``path.py: name`` (or
@@ -159,14 +159,16 @@ def test_every_file_module_and_name_the_architecture_page_cites_exists(page: Pat
 
 
 def test_the_checker_finds_what_is_missing() -> None:
-    assert problems(Reference(1, "agent/probe.py", "")) == []
-    assert problems(Reference(1, "probe.py", "agent/", file_column=True)) == []
+    assert problems(Reference(1, "qkwatch/agent/probe.py", "")) == []
+    assert problems(Reference(1, "probe.py", "qkwatch/agent/", file_column=True)) == []
     assert problems(Reference(1, "cursor.json", "")) == []  # prose, no folder: not a path
-    assert problems(Reference(1, "agent/nothere.py", "")) == ["agent/nothere.py does not exist"]
-    assert problems(Reference(1, "agent/probe.py: Probe, Plan.at", "")) == []
-    assert problems(Reference(1, "agent/probe.py: Ghost", "")) == ["agent/probe.py defines no Ghost"]
-    assert problems(Reference(1, "metrics/{heads,spectra}.py", "agent/", file_column=True)) == []
-    assert problems(Reference(1, "metrics/{heads,gone}.py", "agent/", True)) == ["agent/metrics/gone.py does not exist"]
+    assert problems(Reference(1, "qkwatch/agent/nothere.py", "")) == ["qkwatch/agent/nothere.py does not exist"]
+    assert problems(Reference(1, "qkwatch/agent/probe.py: Probe, Plan.at", "")) == []
+    assert problems(Reference(1, "qkwatch/agent/probe.py: Ghost", "")) == ["qkwatch/agent/probe.py defines no Ghost"]
+    assert problems(Reference(1, "metrics/{heads,spectra}.py", "qkwatch/agent/", file_column=True)) == []
+    assert problems(Reference(1, "metrics/{heads,gone}.py", "qkwatch/agent/", True)) == [
+        "qkwatch/agent/metrics/gone.py does not exist"
+    ]
     assert problems(Reference(1, "qkwatch.agent.metrics", "")) == []
     assert problems(Reference(1, "qkwatch.agent.nothing", "")) == [
         "qkwatch.agent.nothing: qkwatch/agent/__init__.py defines no nothing"
@@ -174,14 +176,16 @@ def test_the_checker_finds_what_is_missing() -> None:
     assert problems(Reference(1, "qkwatch.nowhere.x", "")) == [
         "qkwatch.nowhere.x: qkwatch/__init__.py defines no nowhere.x"
     ]
-    assert problems(Reference(1, "qkwatch.monitor.scheduling.ScheduleConfig", "")) == []
+    assert problems(Reference(1, "qkwatch.contract.scheduling.ScheduleConfig", "")) == []
     assert problems(Reference(1, "--heads", "")) == []  # not a citation
     assert problems(Reference(1, "qkwatch.attach", "")) == []  # lazy, in __all__
-    assert problems(Reference(1, "engine.py", "monitor/", True, sibling="store/")) == []
-    assert problems(Reference(1, "gone.py", "monitor/", True, sibling="store/")) == ["monitor/gone.py does not exist"]
-    assert problems(Reference(1, "monitor/store/migrations/versions/0001", "")) == []
-    assert problems(Reference(1, "monitor/store/migrations/versions/0099", "")) == [
-        "monitor/store/migrations/versions/0099 does not exist"
+    assert problems(Reference(1, "engine.py", "qkwatch/monitor/", True, sibling="store/")) == []
+    assert problems(Reference(1, "gone.py", "qkwatch/monitor/", True, sibling="store/")) == [
+        "qkwatch/monitor/gone.py does not exist"
+    ]
+    assert problems(Reference(1, "qkwatch/monitor/store/migrations/versions/0001", "")) == []
+    assert problems(Reference(1, "qkwatch/monitor/store/migrations/versions/0099", "")) == [
+        "qkwatch/monitor/store/migrations/versions/0099 does not exist"
     ]
 
 
@@ -204,11 +208,6 @@ def cited_files(page: Path) -> set[Path]:
 def test_every_module_of_the_packages_has_a_row() -> None:
     """The other direction: a module added to a package without a line on the page fails here."""
     page = ROOT / "docs" / "architecture.md"
-    modules = [
-        p
-        for folder in ("agent", "monitor", "trainer", "qkwatch")
-        for p in (ROOT / folder).rglob("*.py")
-        if p.name != "__init__.py" or folder == "qkwatch"
-    ]
+    modules = [p for p in (ROOT / "qkwatch").rglob("*.py") if p.name != "__init__.py" or p.parent == ROOT / "qkwatch"]
     missing = sorted(str(p.relative_to(ROOT)) for p in modules if p.resolve() not in cited_files(page))
     assert not missing, f"docs/architecture.md says nothing of {missing}"

@@ -1,22 +1,29 @@
 """The import directions of docs/architecture.md, held by a test.
 
-Every module of ours is ``qkwatch.<package>...``: the folders ``agent/``, ``monitor/`` and
-``trainer/`` at the repository's top level are the packages ``qkwatch.agent``, ``qkwatch.monitor``
-and ``qkwatch.trainer`` (``qkwatch/agent`` is a link to ``agent/``, and so on). The rules:
+One real package, ``qkwatch/``, with no links in it: ``qkwatch.agent``, ``qkwatch.monitor``,
+``qkwatch.trainer``, ``qkwatch.dashboards``, ``qkwatch.integrations`` and ``qkwatch.contract`` are
+folders inside it, and a file is importable under one name only. The rules:
 
-* nothing imports a bare ``agent``, ``monitor`` or ``trainer``: only ``qkwatch`` is installed.
-* ``qkwatch.monitor`` never imports torch, safetensors or any other ``qkwatch`` package (a
-  collector host needs no torch). numpy it may: it is one of the package's own dependencies
-  (``GET /history`` writes its JSON from a numpy view of the stored doubles). Inside it,
-  ``alerting`` never imports ``store``, ``api``, ``ui`` or ``main`` (the store calls the rules,
+* nothing imports a bare ``agent``, ``monitor``, ``trainer`` or ``dashboards`` (``import agent``
+  fails: only ``qkwatch`` is installed), and the tree holds no symbolic link.
+* ``qkwatch.contract`` (the wire format, metric names, thresholds, the schedule) imports only the
+  standard library, pydantic and itself. The agent and the collector meet there and nowhere else:
+  ``qkwatch.agent`` never imports ``qkwatch.monitor``, and ``qkwatch.monitor`` never imports the
+  agent; ``import qkwatch.agent`` (every module of it) loads neither fastapi nor sqlalchemy.
+* ``qkwatch.monitor`` never imports torch, safetensors or any other ``qkwatch`` package but the
+  contract (a collector host needs no torch). numpy it may: it is one of the package's own
+  dependencies (``GET /history`` writes its JSON from a numpy view of the stored doubles). Inside
+  it, ``alerting`` never imports ``store``, ``api``, ``ui`` or ``main`` (the store calls the rules,
   not the other way round), and ``store`` never imports ``api``, ``ui`` or ``main``.
-* ``qkwatch.agent`` imports from ``qkwatch.monitor`` only its pure modules (the wire schema, the
-  schedule formula and the thresholds), and never the trainer or the top-level glue.
+* ``qkwatch.agent`` imports the contract, and never the monitor, the trainer, the dashboards or
+  the top-level glue.
 * ``qkwatch.agent.metrics`` is pure math: tensors in, tensors out; no threads, sockets, files or hooks.
 * ``qkwatch.trainer`` meets the agent through its public API only: the ``qkwatch.agent`` package
   itself and the geometry functions of ``qkwatch.agent.metrics``. It does not import the glue.
   Only its seam, ``qkwatch.trainer.monitoring``, imports the ``qkwatch.agent`` package itself.
 * nothing imports ``qkwatch.trainer`` but the trainer itself and the glue (the ``qkwatch`` command).
+* ``qkwatch.dashboards`` (generators of the Grafana and Prometheus files) may read the monitor and
+  the contract; nothing of the agent, the monitor or the trainer imports it.
 * the glue's framework integrations (``qkwatch.integrations``) and ``qkwatch.raa`` are imported by
   nothing in the agent, the monitor or the trainer; they meet the agent through its public API.
 * no two modules of ours import each other, directly or around a circle (imports inside functions
@@ -24,6 +31,7 @@ and ``qkwatch.trainer`` (``qkwatch/agent`` is a link to ``agent/``, and so on). 
 * ``bench/`` and ``experiments/`` import nothing from ``tests/``, never patch ``sys.path`` (they run
   as modules, ``python -m bench.ingest``), and no package imports them; nor do the scripts of
   ``examples/`` (run as files, ``python examples/hf_trainer.py``, they ``import qkwatch``).
+* no module of the package is longer than :data:`MAX_LINES` lines.
 """
 
 from __future__ import annotations
@@ -36,13 +44,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"qkwatch.agent": "agent", "qkwatch.monitor": "monitor", "qkwatch.trainer": "trainer"}
-"""Package -> the top-level folder that holds it (``qkwatch/<name>`` links to it)."""
+PACKAGES = ("qkwatch.agent", "qkwatch.monitor", "qkwatch.trainer", "qkwatch.contract", "qkwatch.dashboards")
+"""The parts of the package that are folders of their own (beside the glue)."""
 GLUE = "qkwatch"
 """The top-level package's own modules (``qkwatch/*.py`` and ``qkwatch/integrations/``): the command line,
 the demo, the launcher, RAA for any loop, the framework integrations."""
 INTEGRATIONS = "qkwatch.integrations"
-MONITOR_PURE = {"qkwatch.monitor.wire", "qkwatch.monitor.scheduling", "qkwatch.monitor.thresholds"}
+CONTRACT = "qkwatch.contract"
+MAX_LINES = 450
+"""The longest a module of the package may be (one concept a module)."""
 AGENT_PUBLIC = {"qkwatch.agent", "qkwatch.agent.metrics"}
 IMPURE_FOR_METRICS = {
     "threading",
@@ -86,22 +96,18 @@ def glue_modules() -> dict[str, Path]:
 
 
 def module_of(path: Path) -> str:
-    """``agent/probe.py`` -> ``qkwatch.agent.probe``; ``qkwatch/cli.py`` -> ``qkwatch.cli``."""
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    if parts[0] != GLUE:
-        parts = (GLUE, *parts)
-    return ".".join(parts).removesuffix(".__init__")
+    """``qkwatch/agent/probe.py`` -> ``qkwatch.agent.probe``; ``qkwatch/cli.py`` -> ``qkwatch.cli``."""
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
 def modules(package: str) -> dict[str, Path]:
     """Module name -> file, for one of our packages (``qkwatch.agent``, or a subpackage of it)."""
-    top, *rest = package.removeprefix("qkwatch.").split(".")
-    folder = ROOT / FOLDERS[f"qkwatch.{top}"] / Path(*rest)
+    folder = ROOT.joinpath(*package.split("."))
     return {module_of(p): p for p in sorted(folder.rglob("*.py"))}
 
 
 def ours() -> dict[str, Path]:
-    return {**glue_modules(), **{n: p for package in FOLDERS for n, p in modules(package).items()}}
+    return {module_of(p): p for p in sorted((ROOT / GLUE).rglob("*.py"))}
 
 
 def within(name: str, package: str) -> bool:
@@ -121,18 +127,26 @@ def python_files() -> list[Path]:
 
 @pytest.mark.parametrize("path", python_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_nothing_imports_a_bare_top_level_package(path: Path) -> None:
-    bare = [n for n in imports_of(path) if n.split(".")[0] in {"agent", "monitor", "trainer"}]
+    bare = [n for n in imports_of(path) if n.split(".")[0] in {"agent", "monitor", "trainer", "dashboards"}]
     assert not bare, f"{path.relative_to(ROOT)} imports {bare}: write qkwatch.{bare[0]}"
     assert not relative_imports(path), (
         f"{path.relative_to(ROOT)} has relative imports on lines {relative_imports(path)}"
     )
 
 
+@pytest.mark.parametrize(("name", "path"), cases(modules(CONTRACT)))
+def test_the_contract_imports_only_the_standard_library_and_pydantic(name: str, path: Path) -> None:
+    names = imports_of(path)
+    foreign = [n for n in names if within(n, GLUE) and not within(n, CONTRACT)]
+    third = [n for n in names if n.split(".")[0] not in (*sys.stdlib_module_names, "pydantic", GLUE, "__future__")]
+    assert not foreign and not third, f"{name} imports {foreign + third}"
+
+
 @pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.monitor")))
 def test_monitor_imports_no_torch_and_no_other_package(name: str, path: Path) -> None:
     names = imports_of(path)
     bad = [n for n in names if n.split(".")[0] in {"torch", "safetensors"}]
-    bad += [n for n in names if within(n, GLUE) and not within(n, "qkwatch.monitor")]
+    bad += [n for n in names if within(n, GLUE) and not within(n, "qkwatch.monitor") and not within(n, CONTRACT)]
     assert not bad, f"{name} imports {bad}"
 
 
@@ -156,13 +170,45 @@ def test_monitor_layers_import_only_downward(layer: str) -> None:
 
 
 @pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.agent")))
-def test_agent_imports_only_pure_monitor_modules(name: str, path: Path) -> None:
+def test_agent_imports_the_contract_and_never_the_monitor(name: str, path: Path) -> None:
     names = imports_of(path)
     upward = [n for n in names if within(n, "qkwatch.trainer") or n in glue_modules()]
     assert not upward, f"{name} imports {upward}"
-    monitor = [n for n in names if within(n, "qkwatch.monitor") and n != "qkwatch.monitor"]
-    bad = [n for n in monitor if not any(within(n, m) for m in MONITOR_PURE)]
-    assert not bad, f"{name} imports impure monitor modules {bad}"
+    other = [n for n in names if within(n, "qkwatch.monitor") or within(n, "qkwatch.dashboards")]
+    assert not other, f"{name} imports {other}: what the agent shares with the collector is in {CONTRACT}"
+
+
+def test_importing_the_agent_loads_no_collector_library() -> None:
+    """Every module of ``qkwatch.agent``, imported in a fresh interpreter: no fastapi, sqlalchemy,
+    starlette, uvicorn, alembic or plotly is loaded, and no module of ``qkwatch.monitor``."""
+    names = list(modules("qkwatch.agent"))
+    code = (
+        "import importlib, sys\n"
+        f"for n in {names!r}:\n"
+        "    importlib.import_module(n)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "             ('fastapi', 'sqlalchemy', 'starlette', 'uvicorn', 'alembic', 'plotly')\n"
+        "             or m.startswith('qkwatch.monitor'))\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("name", "path"), cases({n: p for pkg in ("qkwatch.agent", "qkwatch.trainer") for n, p in modules(pkg).items()})
+)
+def test_the_monitor_is_not_imported_by_the_agent_or_the_trainer_and_the_dashboards_by_nothing(
+    name: str, path: Path
+) -> None:
+    bad = [n for n in imports_of(path) if within(n, "qkwatch.monitor") or within(n, "qkwatch.dashboards")]
+    assert not bad, f"{name} imports {bad}"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.monitor")))
+def test_the_monitor_imports_no_dashboards(name: str, path: Path) -> None:
+    bad = [n for n in imports_of(path) if within(n, "qkwatch.dashboards")]
+    assert not bad, f"{name} imports {bad}"
 
 
 @pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.agent.metrics")))
@@ -200,7 +246,7 @@ def test_nothing_imports_the_trainer(package: str) -> None:
         assert not [n for n in imports_of(path) if within(n, "qkwatch.trainer")], name
 
 
-@pytest.mark.parametrize(("name", "path"), cases({n: p for package in FOLDERS for n, p in modules(package).items()}))
+@pytest.mark.parametrize(("name", "path"), cases({n: p for package in PACKAGES for n, p in modules(package).items()}))
 def test_no_package_imports_the_integrations_or_raa(name: str, path: Path) -> None:
     """They sit on top: the agent, the monitor and the trainer work without transformers or Lightning."""
     bad = [n for n in imports_of(path) if within(n, INTEGRATIONS) or within(n, "qkwatch.raa")]
@@ -226,7 +272,7 @@ SCRIPTS = sorted(
     [
         *(ROOT / "bench").glob("*.py"),
         *(ROOT / "experiments").rglob("*.py"),
-        *(ROOT / "dashboards").rglob("*.py"),
+        *(ROOT / "qkwatch" / "dashboards").rglob("*.py"),
         *(ROOT / "examples").glob("*.py"),
     ]
 )
@@ -299,12 +345,33 @@ def test_find_cycle_finds_a_circle() -> None:
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
-def test_module_names_follow_the_links() -> None:
-    """The folders really are the namespace's packages: ``qkwatch/agent`` resolves to ``agent/``."""
-    for package, folder in FOLDERS.items():
-        link = ROOT / "qkwatch" / package.removeprefix("qkwatch.")
-        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve(), link
-    assert module_of(ROOT / "agent" / "metrics" / "__init__.py") == "qkwatch.agent.metrics"
+def test_one_real_package_and_one_name_a_file() -> None:
+    """No symbolic link in the tree (``git ls-files -s``: no mode 120000); the parts are folders of
+    ``qkwatch/``; from the repository root ``import agent`` (or monitor, trainer, dashboards) fails."""
+    listed = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True)
+    links = [line.split("\t", 1)[1] for line in listed.stdout.splitlines() if line.startswith("120000")]
+    assert not links, f"symbolic links in the tree: {links}"
+    for package in PACKAGES:
+        folder = ROOT.joinpath(*package.split("."))
+        assert folder.is_dir() and not folder.is_symlink() and (folder / "__init__.py").is_file(), folder
+    code = (
+        "import importlib\n"
+        "for n in ('agent', 'monitor', 'trainer', 'dashboards'):\n"
+        "    try:\n"
+        "        importlib.import_module(n)\n"
+        "    except ModuleNotFoundError:\n"
+        "        continue\n"
+        "    raise SystemExit(f'{n} imports as a top-level module')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert module_of(ROOT / "qkwatch" / "agent" / "metrics" / "__init__.py") == "qkwatch.agent.metrics"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(ours()))
+def test_no_module_is_longer_than_the_limit(name: str, path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES}): split it along its seams"
 
 
 def test_monitor_and_the_package_load_without_torch_at_runtime() -> None:

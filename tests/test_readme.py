@@ -34,7 +34,7 @@ SHELL = ("", "bash", "sh", "shell", "console")
 """Languages of a fenced block that holds commands (no language: a command block, as in the README)."""
 INLINE_COMMAND = re.compile(r"`(\.venv/bin/\w[^`]*)`")
 ACTIVATE = re.compile(r"^(\.|source)\s+\.venv/bin/activate\s*$")
-REPO_DIRS = ("agent/", "bench/", "dashboards/", "docs/", "examples/", "experiments/", "monitor/", "trainer/")
+REPO_DIRS = ("bench/", "docs/", "examples/", "experiments/", "qkwatch/", "tests/")
 """A word that starts with one of these names a file or folder of the clone, which must exist."""
 ACTIVATED_TOOLS = ("qkwatch", "python", "python3", "pip", "torchrun", "pytest", "mkdocs")
 SHELL_TOOLS = ("cd", "rm", "echo", "cat", "head", "export")
@@ -178,7 +178,7 @@ def test_every_readme_command_refers_to_what_exists() -> None:
         "QKWATCH_URL=http://127.0.0.1:8000 .venv/bin/python examples/gone.py",
         ".venv/bin/torchrun --nproc_per_node 2 examples/gone.py",
         ".venv/bin/torchrun --nproc_per_node 2 -m qkwatch.nothere --recipe debug_cpu",
-        ".venv/bin/qkwatch serve --open --rules dashboards/rules/gone.yml",
+        ".venv/bin/qkwatch serve --open --rules qkwatch/dashboards/rules/gone.yml",
         ".venv/bin/qkwatch runs list | .venv/bin/nosuchtool",
         'echo "$(.venv/bin/python -m nothere)"',
         "qkwatch serve --open",  # bare, never activated
@@ -200,7 +200,7 @@ def test_the_checker_finds_a_broken_line(block: str) -> None:
         "QKWATCH_URL=http://127.0.0.1:8000 .venv/bin/python examples/hf_trainer.py",
         ".venv/bin/torchrun --nproc_per_node 2 -m qkwatch.trainer --recipe debug_cpu",
         ".venv/bin/python -m experiments.report",
-        ". .venv/bin/activate\nqkwatch serve --open --rules dashboards/rules/detectors.yml",
+        ". .venv/bin/activate\nqkwatch serve --open --rules qkwatch/dashboards/rules/detectors.yml",
         ".venv/bin/qkwatch runs list | head -1",
     ],
 )

@@ -1,4 +1,4 @@
-"""One home for the collapse threshold and H*: ``qkwatch.monitor.thresholds``.
+"""One home for the collapse threshold and H*: ``qkwatch.contract.thresholds``.
 
 Three things are held here. The module itself (resolution order, validation, how a threshold is
 written). Moving the setting moves everything: with ``QKWATCH_COLLAPSE_THRESHOLD=0.65`` and
@@ -25,14 +25,14 @@ import pytest
 import torch
 import yaml
 
-from dashboards import generate
 from qkwatch.cli import main as qkwatch_main
+from qkwatch.contract.scheduling import ScheduleConfig
+from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, ENV, H_STAR, Thresholds, as_text
+from qkwatch.dashboards import generate
 from qkwatch.monitor import colour_scale
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.main import load_rules
-from qkwatch.monitor.scheduling import ScheduleConfig
 from qkwatch.monitor.settings import Settings
-from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, ENV, H_STAR, Thresholds, as_text
 from tests.conftest import missing_service
 from tests.dashboards.promstack import find_binary
 from tests.live import ROOT, LiveCollector
@@ -125,10 +125,10 @@ def test_moved_settings_alert_rules_and_schedule(moved_env, tmp_path: Path) -> N
 
 
 def test_moved_generated_prometheus_rules(tmp_path: Path) -> None:
-    """``python -m dashboards.generate`` from the repository root, thresholds from the environment."""
+    """``python -m qkwatch.dashboards.generate`` from the repository root, thresholds from the environment."""
     env = {k: v for k, v in os.environ.items() if k not in ENV.values()}
     done = subprocess.run(
-        [sys.executable, "-m", "dashboards.generate", "--out", str(tmp_path)],
+        [sys.executable, "-m", "qkwatch.dashboards.generate", "--out", str(tmp_path)],
         cwd=ROOT,
         env={**env, **MOVED_ENV},
         capture_output=True,
@@ -287,15 +287,17 @@ def test_moved_analyze_highlight(moved_env, tmp_path: Path, capsys: pytest.Captu
 
 LITERAL_VALUES = {COLLAPSE_THRESHOLD, H_STAR}
 LITERAL_TEXT = re.compile(r"(?<![\w.])0?\.(?:70*|850*)(?![\w%])")  # not 0.705, 10.7, 0.85rem
-HOME = "monitor/thresholds.py"
+HOME = "qkwatch/contract/thresholds.py"
 ALLOWED = {
-    ("dashboards/grafana/boards.py", '"groupWidth": 0.7'): "a bar chart's width, a fraction of its slot",
+    ("qkwatch/dashboards/grafana/boards.py", '"groupWidth": 0.7'): "a bar chart's width, a fraction of its slot",
 }
 """(file, text of the line): uses of 0.7 or 0.85 that mean neither the threshold nor H*."""
 
 
 def python_sources() -> list[Path]:
-    found = [*(ROOT / "monitor").rglob("*.py"), *(ROOT / "agent").rglob("*.py"), *(ROOT / "dashboards").rglob("*.py")]
+    found = [
+        p for name in ("monitor", "agent", "dashboards", "contract") for p in (ROOT / "qkwatch" / name).rglob("*.py")
+    ]
     return sorted([*found, *(ROOT / "qkwatch").glob("*.py")])
 
 
@@ -324,10 +326,10 @@ def test_no_module_writes_the_threshold_or_h_star_but_thresholds_py() -> None:
         rel = str(path.relative_to(ROOT))
         lines = path.read_text().splitlines()
         found += [f"{rel}:{n}: {lines[n - 1].strip()}" for n in literals(path) if stray(rel, lines[n - 1])]
-    for rel in ("monitor/ui/page.html", "dashboards/prometheus/qkwatch.yml.template"):
+    for rel in ("qkwatch/monitor/ui/page.html", "qkwatch/dashboards/prometheus/qkwatch.yml.template"):
         lines = (ROOT / rel).read_text().splitlines()
         found += [f"{rel}:{n}: {line.strip()}" for n, line in enumerate(lines, 1) if LITERAL_TEXT.search(line)]
-    assert not [f for f in found if not f.startswith(HOME)], "use qkwatch.monitor.thresholds:\n" + "\n".join(found)
+    assert not [f for f in found if not f.startswith(HOME)], "use qkwatch.contract.thresholds:\n" + "\n".join(found)
     for where, text in ALLOWED:  # an entry that no longer matches anything goes
         assert text in (ROOT / where).read_text(), f"ALLOWED: {where} has no {text!r} any more"
     assert len(list(literals(ROOT / HOME))) == 2  # the home itself: COLLAPSE_THRESHOLD and H_STAR

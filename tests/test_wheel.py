@@ -168,7 +168,7 @@ def test_the_installed_command_runs_help_and_a_migration(venv: Path, tmp_path: P
         env=clean_env(),
     )
     assert migrated.returncode == 0, migrated.stderr[-3000:]
-    shipped = sorted(p.name for p in (ROOT / "monitor" / "store" / "migrations" / "versions").glob("0*.py"))
+    shipped = sorted(p.name for p in (ROOT / "qkwatch" / "monitor" / "store" / "migrations" / "versions").glob("0*.py"))
     with sqlite3.connect(db) as conn:
         (revision,) = conn.execute("SELECT version_num FROM alembic_version").fetchone()
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -63,7 +63,7 @@ except ImportError as exc:  # the extra is optional: say which one
 from torch import Tensor, nn
 
 from qkwatch.agent import Agent, attach, exception_reason
-from qkwatch.monitor.wire import clean_metric_name
+from qkwatch.contract.values import clean_metric_name
 
 __all__ = ["QKWatchCallback", "QKWatchLogger"]
 
@@ -207,7 +207,7 @@ class QKWatchLogger(Logger):
 
     Build it through the callback: it has no agent of its own. Each ``log_metrics`` call stores
     every value at the step Lightning gives; names outside the collector's alphabet are renamed
-    (see :func:`qkwatch.monitor.wire.clean_metric_name`). Hyperparameters reach the run config at attach, so
+    (see :func:`qkwatch.contract.wire.clean_metric_name`). Hyperparameters reach the run config at attach, so
     ``log_hyperparams`` has nothing left to do.
     """
 

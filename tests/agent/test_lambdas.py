@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from qkwatch.agent.lambdas import Lambdas
-from qkwatch.monitor.scheduling import ScheduleConfig, entropy_floor
+from qkwatch.contract.scheduling import ScheduleConfig, entropy_floor
 
 N = 4
 SCHEDULE = ScheduleConfig(lambda_0=0.1, h_star=0.75, beta=0.05, lambda_max=0.2)

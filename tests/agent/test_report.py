@@ -1,4 +1,4 @@
-"""A packed and encoded report is what the collector accepts: a valid ``monitor.wire.Report``."""
+"""A packed and encoded report is what the collector accepts: a valid ``contract.wire.Report``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import torch
 
 from qkwatch.agent.health import DropNotes, Health, health_scalars
 from qkwatch.agent.report import Packer, encode, missing_layers_event
-from qkwatch.monitor.wire import Report, decode_value
+from qkwatch.contract.values import decode_value
+from qkwatch.contract.wire import Report
 
 
 def packed_report(n_layers: int = 3):

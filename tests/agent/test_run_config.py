@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qkwatch import agent
-from qkwatch.monitor.scheduling import ScheduleConfig
+from qkwatch.contract.scheduling import ScheduleConfig
 from tests.agent.tiny import TinyGPT
 
 

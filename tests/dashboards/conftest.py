@@ -6,7 +6,7 @@ A missing binary skips locally and fails under ``CI=true`` (tests/conftest.py); 
 ``start_prometheus(targets, rule_files=(), alertmanagers=(), interval="1s") -> str``
     Starts a real Prometheus and returns its URL (``http://127.0.0.1:<free port>``). It scrapes
     ``targets`` (collector URLs such as ``collapsing_run.collector_url``, or ``host:port``) as job
-    "qkwatch" with the committed dashboards/prometheus/prometheus.yml, every ``interval`` (also
+    "qkwatch" with the committed qkwatch/dashboards/prometheus/prometheus.yml, every ``interval`` (also
     the rule evaluation interval), evaluates ``rule_files`` (paths) and sends alerts to
     ``alertmanagers`` (URLs). Its TSDB and log are under the test's tmp_path; it is stopped at
     the end of the test. Query it with ``promstack.query(url, expr)`` (raises on a PromQL error)

@@ -24,11 +24,11 @@ import yaml
 from qkwatch.monitor.client import Client
 from tests.live import ROOT, free_port
 
-PROMETHEUS_DIR = ROOT / "dashboards" / "prometheus"
+PROMETHEUS_DIR = ROOT / "qkwatch" / "dashboards" / "prometheus"
 PROMETHEUS_YML = PROMETHEUS_DIR / "prometheus.yml"
 RULES = sorted((PROMETHEUS_DIR / "rules").glob("*.yml"))
 RULE_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))
-ALERTMANAGER_YML = ROOT / "dashboards" / "alertmanager" / "alertmanager.yml"
+ALERTMANAGER_YML = ROOT / "qkwatch" / "dashboards" / "alertmanager" / "alertmanager.yml"
 
 # Debian names the Alertmanager binary prometheus-alertmanager; upstream's tarball, alertmanager.
 BINARIES = {

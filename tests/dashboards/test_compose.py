@@ -149,7 +149,7 @@ def test_grafana_provisioning_points_at_the_compose_services(compose):
     providers = host_path(grafana, "/etc/grafana/provisioning/dashboards")
     (provider,) = [p for f in providers.glob("*.yml") for p in yaml.safe_load(f.read_text())["providers"]]
     dashboards = host_path(grafana, provider["options"]["path"])
-    assert dashboards == ROOT / "dashboards" / "grafana" / "dashboards"
+    assert dashboards == ROOT / "qkwatch" / "dashboards" / "grafana" / "dashboards"
     assert sorted(p.name for p in dashboards.glob("*.json")) == ["run.json", "runs.json"]
     assert host_path(grafana, grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]).is_file()
 

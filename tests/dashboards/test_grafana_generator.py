@@ -1,6 +1,6 @@
 """The committed dashboard files are the generator's output, and the Grafana dashboards hold together.
 
-``python -m dashboards.generate`` writes the Grafana dashboards and provisioning and the Prometheus
+``python -m qkwatch.dashboards.generate`` writes the Grafana dashboards and provisioning and the Prometheus
 rules; with the default thresholds its output is what is committed. What Grafana would only show on
 screen is checked here on the JSON: every panel's data source is one the provisioning defines, the
 QKAI colours break at the collapse threshold, SQL reads only the qkwatch_*_v views and uses no macro,
@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards import generate
-from dashboards.grafana.boards import QKAI_EDGES, iter_queries
+from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds
+from qkwatch.dashboards import generate
+from qkwatch.dashboards.grafana.boards import QKAI_EDGES, iter_queries
 from qkwatch.monitor import colour_scale
 from qkwatch.monitor.dashboards import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
-from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds
 from tests.dashboards.test_grafana_sql import GRAFANA, ROOT, VIEWS
 
 BOARDS = load_dashboards(GRAFANA / "dashboards")
-DASHBOARDS = ROOT / "dashboards"
+DASHBOARDS = ROOT / "qkwatch" / "dashboards"
 
 
 def committed_generated_files() -> set[str]:
@@ -40,7 +40,7 @@ def test_committed_files_are_the_generators_output():
     rendered = generate.render(Thresholds())
     assert committed_generated_files() == set(rendered), "the generator and the committed files list different files"
     stale = [rel for rel, text in rendered.items() if (DASHBOARDS / rel).read_text() != text]
-    assert not stale, f"stale (run python -m dashboards.generate): {stale}"
+    assert not stale, f"stale (run python -m qkwatch.dashboards.generate): {stale}"
 
 
 def test_generator_check_mode_agrees(capsys, monkeypatch):
@@ -63,10 +63,10 @@ def test_generator_writes_under_out_and_refuses_a_bad_threshold(tmp_path: Path, 
 
 
 def test_the_generator_runs_as_a_module_from_the_repository_root():
-    """No sys.path patching: ``python -m dashboards.generate`` finds dashboards and qkwatch from the root."""
+    """No sys.path patching: ``python -m qkwatch.dashboards.generate`` finds dashboards and qkwatch from the root."""
     env = {k: v for k, v in os.environ.items() if k not in ENV.values() and k != "PYTHONPATH"}
     done = subprocess.run(
-        [sys.executable, "-m", "dashboards.generate", "--check"],
+        [sys.executable, "-m", "qkwatch.dashboards.generate", "--check"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -24,7 +24,7 @@ from qkwatch.monitor.dashboards import FOLDER_UID, POSTGRES_UID, PROMETHEUS_UID,
 from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = load_dashboards(ROOT / "dashboards" / "grafana" / "dashboards")
+COMMITTED = load_dashboards(ROOT / "qkwatch" / "dashboards" / "grafana" / "dashboards")
 
 
 class FakeGrafana:

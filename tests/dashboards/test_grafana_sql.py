@@ -21,24 +21,24 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from dashboards.grafana.boards import iter_queries
+from qkwatch.contract.wire import ReportBatch, RunCreate
+from qkwatch.dashboards.grafana.boards import iter_queries
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.dashboards import POSTGRES_UID, load_dashboards
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import alembic_config, upgrade
 from qkwatch.monitor.store.store import Store
-from qkwatch.monitor.wire import ReportBatch, RunCreate
 from tests.conftest import missing_service
 from tests.monitor.conftest import PG_ADMIN_URL, _fresh_database, _pg_admin
 
 ROOT = Path(__file__).resolve().parents[2]
-GRAFANA = ROOT / "dashboards" / "grafana"
+GRAFANA = ROOT / "qkwatch" / "dashboards" / "grafana"
 VIEWS = ("qkwatch_runs_v", "qkwatch_points_v", "qkwatch_latest_v", "qkwatch_alerts_v", "qkwatch_events_v")
 ROLE = "qkwatch_grafana"
 N_LAYERS, BAND = 8, (3, 4, 5)
 METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda", "logit_max")
-_SHIPPED = RuleSet.from_file(ROOT / "dashboards" / "rules" / "detectors.yml")
+_SHIPPED = RuleSet.from_file(ROOT / "qkwatch" / "dashboards" / "rules" / "detectors.yml")
 DETECTORS = dataclasses.replace(
     _SHIPPED,
     forecasts=tuple(

@@ -1,6 +1,6 @@
 """The committed Prometheus rules and config and the Alertmanager config, checked by the real tools.
 
-promtool runs the rule unit tests of dashboards/prometheus/tests (input series, expected alerts
+promtool runs the rule unit tests of qkwatch/dashboards/prometheus/tests (input series, expected alerts
 with their annotations); amtool checks the Alertmanager config and its routing tree.
 """
 
@@ -39,7 +39,7 @@ def test_rules_are_valid(promtool):
 
 
 def test_rule_unit_tests_pass(promtool):
-    assert RULE_TESTS, "no promtool tests under dashboards/prometheus/tests"
+    assert RULE_TESTS, "no promtool tests under qkwatch/dashboards/prometheus/tests"
     for path in RULE_TESTS:
         assert "SUCCESS" in run_tool(promtool, "test", "rules", str(path))
 

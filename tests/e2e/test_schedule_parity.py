@@ -1,7 +1,7 @@
 """One schedule: the agent's local entropy-floor lambdas equal the collector's for the same entropies.
 
 The trainer applies the collector's lambdas when it answers and the agent's own when it does not
-(``agent.lambdas``); both run ``monitor.scheduling`` with the run's ``"schedule"`` parameters. Here
+(``agent.lambdas``); both run ``contract.scheduling`` with the run's ``"schedule"`` parameters. Here
 the same reports go to a real collector and into the agent's ``Lambdas``, and the two vectors must
 agree to the last bit of a float, before and after the EMA has moved, including a layer that
 never reported (no evidence: 0) and a NaN entropy (ignored by both).
@@ -15,7 +15,7 @@ import random
 import pytest
 
 from qkwatch.agent.lambdas import Lambdas
-from qkwatch.monitor.scheduling import ScheduleConfig, entropy_floor
+from qkwatch.contract.scheduling import ScheduleConfig, entropy_floor
 from tests.live import LiveCollector
 
 N_LAYERS = 6

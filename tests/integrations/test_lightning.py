@@ -14,8 +14,8 @@ from pathlib import Path
 import lightning.pytorch as L
 import pytest
 
+from qkwatch.contract.values import clean_metric_name as metric_name
 from qkwatch.integrations.lightning import QKWatchCallback
-from qkwatch.monitor.wire import clean_metric_name as metric_name
 from tests.integrations.lightning_tiny import TinyLM, loader, trainer
 from tests.live import ROOT, LiveCollector
 

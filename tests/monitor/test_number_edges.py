@@ -12,10 +12,10 @@ import uuid
 import httpx
 import pytest
 
+from qkwatch.contract.scheduling import ScheduleConfig, check_override
+from qkwatch.contract.thresholds import Thresholds
+from qkwatch.contract.values import decode_value
 from qkwatch.monitor.alerting.rules import RuleSet
-from qkwatch.monitor.scheduling import ScheduleConfig, check_override
-from qkwatch.monitor.thresholds import Thresholds
-from qkwatch.monitor.wire import decode_value
 from tests.monitor.test_serve import serve
 
 pytestmark = pytest.mark.slow

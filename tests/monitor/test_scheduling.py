@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from qkwatch.monitor.scheduling import (
+from qkwatch.contract.scheduling import (
     ScheduleConfig,
     apply_overrides,
     check_override,

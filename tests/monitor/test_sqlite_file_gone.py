@@ -23,10 +23,10 @@ from qkwatch.agent.disk_spool import Spool
 from qkwatch.agent.health import Health
 from qkwatch.agent.shipper import Sender
 from qkwatch.agent.transport import HttpTransport
+from qkwatch.contract.wire import RunCreate
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import upgrade
 from qkwatch.monitor.store.store import Store
-from qkwatch.monitor.wire import RunCreate
 from tests.live import LiveCollector
 
 pytestmark = pytest.mark.slow

@@ -11,17 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from qkwatch.monitor.scheduling import ScheduleConfig
-from qkwatch.monitor.wire import (
-    MAX_LAYERS,
-    OverridesPut,
-    Report,
-    ReportBatch,
-    RunConfig,
-    RunCreate,
-    decode_value,
-    encode_value,
-)
+from qkwatch.contract.scheduling import ScheduleConfig
+from qkwatch.contract.values import MAX_LAYERS, decode_value, encode_value
+from qkwatch.contract.wire import OverridesPut, Report, ReportBatch, RunConfig, RunCreate
 
 
 @pytest.mark.parametrize(

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
 from qkwatch.monitor.alerting.rules import MEMORY_MAX, ForecastRule, GrowthRule, RuleSet, ThresholdRule
-from qkwatch.monitor.thresholds import COLLAPSE_THRESHOLD
 
 GOOD = {"name": "r", "metric": "qkai", "op": ">", "threshold": 0.7, "for_reports": 2, "severity": "warning"}
 GROWTH = {"name": "g", "kind": "growth", "metric": "logit_max", "factor": 3.0, "baseline_reports": 5}
 FORECAST = {"name": "f", "kind": "forecast", "metric": "qkai", "op": ">", "window": 8, "horizon_steps": 500}
-DETECTORS = Path(__file__).resolve().parents[3] / "dashboards" / "rules" / "detectors.yml"
+DETECTORS = Path(__file__).resolve().parents[3] / "qkwatch" / "dashboards" / "rules" / "detectors.yml"
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.monitor.conftest import report
 
-DETECTORS = Path(__file__).resolve().parents[3] / "dashboards" / "rules" / "detectors.yml"
+DETECTORS = Path(__file__).resolve().parents[3] / "qkwatch" / "dashboards" / "rules" / "detectors.yml"
 
 
 def qkai_reports(start: int, rows: list[list[float]]) -> list[dict]:

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from qkwatch.monitor.scheduling import ScheduleConfig
+from qkwatch.contract.scheduling import ScheduleConfig
 from tests.monitor.conftest import report
 
 

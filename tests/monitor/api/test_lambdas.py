@@ -9,7 +9,7 @@ import math
 import pytest
 import sqlalchemy as sa
 
-from qkwatch.monitor.scheduling import ScheduleConfig, entropy_floor
+from qkwatch.contract.scheduling import ScheduleConfig, entropy_floor
 from qkwatch.monitor.store import models as m
 from tests.monitor.conftest import report
 

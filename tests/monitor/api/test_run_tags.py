@@ -9,8 +9,8 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
+from qkwatch.contract.values import MAX_NOTES_BYTES, MAX_TAGS
 from qkwatch.monitor.store import models as m
-from qkwatch.monitor.wire import MAX_NOTES_BYTES, MAX_TAGS
 from tests.monitor.conftest import Harness, report
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from qkwatch.monitor.scheduling import ScheduleConfig
+from qkwatch.contract.scheduling import ScheduleConfig
 from qkwatch.monitor.store.lambdas import Entropy, advance_entropies
 
 CFG = ScheduleConfig(ema=0.5)

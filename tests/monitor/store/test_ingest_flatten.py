@@ -10,9 +10,10 @@ import uuid
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qkwatch.contract.values import decode_value
+from qkwatch.contract.wire import ReportBatch
 from qkwatch.monitor.store import frames, ingest, sql
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR
-from qkwatch.monitor.wire import ReportBatch, decode_value
 
 
 def reference_flatten(batch: ReportBatch) -> ingest.FlatBatch:

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from qkwatch.contract.wire import ReportBatch, RunCreate
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store import ingest, lifecycle
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import NotFound, Store
-from qkwatch.monitor.wire import ReportBatch, RunCreate
 from tests.conftest import missing_service
 from tests.monitor.conftest import PG_ADMIN_URL, _fresh_database, _pg_admin
 

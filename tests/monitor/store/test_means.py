@@ -1,4 +1,4 @@
-"""Bucket means (``monitor/store/means.py``) against exact answers: finite for huge finite values,
+"""Bucket means (``qkwatch/monitor/store/means.py``) against exact answers: finite for huge finite values,
 IEEE for infinities, and the plain mean for values of ordinary size."""
 
 from __future__ import annotations

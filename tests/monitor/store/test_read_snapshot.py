@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from qkwatch.contract.wire import ReportBatch, RunCreate
 from qkwatch.monitor.alerting.rules import RuleSet
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
-from qkwatch.monitor.wire import ReportBatch, RunCreate
 
 
 @pytest.fixture

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from dashboards import generate
+from qkwatch.contract.thresholds import Thresholds
+from qkwatch.dashboards import generate
 from qkwatch.monitor import colour_scale
 from qkwatch.monitor.main import create_app
 from qkwatch.monitor.report_figures import threshold_scale
-from qkwatch.monitor.thresholds import Thresholds
 from tests.live import ROOT, LiveCollector
 from tests.monitor.conftest import make_settings
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size
@@ -285,13 +285,13 @@ def test_the_page_follows_new_reports_without_a_reload(collector: LiveCollector,
 
 
 def test_the_strip_shows_every_kind_of_alert_with_its_summary(tmp_path: Path) -> None:
-    """With the candidate detectors (dashboards/rules/detectors.yml), reports every 10 steps from step 5:
+    """With the candidate detectors (qkwatch/dashboards/rules/detectors.yml), reports every 10 steps from step 5:
     layer 1's QKAI rises 0.001 per step from 0.3 (crossing 0.70 at step 400; the forecast's 24 reports
     say so from step 305), layer 2's largest logit jumps to 4x its early value at step 155,
     layer 3's stable rank falls below 1.2 from step 125. The strip shows each alert with the summary that says why; the
     forecast's row names its predicted crossing step."""
     need_chromium()
-    rules = ROOT / "dashboards" / "rules" / "detectors.yml"
+    rules = ROOT / "qkwatch" / "dashboards" / "rules" / "detectors.yml"
     with LiveCollector(tmp_path, None, "--rules", str(rules)) as live:
         client = live.client()
         run = client.create_run("demo", "trouble", {"n_layers": 4})

@@ -1,0 +1,89 @@
+"""The in-process agent: attach to a transformer, measure its attention geometry cheaply, ship it
+without ever blocking a step or losing a report, and read the per-layer lambdas back.
+
+    import qkwatch
+    with qkwatch.attach(model, project="p", run="r1") as a:     # qkwatch.attach is this package's attach
+        for step in range(steps):
+            a.step(step)
+            ...
+
+The heavy modules load on first use, so ``import qkwatch.agent`` (and the ``qkwatch`` command) stay light.
+The trainer meets the agent here and in :mod:`qkwatch.agent.metrics` only (``qkwatch/trainer/monitoring.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers
+    from torch import nn
+
+    from qkwatch.agent.adapters import Site
+    from qkwatch.agent.agent import Agent
+    from qkwatch.agent.layouts import Layout
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "Layout",
+    "Mapping",
+    "ScheduleConfig",
+    "Site",
+    "attach",
+    "exception_reason",
+    "find_sites",
+]
+
+
+def attach(model: Any, **kwargs: Any) -> Any:
+    """See :func:`qkwatch.agent.agent.attach`."""
+    from qkwatch.agent.agent import attach as _attach
+
+    return _attach(model, **kwargs)
+
+
+def exception_reason(exc: BaseException) -> str:
+    """See :func:`qkwatch.agent.agent.exception_reason`: the status reason a run that raised reports."""
+    from qkwatch.agent.agent import exception_reason as _exception_reason
+
+    return _exception_reason(exc)
+
+
+def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
+    """The attention layers of ``model`` the agent measures, in layer order, found as :func:`attach` finds them.
+
+    Each :class:`Site` gives the layer's per-head ``wq (H, D, hs)`` and ``wk (G, D, hs)`` through
+    ``site.weights()``: views of the model's own parameters, so a loss built on them
+    (``qkwatch.raa.par_loss``) reaches the projections' gradients. See
+    :func:`qkwatch.agent.adapters.find_sites`.
+
+    Raises:
+        qkwatch.agent.adapters.AdapterError: no attention found, or a layout that does not fit.
+    """
+    from qkwatch.agent.adapters import find_sites as _find_sites
+
+    return _find_sites(model, layout)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Agent":
+        from qkwatch.agent.agent import Agent
+
+        return Agent
+    if name == "AgentConfig":
+        from qkwatch.agent.config import AgentConfig
+
+        return AgentConfig
+    if name == "ScheduleConfig":  # the entropy-floor schedule's parameters, shared with the collector
+        from qkwatch.contract.scheduling import ScheduleConfig
+
+        return ScheduleConfig
+    if name == "Site":  # one attention layer as the agent sees it (weights, tap, head counts)
+        from qkwatch.agent.adapters import Site
+
+        return Site
+    if name in ("Layout", "Mapping"):  # Mapping: the older name of an explicit layout
+        from qkwatch.agent.layouts import Layout
+
+        return Layout
+    raise AttributeError(f"module 'qkwatch.agent' has no attribute {name!r}")
