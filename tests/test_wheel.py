@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BARE = ("agent", "monitor", "trainer")
+BARE = ("agent", "monitor", "trainer", "dashboards")
 
 
 def tree_files() -> list[str]:
@@ -127,6 +127,15 @@ def test_the_wheel_holds_only_the_qkwatch_package(wheel: Path) -> None:
         "qkwatch/monitor/store/migrations/script.py.mako",
         "qkwatch/trainer/__main__.py",
         "qkwatch/monitor/store/migrations/versions/0001_initial_schema.py",
+        "qkwatch/contract/wire.py",
+        # the dashboards and rules, package data (what `qkwatch dashboards push` and the compose file read)
+        "qkwatch/dashboards/grafana/dashboards/run.json",
+        "qkwatch/dashboards/grafana/provisioning/dashboards/qkwatch.yml",
+        "qkwatch/dashboards/grafana/postgres/10-qkwatch-grafana-role.sh",
+        "qkwatch/dashboards/prometheus/rules/qkwatch.yml",
+        "qkwatch/dashboards/prometheus/qkwatch.yml.template",
+        "qkwatch/dashboards/rules/detectors.yml",
+        "qkwatch/dashboards/alertmanager/alertmanager.yml",
     ):
         assert needed in names, needed
 
@@ -136,6 +145,7 @@ def test_import_qkwatch_comes_from_the_wheel_and_nothing_bare_is_installed(venv:
         venv,
         (
             "import importlib.util, sys, qkwatch, qkwatch.agent, qkwatch.monitor.main, qkwatch.trainer.train\n"
+            "import qkwatch.dashboards.generate\n"
             "print(qkwatch.__file__)\n"
             f"print([n for n in {BARE!r} if importlib.util.find_spec(n) is not None])\n"
             "print(qkwatch.attach.__module__, qkwatch.Client.__module__)\n"

@@ -32,7 +32,7 @@ PROMETHEUS_UID = "qkwatch-prometheus"
 POSTGRES_TYPE = "grafana-postgresql-datasource"
 GRAFANA_ROLE = "qkwatch_grafana"
 """The read-only role that migration 0004 creates on PostgreSQL (SELECT on the qkwatch_*_v views only)."""
-DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "qkwatch" / "dashboards" / "grafana" / "dashboards"
+DASHBOARDS_DIR = Path(__file__).resolve().parents[1] / "dashboards" / "grafana" / "dashboards"
 """The dashboards shipped inside the package (package data); ``QKWATCH_DASHBOARDS_DIR`` or ``--dir`` for others."""
 
 

@@ -299,5 +299,5 @@ def test_an_unanswerable_query_raises_naming_the_problem(c, project):
 
 
 def test_the_client_module_needs_no_pandas():
-    code = "import sys; sys.modules['pandas'] = None; import monitor.client"
+    code = "import sys; sys.modules['pandas'] = None; import qkwatch.monitor.client"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
