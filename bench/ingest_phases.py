@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.ingest import database, report_bodies
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import events, ingest, lambdas
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import upgrade

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from bench.ingest import database
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import ingest, runs
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.metric_names import ids_for_batch

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.raa_overhead [--model gpt24|collapse_cpu] [--rounds 6] [--steps 3] [--threads 1]
 
 One process builds the GPTs of the variants from the same seed and trains them in turn, a few full
-optimizer steps each per round (forward, loss, backward, clipping, AdamW: ``trainer.train.train_step``),
+optimizer steps each per round (forward, loss, backward, clipping, AdamW: ``trainer.step.train_step``),
 the order shuffled every round, so that a busy machine slows all of them alike. Models:
 
 * ``gpt24`` (default): 24 layers, ``--d-model`` wide (heads of 64), the band of seed 000 (layers
@@ -44,9 +44,11 @@ import torch
 from qkwatch.trainer import recipes
 from qkwatch.trainer.config import TrainConfig
 from qkwatch.trainer.interventions import InterventionConfig
-from qkwatch.trainer.model import ModelConfig
+from qkwatch.trainer.model_config import ModelConfig
 from qkwatch.trainer.parallelize import init_distributed
-from qkwatch.trainer.train import apply_lambdas, setup, train_step
+from qkwatch.trainer.run_setup import setup
+from qkwatch.trainer.step import train_step
+from qkwatch.trainer.train import apply_lambdas
 
 BANDS = {"gpt24": range(9, 16), "collapse_cpu": range(3, 6)}
 

@@ -33,7 +33,7 @@ import yaml
 from experiments import instability_report
 from experiments.common import ROOT, Campaign, RunSpec, load, log, save
 from qkwatch.monitor import backtest
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.backtest import RuleScore, RunHistory, summarize
 from qkwatch.monitor.client import Client
 from qkwatch.monitor.outcomes import Outcome, OutcomeRule, label

@@ -211,3 +211,39 @@ def test_every_module_of_the_packages_has_a_row() -> None:
     modules = [p for p in (ROOT / "qkwatch").rglob("*.py") if p.name != "__init__.py" or p.parent == ROOT / "qkwatch"]
     missing = sorted(str(p.relative_to(ROOT)) for p in modules if p.resolve() not in cited_files(page))
     assert not missing, f"docs/architecture.md says nothing of {missing}"
+
+
+def tree_block(page: Path) -> list[str]:
+    """The lines of the page's drawing of the package (the fenced block that starts ``qkwatch/``)."""
+    lines, inside, found = page.read_text().splitlines(), False, []
+    for line in lines:
+        if line.startswith("```"):
+            if inside:
+                break
+            inside = False
+            continue
+        if line.strip() == "qkwatch/" and not found:
+            inside = True
+        if inside:
+            found.append(line)
+    return found
+
+
+def test_the_package_tree_names_every_package_and_only_real_ones() -> None:
+    """docs/architecture.md draws ``qkwatch/``: every folder it names there exists, and every package
+    under ``qkwatch/`` (a folder with an ``__init__.py``) is named on the page: in the drawing (by
+    its path below ``qkwatch/``, ``agent/metrics/``) or by its whole path (``qkwatch/agent/metrics/``)."""
+    page = ROOT / "docs" / "architecture.md"
+    drawn = tree_block(page)
+    assert drawn, "docs/architecture.md has no drawing of qkwatch/"
+    folders = [m.group(1) for line in drawn[1:] if (m := re.match(r"^\s+([\w/]+)/", line))]
+    assert folders, drawn
+    assert [f for f in folders if not (ROOT / "qkwatch" / f).is_dir()] == []
+    text = page.read_text()
+    packages = sorted(p.parent.relative_to(ROOT) for p in (ROOT / "qkwatch").rglob("__init__.py"))
+    unnamed = [
+        str(p)
+        for p in packages
+        if p != Path("qkwatch") and "/".join(p.parts[1:]) not in folders and f"{p}/" not in text
+    ]
+    assert not unnamed, f"docs/architecture.md names no package {unnamed}"

@@ -30,7 +30,7 @@ from qkwatch.contract.scheduling import ScheduleConfig
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, ENV, H_STAR, Thresholds, as_text
 from qkwatch.dashboards import generate
 from qkwatch.monitor import colour_scale
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.main import load_rules
 from qkwatch.monitor.settings import Settings
 from tests.conftest import missing_service
@@ -289,7 +289,7 @@ LITERAL_VALUES = {COLLAPSE_THRESHOLD, H_STAR}
 LITERAL_TEXT = re.compile(r"(?<![\w.])0?\.(?:70*|850*)(?![\w%])")  # not 0.705, 10.7, 0.85rem
 HOME = "qkwatch/contract/thresholds.py"
 ALLOWED = {
-    ("qkwatch/dashboards/grafana/boards.py", '"groupWidth": 0.7'): "a bar chart's width, a fraction of its slot",
+    ("qkwatch/dashboards/grafana/runs_board.py", '"groupWidth": 0.7'): "a bar chart's width, a fraction of its slot",
 }
 """(file, text of the line): uses of 0.7 or 0.85 that mean neither the threshold nor H*."""
 

@@ -12,11 +12,11 @@ Per optimizer step the loop calls, in this order::
                                 # (status="finished"; "crashed" with a reason on an exception)
 
 On a report step, the forward fills the probe; the next ``step`` call (or ``close``) packs every
-value of the report into one tensor and copies it to the host once (``agent.report``). On the
-CPU the report is written to the spool right there (a few microseconds, one ``write``); on a GPU
-a host-copy thread waits for the copy and writes it (``agent.host_copy``), so the step never waits
-for the device. A sender thread delivers the spool (``agent.shipper``); the step never waits for
-the network either.
+value of the report into one tensor (``agent.assembly``, with ``agent.report``) and copies it to the
+host once. On the CPU the report is written to the spool right there (a few microseconds, one
+``write``); on a GPU a host-copy thread waits for the copy and writes it (``agent.delivery``, with
+``agent.host_copy``), so the step never waits for the device. A sender thread delivers the spool
+(``agent.shipper``); the step never waits for the network either.
 
 The parts, each configured by its own section of :class:`qkwatch.agent.config.AgentConfig`: the probe
 (``agent.probe``), the spool (``agent.disk_spool``), the sender, the lambdas and their poller
@@ -27,7 +27,6 @@ The parts, each configured by its own section of :class:`qkwatch.agent.config.Ag
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -39,33 +38,36 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from qkwatch.agent.adapters import Site, find_sites
+from qkwatch.agent.assembly import ReportAssembly
 from qkwatch.agent.config import AgentConfig
-from qkwatch.agent.disk_spool import encode_record
 from qkwatch.agent.forks import track as track_forks
-from qkwatch.agent.health import DropNotes, Health, Overhead, health_scalars
-from qkwatch.agent.host_copy import HostCopyWriter, start_host_copy
+from qkwatch.agent.health import DropNotes, Health, Overhead
+from qkwatch.agent.host_copy import HostCopyWriter
 from qkwatch.agent.identity import RunIdentity
 from qkwatch.agent.lambdas import fetch_first
 from qkwatch.agent.layouts import Layout
-from qkwatch.agent.probe import Capture, Plan
-from qkwatch.agent.report import Packed, Packer, encode, encode_logged, missing_layers_event
+from qkwatch.agent.probe import Plan
 from qkwatch.agent.transport import HttpTransport, transports
 from qkwatch.contract.names import rank_suffix
 from qkwatch.contract.values import clean_metric_name
-from qkwatch.contract.wire import STATUS_REASON_MAX, RunConfig
+from qkwatch.contract.wire import RunConfig
 
 logger = logging.getLogger(__name__)
 
 INITIAL_FETCH_SECONDS = 2.0
+"""How long attach() may spend getting the run's lambdas before the first step (collector up)."""
 MAX_LOGGED_STEPS = 256
 """At most this many steps of logged scalars wait for the next report; beyond, they ship on their own."""
-"""How long attach() may spend getting the run's lambdas before the first step (collector up)."""
 END_STATUSES = ("finished", "crashed")
 """What ``close(status=...)`` may say about how the run ended (None: say nothing)."""
 
 
-class Agent:
-    """Measures, spools and ships; reads lambdas back. Build it with :func:`attach`."""
+class Agent(ReportAssembly):
+    """Measures, spools and ships; reads lambdas back. Build it with :func:`attach`.
+
+    Its report of a step is assembled by :class:`~qkwatch.agent.assembly.ReportAssembly` and
+    delivered to the spool by :class:`~qkwatch.agent.delivery.ReportDelivery`, its bases.
+    """
 
     def __init__(self, model: nn.Module, cfg: AgentConfig, sites: list[Site]):
         self.cfg = cfg
@@ -121,12 +123,6 @@ class Agent:
     def run(self) -> str:
         """The run's name."""
         return self.identity.name
-
-    @property
-    def attempt_key(self) -> str:
-        key = self.identity.attempt_key
-        assert key is not None, "RunIdentity.agree() always makes one"
-        return key
 
     # --- the training loop's calls -----------------------------------------------------------
 
@@ -280,147 +276,6 @@ class Agent:
         """In a forked child (a DataLoader worker): threads did not survive, the spool is the parent's."""
         self._inert = True
 
-    # --- reports ------------------------------------------------------------------------------
-
-    def _finish_report(self) -> None:
-        """Pack the report of the planned step (training thread) and start its copy to the host."""
-        plan = self._plan or Plan(self._step)
-        self.probe.measure_weights_now(plan)
-        capture = self.probe.disarm()
-        self._plan = None
-        packer = Packer()
-        packer.metrics(capture.layers, capture.heads)
-        for name, value in self._logged.pop(plan.step, {}).items():
-            packer.scalar(name, value)
-        self._logged_at.pop(plan.step, None)
-        self._pack_logged(packer)
-        for name, value in self._take_logged(self._layer_values, plan.step):
-            packer.layer_values(name, value)
-        if self.rank == 0 and plan.step in self._applied and not packer.has_layer_values("lambda"):
-            packer.layer_values("lambda", self._applied[plan.step])
-        for name, value in self._health_scalars().items():
-            packer.scalar(name, value)
-        self._ship(packer.pack(plan.step, self._plan_time or time.time(), self._events(plan, capture)))
-
-    def _flush_logged(self) -> None:
-        """Ship the scalars of many steps without a report (a long report cadence), bounding what waits."""
-        packer = Packer()
-        self._pack_logged(packer)
-        self._ship(packer.pack(self._step, time.time(), [], main=False))
-
-    def _pack_logged(self, packer: Packer) -> None:
-        """Every step's logged scalars that have not gone yet, each for a report of its own step."""
-        for step, scalars in self._logged.items():
-            packer.logged(step, self._logged_at.get(step, time.time()), scalars)
-        self._logged.clear()
-        self._logged_at.clear()
-
-    def _ship(self, packed: Packed) -> None:
-        """Start the pack's copy to the host; spool it now (CPU) or once the copy is done (GPU)."""
-        packed.values, packed.ready = start_host_copy(packed.values)
-        if packed.ready is None:
-            self._write_report(packed)
-            return
-        if self._host_copy is None:
-            self._host_copy = HostCopyWriter(self._write_report, self._append_status)
-        if not self._host_copy.put(packed):
-            # the step never waits: counted like the spool caps' drops, a report per step it held
-            self.spool.count_dropped(len(packed.logged_times) + int(packed.main))
-
-    def _take_logged(self, logged: dict[str, tuple[int, Any]], step: int) -> list[tuple[str, Any]]:
-        """The values logged for ``step`` (at close: every value left), taken out of ``logged``."""
-        taken = []
-        for name, (logged_step, value) in list(logged.items()):
-            if logged_step == step or self._closed:
-                del logged[name]
-                taken.append((name, value))
-        return taken
-
-    def _write_report(self, packed: Packed) -> None:
-        """Host side: encode the report, spool it, feed the local schedule (the training or host-copy thread).
-
-        Room is made in the spool before the report's own count of dropped reports is set, so the
-        count it carries includes every drop made to fit it.
-        """
-        report = encode(packed, self.n_layers) if packed.main else None
-        self._spool_reports(encode_logged(packed), report)
-        if report is None:
-            return
-        entropy = report["layers"].get("attn_entropy")
-        if entropy:
-            self.lambdas_state.observe(
-                {i: float(v) for i, v in enumerate(entropy) if isinstance(v, float) and i in self.owned}
-            )
-
-    def _spool_reports(self, logged: list[dict[str, Any]], report: dict[str, Any] | None) -> None:
-        """The scalar-only reports of earlier steps, then the report (if any), in one write.
-
-        Room is made once for all of them; the report's drop count is set after it, so it includes
-        every drop made to fit them (the report's size is counted before the count is added: the
-        256 bytes a record are the margin).
-        """
-        records = [encode_record({"attempt_key": self.attempt_key, "report": r}) for r in logged]
-        incoming = sum(len(r) + 256 for r in records)
-        if report is not None:
-            incoming += len(json.dumps(report)) + 256
-        if not records and report is None:
-            return
-        self.spool.make_room(incoming)
-        if report is not None:
-            self._drops.note(report, self.spool.dropped)
-            records.append(encode_record({"attempt_key": self.attempt_key, "report": report}))
-        self.spool.append_encoded(records)
-        self.health.written += len(records)
-        self.sender.notify()
-
-    def _health_scalars(self) -> dict[str, float]:
-        out = health_scalars(
-            self.health,
-            spool_bytes=self.spool.bytes_pending(),
-            overhead=self._overhead.take_mean(),
-            suffix=self._suffix,
-        )
-        if self.rank == 0:
-            out["lambda_source"] = 0.0 if self.lambdas_state.source == "collector" else 1.0
-            out["lambda_version"] = float(self.lambdas_state.version)
-        return out
-
-    def _events(self, plan: Plan, capture: Capture) -> list[dict[str, Any]]:
-        events = self.lambdas_state.take_events()  # clipped or refused collector lambdas (rank 0 fetches)
-        if self._first_report and (plan.weights or plan.activations):
-            self._first_report = False
-            missing = sorted(
-                (set(self.owned) - capture.weights_seen if plan.weights else set())
-                | (set(self.owned) - capture.activations_seen if plan.activations else set())
-            )
-            if missing:
-                names = [self.sites[i].name for i in missing]
-                event = missing_layers_event(missing, names, self.rank, self.world, plan.step)
-                logger.warning("qkwatch: %s", event["message"])
-                events.append(event)
-        return events
-
-    def _spool_status(self, status: str | None, reason: str | None, deadline: float) -> None:
-        """Spool how the run ended as the record after the last report (in order through the GPU host-copy thread)."""
-        if status is None or (status == "finished" and self.rank != 0):
-            return
-        end: dict[str, Any] = {"status": status}
-        if reason and reason.strip():
-            end["reason"] = _bounded(reason.strip())
-        record = {"attempt_key": self.attempt_key, "status": end}
-        if self._host_copy is not None:
-            self._host_copy.put_status(record, deadline - time.monotonic())
-        else:
-            self._append_status(record)
-
-    def _append_status(self, record: dict[str, Any]) -> None:
-        try:
-            self.spool.append(record)
-        except (OSError, ValueError) as exc:
-            logger.warning("qkwatch: could not spool the run's status %s: %s", record["status"], exc)
-            return
-        self.sender.notify()
-
     # --- setup --------------------------------------------------------------------------------
 
     def _fetch_first_lambdas(self, url: str) -> None:
@@ -497,10 +352,6 @@ def exception_reason(exc: BaseException) -> str:
     """``"RuntimeError: <message>"`` (first line), the status reason of a run that raised."""
     message = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
-
-
-def _bounded(reason: str) -> str:
-    return reason if len(reason) <= STATUS_REASON_MAX else reason[: STATUS_REASON_MAX - 3] + "..."
 
 
 def _distributed() -> bool:

@@ -6,7 +6,7 @@ is pure and takes histories as data, so a history may also be built by hand.
 
 **The replay is the collector's own code.** Each report goes through
 :func:`qkwatch.monitor.alerting.evaluator.evaluate_batch` (and so through
-:func:`qkwatch.monitor.alerting.rules.evaluate`) as a batch of its own, in (attempt, step) order,
+:func:`qkwatch.monitor.alerting.transitions.evaluate`) as a batch of its own, in (attempt, step) order,
 against an in-memory :class:`~qkwatch.monitor.alerting.evaluator.AlertLedger`: the rule state
 round-trips through the ledger between reports exactly as it does through the store between
 batches, so a rule kind the collector can evaluate is replayed without this module knowing of
@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from qkwatch.monitor.alerting.evaluator import StateKey, StoredState, end_of_run, evaluate_batch
-from qkwatch.monitor.alerting.rules import ReportValues, RuleSet, Transition
+from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.monitor.alerting.transitions import ReportValues, Transition
 from qkwatch.monitor.outcomes import OutcomeRule, label
 
 if TYPE_CHECKING:

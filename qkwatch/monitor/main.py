@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkwatch.monitor.alerting.notifier import Notifier
-from qkwatch.monitor.alerting.rules import RuleSet, with_webhooks
+from qkwatch.monitor.alerting.ruleset import RuleSet, with_webhooks
 from qkwatch.monitor.api import alerts, lambdas, queries, reports, runs
 from qkwatch.monitor.api.deps import Principal, RateLimiter, metrics_viewer
 from qkwatch.monitor.api.limits import BodyLimitMiddleware

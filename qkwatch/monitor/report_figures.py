@@ -1,8 +1,8 @@
 """The figures of ``qkwatch report``: plotly figure dicts drawn from :class:`RunData`, the runs as read.
 
-Band heatmaps on one colour scale per metric across runs (QKAI's breaks at the collapse threshold,
-as on the live page), QKAI per layer over steps, the latest QKAI per layer, the loss and the
-lambdas. Pure: dicts in, dicts out; ``monitor.report`` reads the collector and lays the page out.
+Band heatmaps on one colour scale per metric across runs (QKAI's breaks at the collapse threshold, as on
+the live page), QKAI per layer over steps, the latest QKAI per layer, the loss and the lambdas. Pure: dicts
+in, dicts out; ``monitor.report_data`` reads the collector and ``monitor.report_html`` lays the page out.
 """
 
 from __future__ import annotations

@@ -183,7 +183,8 @@ def export_model(model: GPT, path: str | Path, *, meta: dict[str, Any] | None = 
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> GPT:
     """The GPT of a qkwatch-gpt file, in eval mode."""
-    from qkwatch.trainer.model import GPT, ModelConfig
+    from qkwatch.trainer.model import GPT
+    from qkwatch.trainer.model_config import ModelConfig
 
     payload = torch.load(path, map_location=device, weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

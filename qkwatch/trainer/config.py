@@ -19,7 +19,7 @@ from qkwatch.trainer.checkpoint import CheckpointConfig
 from qkwatch.trainer.data import DataConfig
 from qkwatch.trainer.init import InitConfig
 from qkwatch.trainer.interventions import InterventionConfig
-from qkwatch.trainer.model import ModelConfig
+from qkwatch.trainer.model_config import ModelConfig
 from qkwatch.trainer.optim import OptimConfig
 from qkwatch.trainer.parallelize import ParallelConfig
 from qkwatch.trainer.raa import RAAConfig

@@ -77,7 +77,8 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loa
     elif path.is_dir():
         run_dir, step_dir = _run_and_step_dirs(path)
         cfg = json.loads((run_dir / "config.json").read_text())
-        from qkwatch.trainer.model import GPT, ModelConfig
+        from qkwatch.trainer.model import GPT
+        from qkwatch.trainer.model_config import ModelConfig
 
         model = GPT(ModelConfig(**cfg["model"]))
         step = load_model_state(step_dir, model)

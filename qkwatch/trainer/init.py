@@ -38,7 +38,9 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from qkwatch.trainer.model import GPT, ModelConfig, SigmaReparamLinear
+from qkwatch.trainer.model import GPT
+from qkwatch.trainer.model_config import ModelConfig
+from qkwatch.trainer.normalisation import SigmaReparamLinear
 
 POWER_ITERATIONS_AT_INIT = 50
 """sigma-Reparam's estimate at initialisation; training then adds one iteration per step."""

@@ -63,7 +63,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from qkwatch.agent.metrics import column_alignment, principal_overlap, split_heads
 from qkwatch.trainer.init import full_tensor, generator
-from qkwatch.trainer.model import GPT, Attention, effective_weight
+from qkwatch.trainer.model import GPT, Attention
+from qkwatch.trainer.normalisation import effective_weight
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ The seams other parts rely on (the agent's adapter, ``qkwatch analyze``, RAA):
 
 * ``GPT.blocks[i].attn`` is an :class:`Attention` with ``nn.Linear`` ``q_proj``, ``k_proj``,
   ``v_proj``, ``o_proj`` and attributes ``n_heads``, ``n_kv_heads``, ``d_head``.
-* ``Attention.key_rotation`` is RAA's Householder rotation (``vectors``: ``(n_kv_heads, p, d_head)``),
+* ``Attention.key_rotation`` is RAA's Householder rotation, a
+  :class:`~qkwatch.trainer.key_rotation.KeyRotation` (``vectors``: ``(n_kv_heads, p, d_head)``),
   or None. It is folded into the key projection (``k = R_g W_k x``, then RoPE): the effective key
   map of docs/metrics.md, ``Wk_h R_h^T`` in math layout, costs weight-sized work instead of passes over
   every key.
@@ -31,145 +32,26 @@ The seams other parts rely on (the agent's adapter, ``qkwatch analyze``, RAA):
   inside the forward, where FSDP2 has the weights unsharded, and returned with the block's output
   so that its gradient reaches the shards (RAA's PAR lives there).
 
-This module knows nothing of sharding, RAA's schedule or initialisation regimes: ``parallelize``,
-``raa`` and ``init`` do those.
+Its building blocks live in modules of their own: ``model_config`` (:class:`ModelConfig`),
+``normalisation`` (``RMSNorm``, ``SigmaReparamLinear``), ``rope`` and ``key_rotation``. This module
+knows nothing of sharding, RAA's schedule or initialisation regimes: ``parallelize``, ``raa`` and
+``init`` do those.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkwatch.agent.metrics import householder
-
-VARIANTS = ("vanilla", "qk_norm", "sigma_reparam", "deepnorm", "rezero", "outlier_removed")
-ATTENTION_PATHS = ("auto", "sdpa", "explicit")
-POSITIONS = ("rope", "learned")
-
-
-@dataclass
-class ModelConfig:
-    """Shape and variant of the GPT. ``None`` fields are derived (see :meth:`resolved`)."""
-
-    vocab_size: int = 256
-    """Tokens in the vocabulary; 256 for the byte-level tokenizer."""
-    n_layers: int = 4
-    """Transformer blocks."""
-    n_heads: int = 4
-    """Query heads per layer."""
-    n_kv_heads: int | None = None
-    """Key/value heads (grouped-query attention); None = n_heads. Must divide n_heads."""
-    d_model: int = 256
-    """Width of the residual stream."""
-    d_head: int | None = None
-    """Width of one head; None = d_model // n_heads."""
-    d_mlp: int | None = None
-    """Hidden width of the MLP; None = 4 * d_model."""
-    max_seq_len: int = 128
-    """Longest sequence the model takes (RoPE cache / learned positions)."""
-    variant: str = "vanilla"
-    """One of vanilla, qk_norm, sigma_reparam, deepnorm, rezero, outlier_removed."""
-    attention: str = "auto"
-    """auto (SDPA, explicit for outlier_removed), sdpa or explicit (materialises A)."""
-    position: str = "rope"
-    """rope, or learned absolute positions (nanoGPT, seed 001)."""
-    rope_theta: float = 10000.0
-    """RoPE base."""
-    bias: bool = False
-    """Biases in the linear layers and LayerNorms (seed 001 uses them)."""
-    tie_embeddings: bool = True
-    """Share the token embedding with the output head."""
-    key_rotation: int = 0
-    """Householder reflections per key head (RAA); 0 = no rotation. Set by RunConfig from raa.*."""
-    norm_eps: float = 1e-5
-    """LayerNorm / RMSNorm epsilon."""
-    init_std: float = 0.02
-    """Standard deviation of the default normal initialisation."""
-
-    def __post_init__(self) -> None:
-        positive = ("vocab_size", "n_layers", "n_heads", "d_model", "max_seq_len")
-        for key in positive:
-            if not isinstance(getattr(self, key), int) or getattr(self, key) <= 0:
-                raise ValueError(f"model.{key} must be a positive integer, got {getattr(self, key)!r}")
-        for key in ("n_kv_heads", "d_head", "d_mlp"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"model.{key} must be a positive integer or None, got {value!r}")
-        _choice("model.variant", self.variant, VARIANTS)
-        _choice("model.attention", self.attention, ATTENTION_PATHS)
-        _choice("model.position", self.position, POSITIONS)
-        n_kv, d_head = self.kv_heads, self.head_dim
-        if self.n_heads % n_kv:
-            raise ValueError(f"model.n_kv_heads={n_kv} must divide model.n_heads={self.n_heads}")
-        if self.d_head is None and self.d_model % self.n_heads:
-            raise ValueError(
-                f"model.d_model={self.d_model} is not a multiple of model.n_heads={self.n_heads}; set d_head"
-            )
-        if d_head > self.d_model:
-            raise ValueError(f"model.d_head={d_head} exceeds model.d_model={self.d_model}")
-        if self.position == "rope" and d_head % 2:
-            raise ValueError(f"model.d_head={d_head} must be even for RoPE")
-        if self.variant == "outlier_removed" and self.attention == "sdpa":
-            raise ValueError(
-                "model.attention=sdpa cannot remove the attention outlier (A is never formed): "
-                "use attention=explicit or auto"
-            )
-        if self.key_rotation < 0 or self.key_rotation % 2:
-            raise ValueError(
-                f"model.key_rotation={self.key_rotation} must be an even number >= 0 "
-                "(pairs of equal reflections make the rotation the identity at initialisation)"
-            )
-        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
-            raise ValueError("model.norm_eps, model.init_std and model.rope_theta must be positive")
-
-    @property
-    def kv_heads(self) -> int:
-        """``n_kv_heads``, derived where it is None."""
-        return self.n_kv_heads or self.n_heads
-
-    @property
-    def head_dim(self) -> int:
-        """``d_head``, derived where it is None."""
-        return self.d_head or self.d_model // self.n_heads
-
-    @property
-    def mlp_dim(self) -> int:
-        """``d_mlp``, derived where it is None."""
-        return self.d_mlp or 4 * self.d_model
-
-    def resolved(self) -> ModelConfig:
-        """A copy with every derived field filled in (what ``GPT.config`` holds)."""
-        attention = self.attention
-        if attention == "auto":
-            attention = "explicit" if self.variant == "outlier_removed" else "sdpa"
-        return dataclasses.replace(
-            self, n_kv_heads=self.kv_heads, d_head=self.head_dim, d_mlp=self.mlp_dim, attention=attention
-        )
-
-    def num_params(self) -> int:
-        """Parameter count without building the model (tied embeddings once; the few scalars and
-        norm gains that qk_norm, sigma_reparam and rezero add are left out)."""
-        c = self
-        d, hs, b = c.d_model, c.head_dim, int(c.bias)
-        width = hs * (2 * c.n_heads + 2 * c.kv_heads)  # q, k, v and o projections
-        attn = d * width + b * (hs * (c.n_heads + 2 * c.kv_heads) + d)
-        mlp = 2 * d * c.mlp_dim + b * (c.mlp_dim + d)
-        norms = 2 * d * (1 + b)
-        block = attn + mlp + norms + c.kv_heads * c.key_rotation * hs
-        emb = c.vocab_size * d * (1 if c.tie_embeddings else 2) + (c.max_seq_len * d if c.position == "learned" else 0)
-        return c.n_layers * block + emb + d * (1 + b)
-
-
-def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+from qkwatch.trainer.key_rotation import KeyRotation
+from qkwatch.trainer.model_config import ModelConfig
+from qkwatch.trainer.normalisation import RMSNorm, SigmaReparamLinear, effective_weight
+from qkwatch.trainer.rope import apply_rope, rope_cache
 
 
 class GPTOutput(NamedTuple):
@@ -179,7 +61,7 @@ class GPTOutput(NamedTuple):
     """Per layer, the weight penalties its attention computed this forward (empty dict: none)."""
 
 
-# --- building blocks ---------------------------------------------------------------------------
+# --- attention ---------------------------------------------------------------------------------
 
 
 class QKTap(nn.Module):
@@ -188,131 +70,6 @@ class QKTap(nn.Module):
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return q, k
 
-
-class SigmaReparamLinear(nn.Linear):
-    """``nn.Linear`` with effective weight ``gamma / sigma(W) * W`` (sigma-Reparam, Zhai et al. 2023).
-
-    ``sigma(W) = u^T W v`` with ``u``, ``v`` from power iteration (no gradient through them; the
-    gradient through ``W`` in ``sigma`` is kept). One iteration per training forward; ``u`` is a
-    persistent buffer so a resumed run continues the same estimate.
-    """
-
-    u: Tensor
-    """``(out,)`` power-iteration vector (a buffer)."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        self.gamma = nn.Parameter(torch.ones(1))
-        self.register_buffer("u", F.normalize(torch.ones(out_features), dim=0))
-
-    @torch.no_grad()
-    def power_iteration(self, n: int = 1) -> None:
-        w = self.weight.float()
-        u = self.u
-        for _ in range(n):
-            v = F.normalize(w.mT @ u, dim=0)  # (in,)
-            u = F.normalize(w @ v, dim=0)  # (out,)
-        self.u.copy_(u)
-
-    def effective_weight(self) -> Tensor:
-        w = self.weight
-        with torch.no_grad():
-            v = F.normalize(w.float().mT @ self.u, dim=0)  # (in,)
-        sigma = self.u @ (w.float() @ v)  # gradient flows through W
-        return w * (self.gamma / sigma).to(w.dtype)
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.training and torch.is_grad_enabled():
-            self.power_iteration()
-        return F.linear(x, self.effective_weight(), self.bias)
-
-
-def effective_weight(linear: nn.Linear) -> Tensor:
-    """The weight the layer really multiplies by (sigma-Reparam's scaled one where that applies)."""
-    return linear.effective_weight() if isinstance(linear, SigmaReparamLinear) else linear.weight
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-class KeyRotation(nn.Module):
-    """RAA's per-head Householder key rotation ``R_g = H_1 ... H_p``, ``H_i = I - 2 v_i v_i^T / |v_i|^2``.
-
-    Orthogonal by construction (norms of keys are preserved). ``p`` is even and the vectors come in
-    equal pairs at initialisation (``H(v) H(v) = I``), so the rotation starts as the identity.
-    """
-
-    def __init__(self, n_kv_heads: int, reflections: int, d_head: int) -> None:
-        super().__init__()
-        self.vectors = nn.Parameter(torch.empty(n_kv_heads, reflections, d_head))
-
-    def matrix(self) -> Tensor:
-        """``(n_kv_heads, d_head, d_head)`` rotation in float32 (applied to a key column as ``R @ k``)."""
-        return householder(self.vectors.float())
-
-    def wy(self) -> tuple[Tensor, Tensor]:
-        """Compact WY form ``R = H_1 ... H_p = I - V^T T V``, returned as ``(V, T^T V)``.
-
-        ``V (G, p, d)`` holds the reflection vectors as rows; ``T (G, p, p)`` is upper triangular with
-        ``T^{-1} = diag(|v_j|^2 / 2) + triu(V V^T, 1)`` (Joffrain et al. 2006), so ``T^T V`` is one
-        triangular solve, a handful of kernels per layer whatever ``p``.
-        """
-        v = self.vectors.float()  # (G, p, d)
-        gram = v @ v.mT  # (G, p, p)
-        t_inv = torch.diag_embed(gram.diagonal(dim1=-2, dim2=-1) / 2) + gram.triu(1)
-        return v, torch.linalg.solve_triangular(t_inv.mT, v, upper=False)  # T^T V = (T^{-1})^{-T} V
-
-    def fold(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """The key projection with the rotation folded in: ``W' = R_g W_g`` and ``b' = R_g b_g`` per head.
-
-        ``weight`` is ``(G * d, d_model)`` (``nn.Linear`` layout). In the compact WY form that is
-        ``4 p G d d_model`` flops on the weights whatever the number of tokens, instead of the same
-        per token on the keys.
-        """
-        v, tv = (t.to(weight.dtype) for t in self.wy())  # (G, p, d): R = I - V^T T V, tv = T^T V
-        g, _, d = v.shape
-        w = weight.view(g, d, -1)  # (G, d, D)
-        folded = (w - tv.mT @ (v @ w)).reshape(g * d, -1)  # R W = W - (T^T V)^T (V W): inner size p
-        if bias is None:
-            return folded, None
-        b = bias.view(g, d, 1).to(weight.dtype)
-        return folded, (b - tv.mT @ (v @ b)).reshape(-1).to(bias.dtype)
-
-    def forward(self, k: Tensor) -> Tensor:
-        """``k (B, G, T, d) -> R_g k`` as ``k - (k V^T) (T^T V)``: two skinny products (inner size p).
-
-        That is ``4 p d`` flops per key instead of ``2 d^2`` for the matrix, in a few passes over the
-        keys instead of the ``4 p`` of reflecting one vector at a time. The keys come from a
-        ``(B, T, G, d)`` projection, so the products run in that layout (no copy to ``(B, G, T, d)``).
-        """
-        v, w = self.wy()
-        kt = k.transpose(1, 2)  # (B, T, G, d)
-        coef = torch.einsum("btgd,gpd->btgp", kt, v.to(k.dtype))  # (B, T, G, p)
-        return (kt - torch.einsum("btgp,gpd->btgd", coef, w.to(k.dtype))).transpose(1, 2)  # (B, G, T, d)
-
-
-def rope_cache(seq_len: int, d_head: int, theta: float, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-    inv_freq = 1.0 / theta ** (torch.arange(0, d_head, 2, device=device, dtype=torch.float32) / d_head)
-    freqs = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)  # (T, d/2)
-    angles = torch.cat([freqs, freqs], dim=-1)  # (T, d)
-    return angles.cos(), angles.sin()
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate ``x (B, h, T, d)`` by position (rotate-half layout)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return (x * cos + rotated * sin).to(x.dtype)
-
-
-# --- attention ---------------------------------------------------------------------------------
 
 WeightPenalty = Callable[["Attention"], Tensor]
 

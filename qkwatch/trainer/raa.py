@@ -13,7 +13,7 @@ the model has no rotation, no penalty is computed and no lambdas are read.
   rotation leaves the key subspace unchanged, see :func:`attention_par`). The penalty is evaluated inside
   ``Attention.forward`` (``Attention.weight_penalties``), where FSDP2 has the layer unsharded, and
   returned with the block's output, so its gradient reaches the shards like any other.
-* Householder key rotation: ``trainer.model.KeyRotation`` (``p`` reflections per key head,
+* Householder key rotation: ``trainer.key_rotation.KeyRotation`` (``p`` reflections per key head,
   identity at initialisation); the model has one when ``enabled and rotation``.
 * Entropy-floor scheduling: ``lambda_l = lambda_0 * sigmoid((H_l - H_star) / beta)`` is computed by
   the collector from each layer's running entropy, or, with no collector or an unreachable one, by
@@ -36,8 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkwatch.agent.metrics import effective_key_map, principal_overlap, split_heads
-from qkwatch.trainer.model import Attention, effective_weight
+from qkwatch.trainer.model import Attention
 from qkwatch.trainer.monitoring import Monitor, ScheduleConfig
+from qkwatch.trainer.normalisation import effective_weight
 
 logger = logging.getLogger(__name__)
 

@@ -54,7 +54,8 @@ class Case:
 
 def _gpt(attention: str) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        from qkwatch.trainer.model import GPT, ModelConfig
+        from qkwatch.trainer.model import GPT
+        from qkwatch.trainer.model_config import ModelConfig
 
         torch.manual_seed(0)
         config = ModelConfig(

@@ -163,7 +163,7 @@ def test_a_full_host_copy_queue_drops_and_counts_and_never_blocks_the_step(tmp_p
     """
     import threading
 
-    import qkwatch.agent.agent as lifecycle
+    import qkwatch.agent.delivery as delivery
     from qkwatch.agent.host_copy import HostCopyWriter
 
     release = threading.Event()
@@ -172,7 +172,7 @@ def test_a_full_host_copy_queue_drops_and_counts_and_never_blocks_the_step(tmp_p
         def synchronize(self) -> None:
             release.wait(30)
 
-    monkeypatch.setattr(lifecycle, "start_host_copy", lambda values: (values, StuckCopy()))
+    monkeypatch.setattr(delivery, "start_host_copy", lambda values: (values, StuckCopy()))
     model = TinyGPT()
     a = attach(model, None, tmp_path / "s", "full")
     a._host_copy = HostCopyWriter(a._write_report, a._append_status, maxsize=2)

@@ -20,7 +20,8 @@ import yaml
 
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds
 from qkwatch.dashboards import generate
-from qkwatch.dashboards.grafana.boards import QKAI_EDGES, iter_queries
+from qkwatch.dashboards.grafana.colours import QKAI_EDGES
+from qkwatch.dashboards.grafana.queries import iter_queries
 from qkwatch.monitor import colour_scale
 from qkwatch.monitor.dashboards import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
 from tests.dashboards.test_grafana_sql import GRAFANA, ROOT, VIEWS

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.dashboards import load_dashboards
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine

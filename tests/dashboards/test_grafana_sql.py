@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.dashboards.grafana.boards import iter_queries
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.dashboards.grafana.queries import iter_queries
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.dashboards import POSTGRES_UID, load_dashboards
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine

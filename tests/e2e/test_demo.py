@@ -175,7 +175,7 @@ def _check_backtest(client: Client, run: str) -> None:
     opened (rule, onset step, and the layer of a per-layer rule: a band's layers may move after it
     opens) is the replay's, read back over REST and run through the same evaluator and rules."""
     from qkwatch.monitor import backtest
-    from qkwatch.monitor.alerting.rules import RuleSet
+    from qkwatch.monitor.alerting.ruleset import RuleSet
 
     rules = RuleSet.default(client.thresholds().collapse)
     bands = {b.name for b in rules.bands}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from qkwatch.demo import _progress, summary_table
+from qkwatch.demo_readout import progress_line, summary_table
 from tests.live import LiveCollector
 from tests.monitor.ui.runs import BAND, STEPS, seed
 
@@ -19,9 +19,9 @@ def test_an_alert_firing_when_the_run_ended_is_still_tagged_alert(collector: Liv
         for run in (vanilla, raa):
             client.set_status(run["id"], "finished")
         assert client.alerts(run=vanilla["id"], state="firing")["count"] == 0  # the run ended: nothing fires now
-        line = _progress(client, "vanilla", vanilla["id"], list(BAND))
+        line = progress_line(client, "vanilla", vanilla["id"], list(BAND))
         assert line.endswith("ALERT collapse_band (run ended while firing), qkai_high (run ended while firing)"), line
-        assert "ALERT" not in _progress(client, "raa", raa["id"], list(BAND))
+        assert "ALERT" not in progress_line(client, "raa", raa["id"], list(BAND))
         table = summary_table(client, {"vanilla": vanilla["id"], "raa": raa["id"]}, list(BAND), 150)
     assert re.search(r"still firing at the end\s+ALERT collapse_band, qkai_high\s+none\n", table), table
     assert re.search(r"alerts that fired\s+collapse_band, qkai_high\s+none\n", table), table

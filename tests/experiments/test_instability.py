@@ -17,7 +17,7 @@ import pytest
 import experiments.common
 from experiments import instability, instability_report
 from experiments.instability_report import page
-from qkwatch.monitor.alerting.rules import ReportValues
+from qkwatch.monitor.alerting.transitions import ReportValues
 
 pytestmark = pytest.mark.timeout(600)
 

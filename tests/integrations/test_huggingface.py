@@ -27,7 +27,8 @@ from transformers import Trainer, TrainerCallback
 from qkwatch.agent.disk_spool import Spool, SpoolConfig
 from qkwatch.integrations.huggingface import QKWatchCallback, RAATrainer, metric_name, scalars
 from qkwatch.raa import ParLoss, par_loss
-from qkwatch.trainer.model import GPT, ModelConfig
+from qkwatch.trainer.model import GPT
+from qkwatch.trainer.model_config import ModelConfig
 from qkwatch.trainer.raa import attention_par
 from tests.integrations.hf_tiny import FAST, MODELS, N_LAYERS, Explode, Tokens, arguments, tiny_gpt2, tiny_llama
 from tests.live import ROOT, LiveCollector

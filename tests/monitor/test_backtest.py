@@ -27,7 +27,9 @@ from fastapi.testclient import TestClient
 
 from qkwatch.cli import main
 from qkwatch.monitor import backtest as bt
-from qkwatch.monitor.alerting.rules import ReportValues, RuleSet, ThresholdRule, evaluate
+from qkwatch.monitor.alerting.rules import ThresholdRule
+from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.monitor.alerting.transitions import ReportValues, evaluate
 from qkwatch.monitor.client import Client, CollectorError
 from qkwatch.monitor.outcomes import OutcomeRule
 from tests.conftest import missing_service

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.settings import MAX_COUNT, SettingError, Settings, check_http_url, load_settings
 
 BIG = "1" * 401

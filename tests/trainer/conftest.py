@@ -10,7 +10,8 @@ import torch
 from qkwatch.trainer import recipes
 from qkwatch.trainer.config import RunConfig, TrainConfig
 from qkwatch.trainer.init import InitConfig, init_weights
-from qkwatch.trainer.model import GPT, ModelConfig
+from qkwatch.trainer.model import GPT
+from qkwatch.trainer.model_config import ModelConfig
 
 
 @pytest.fixture(autouse=True)

@@ -45,7 +45,7 @@ def small_config():
 
 
 def build(cfg, env: Env):
-    """The run's model as ``trainer.train.setup`` builds it on ``env``."""
+    """The run's model as ``trainer.run_setup.setup`` builds it on ``env``."""
     return build_model(
         cfg.model_config(), cfg.init, cfg.seed, env.device, parallelize=lambda m: parallelize(m, cfg.parallel, env)
     )

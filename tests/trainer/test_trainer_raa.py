@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkwatch.agent.metrics import householder, principal_overlap, split_heads
-from qkwatch.trainer.model import KeyRotation
+from qkwatch.trainer.key_rotation import KeyRotation
 from qkwatch.trainer.raa import PAR, RAAConfig, RAAController, ScheduleConfig, par_penalty
 
 

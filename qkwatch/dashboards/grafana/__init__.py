@@ -1,1 +1,1 @@
-"""The Grafana dashboards and provisioning: ``boards`` composes them from the ``grafana_panels`` builders."""
+"""The Grafana dashboards and provisioning: ``boards`` renders them; each other module is one part of them."""

@@ -25,7 +25,8 @@ from starlette.concurrency import run_in_threadpool
 
 from qkwatch.monitor.settings import Settings
 from qkwatch.monitor.store.models import RunRow, TokenRow
-from qkwatch.monitor.store.store import NotFound, Snapshot, Store, hash_token
+from qkwatch.monitor.store.store import NotFound, Store, hash_token
+from qkwatch.monitor.store.transactions import Snapshot
 
 SCOPES = ("ingest", "read", "control")
 ALL_PROJECTS = "*"

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from qkwatch.contract.values import encode_value
 from qkwatch.monitor.alerting.evaluator import StateKey, StoredState
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification, Value
-from qkwatch.monitor.alerting.rules import Transition
+from qkwatch.monitor.alerting.transitions import Transition
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store import sql
 

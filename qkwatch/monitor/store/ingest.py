@@ -25,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from qkwatch.contract.values import decode_value
 from qkwatch.contract.wire import ReportBatch
 from qkwatch.monitor.alerting.evaluator import RunEnd, evaluate_batch
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs, sql
 from qkwatch.monitor.store.engine import is_postgres
 from qkwatch.monitor.store.errors import Invalid

@@ -1,7 +1,7 @@
 """The store: the only code that knows SQL. Batch-first; every method is one transaction.
 
-:class:`Store` is a facade: it owns the engine, the transactions and the metric-name cache, and
-each method opens one transaction and hands its connection to the module of its concern:
+:class:`Store` is a facade: each method opens one transaction (:mod:`qkwatch.monitor.store.transactions`,
+which owns the engine) and hands its connection to the module of its concern:
 
 * :mod:`qkwatch.monitor.store.lifecycle` (runs start, resume, end, go away) and :mod:`qkwatch.monitor.store.runs`
   (runs by id, name, filters);
@@ -11,8 +11,7 @@ each method opens one transaction and hands its connection to the module of its 
   (running entropies, overrides, audit), :mod:`qkwatch.monitor.store.events`, :mod:`qkwatch.monitor.store.tokens`.
 
 A route that reads a run and then its values takes one read transaction for all of them with
-:meth:`Store.snapshot`, whose :class:`Snapshot` has the same read methods (one pool checkout, one
-snapshot of the database).
+:meth:`Store.snapshot` (:class:`~qkwatch.monitor.store.transactions.Snapshot`).
 
 Errors the API turns into 4xx are raised as :class:`NotFound` and :class:`Invalid`.
 """
@@ -22,78 +21,31 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 
 import sqlalchemy as sa
-from alembic.migration import MigrationContext
-from sqlalchemy.engine import Engine
 
 from qkwatch.contract.wire import ReportBatch, RunCreate, RunPatch
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, metric_names, reads, runs, tokens
 from qkwatch.monitor.store import models as m
-from qkwatch.monitor.store.engine import check_file, is_postgres
 from qkwatch.monitor.store.errors import Invalid, NotFound
-from qkwatch.monitor.store.history import Doubles  # by name: the method Store.history hides the module
 from qkwatch.monitor.store.lambdas import CLIP_WHO
 from qkwatch.monitor.store.runs import TERMINAL
 from qkwatch.monitor.store.tokens import hash_token
+from qkwatch.monitor.store.transactions import Transactions
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CLIP_WHO", "TERMINAL", "Invalid", "NotFound", "Snapshot", "Store", "hash_token"]
+__all__ = ["CLIP_WHO", "TERMINAL", "Invalid", "NotFound", "Store", "hash_token"]
 
 
 def _now(now: float | None) -> float:
     return time.time() if now is None else now
 
 
-class Store:
+class Store(Transactions):
     """All database access of the collector."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._closed = False
-        # A read is one snapshot of the database, as SQLite's WAL gives a read transaction. PostgreSQL's
-        # READ COMMITTED takes a snapshot per statement, so a read in two statements (the run row, then
-        # its running entropies) could pair rows of two commits: one lambda version served with two
-        # sets of lambdas by two replicas (found by bench/fleet.py). REPEATABLE READ holds the first
-        # statement's snapshot; a transaction that only reads never fails to serialise.
-        self._read_options: dict[str, str] = {"isolation_level": "REPEATABLE READ"} if is_postgres(engine) else {}
-
-    def close(self) -> None:
-        """Dispose of the connection pool; idempotent."""
-        if not self._closed:
-            self._closed = True
-            self.engine.dispose()
-
-    @contextmanager
-    def _write(self) -> Iterator[sa.Connection]:
-        with self.engine.connect().execution_options(write=True) as conn, conn.begin():
-            yield conn
-        check_file(self.engine)  # committed into a SQLite file deleted meanwhile: lost, so not acknowledged
-
-    @contextmanager
-    def _read(self) -> Iterator[sa.Connection]:
-        """A read-only transaction on one snapshot of the database (see ``__init__``)."""
-        with self.engine.connect().execution_options(**self._read_options) as conn, conn.begin():
-            yield conn
-
-    @contextmanager
-    def snapshot(self) -> Iterator[Snapshot]:
-        """Several reads in one read-only transaction: one connection, one snapshot of the database.
-
-        For a request that reads a run and then its values (``GET /history``): one checkout of
-        the pool and one transaction instead of one per read.
-        """
-        with self._read() as conn:
-            yield Snapshot(conn)
-
-    def schema_revision(self) -> str | None:
-        """The Alembic revision the database is at; None when it has none (an empty database)."""
-        with self._read() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
 
     # --- runs -------------------------------------------------------------------------------
 
@@ -433,47 +385,3 @@ class Store:
         """Take up to ``want`` tokens from the rate-limit bucket ``key``; see :func:`.tokens.take`."""
         with self._write() as conn:
             return tokens.take(conn, key, want, rate, burst, _now(now))
-
-
-class Snapshot:
-    """Reads on one read-only transaction (:meth:`Store.snapshot`); the same answers as the Store's
-    methods of the same names, which each open their own."""
-
-    def __init__(self, conn: sa.Connection) -> None:
-        self._conn = conn
-
-    def get_run(self, run_id: str) -> m.RunRow:
-        """The run ``run_id``.
-
-        Raises:
-            NotFound: no such run.
-        """
-        return runs.by_id(self._conn, run_id)
-
-    def get_run_by_name(self, project: str, name: str) -> m.RunRow:
-        """The run ``project/name``.
-
-        Raises:
-            NotFound: no such run.
-        """
-        return runs.by_name(self._conn, project, name)
-
-    def run_metrics(self, run: m.RunRow) -> dict[str, list[int]]:
-        """Metric name -> layers that reported it (``[-1]`` for a run-level scalar)."""
-        return reads.run_metrics(self._conn, run)
-
-    def history_doubles(
-        self,
-        run: m.RunRow,
-        metrics: Sequence[str],
-        *,
-        start: int | None = None,
-        end: int | None = None,
-        attempt: int | None = None,
-        max_points: int | None = None,
-    ) -> dict[str, Doubles]:
-        """:meth:`Store.history` as float64 bytes: per metric (steps, layers, values, measured).
-
-        See :func:`qkwatch.monitor.store.history.doubles`.
-        """
-        return history.doubles(self._conn, run, metrics, start, end, attempt, max_points)

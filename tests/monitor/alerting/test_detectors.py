@@ -14,18 +14,12 @@ import math
 import numpy as np
 import pytest
 
+from qkwatch.monitor.alerting.forecast import fit_line
 from qkwatch.monitor.alerting.notifier import alertmanager_payload
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
-from qkwatch.monitor.alerting.rules import (
-    ForecastRule,
-    GrowthRule,
-    LayerState,
-    ReportValues,
-    RuleSet,
-    ThresholdRule,
-    Transition,
-    evaluate,
-)
+from qkwatch.monitor.alerting.rules import ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.monitor.alerting.transitions import LayerState, ReportValues, Transition, evaluate
 
 
 def series(metric: str, values: list[float | None], *, every: int = 1, start: int = 0, attempt: int = 1):
@@ -178,8 +172,8 @@ def test_theil_sen_passes_over_a_jump_that_bends_least_squares() -> None:
     x = 30, as the line does; least squares (numpy's polyfit, independently) tilts toward the jump."""
     points = [(x, 0.40 + 0.01 * x) for x in range(5)]
     points[-1] = (4, points[-1][1] + 0.15)
-    ts = ForecastRule("fc", horizon_steps=100, window=5, fit="theil_sen").forecast(points)
-    ls = ForecastRule("fc", horizon_steps=100, window=5).forecast(points)
+    ts = fit_line(ForecastRule("fc", horizon_steps=100, window=5, fit="theil_sen"), points)
+    ls = fit_line(ForecastRule("fc", horizon_steps=100, window=5), points)
     assert ts is not None and ls is not None
     assert ts.slope == pytest.approx(0.01) and ts.crossing == pytest.approx(30.0)
     a, b = np.polyfit([x for x, _ in points], [y for _, y in points], 1)
@@ -195,12 +189,13 @@ def test_a_margin_predicts_where_the_noise_first_reaches_the_threshold() -> None
     a, b = np.polyfit(range(6), ys, 1)
     sd = float(np.sqrt(np.sum((np.array(ys) - (a * np.arange(6) + b)) ** 2) / 4))
     for margin in (0.0, 1.0, 2.0):
-        fc = ForecastRule("fc", horizon_steps=100, window=6, margin=margin).forecast(points)
+        fc = fit_line(ForecastRule("fc", horizon_steps=100, window=6, margin=margin), points)
         assert fc is not None and fc.crossing == pytest.approx((0.70 - margin * sd - b) / a)
     down = [(x, 2 - y) for x, y in points]  # the same line upside down, falling toward 1.30
-    fc = ForecastRule(
-        "sr", metric="stable_rank", op="<", threshold=1.30, horizon_steps=100, window=6, margin=1.0
-    ).forecast(down)
+    fc = fit_line(
+        ForecastRule("sr", metric="stable_rank", op="<", threshold=1.30, horizon_steps=100, window=6, margin=1.0),
+        down,
+    )
     assert fc is not None and fc.crossing == pytest.approx((0.70 - sd - b) / a)
 
 

@@ -20,7 +20,9 @@ from qkwatch.monitor.alerting.evaluator import (
     evaluate_batch,
     reports_for,
 )
-from qkwatch.monitor.alerting.rules import ForecastRule, GrowthRule, RuleSet, ThresholdRule, Transition
+from qkwatch.monitor.alerting.rules import ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.monitor.alerting.transitions import Transition
 
 
 class MemoryLedger:

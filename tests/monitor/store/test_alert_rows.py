@@ -9,7 +9,8 @@ import pytest
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
 from qkwatch.monitor.alerting.evaluator import AlertLedger, StoredState, evaluate_batch
-from qkwatch.monitor.alerting.rules import BandRule, ForecastRule, GrowthRule, RuleSet, ThresholdRule
+from qkwatch.monitor.alerting.rules import BandRule, ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store.alerts import AlertRows
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import means, metric_names, reads
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine

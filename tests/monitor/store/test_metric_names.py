@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.rules import RuleSet
+from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import ingest, metric_names
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine

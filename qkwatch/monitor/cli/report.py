@@ -1,0 +1,37 @@
+"""``qkwatch report``: write one self-contained HTML report of a run (and optionally a second one beside
+it); the report itself is :mod:`qkwatch.monitor.report`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from qkwatch.monitor.cli.connection import check_endpoint
+from qkwatch.monitor.cli.errors import one_line_errors
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("report", help="write one self-contained HTML report of a run (opens with no network)")
+    p.add_argument("run", help="run id or project/name")
+    p.add_argument("--out", required=True, help="the HTML file to write")
+    p.add_argument("--vs", default=None, metavar="RUN2", help="a second run to compare with, side by side")
+    p.add_argument("--url", default=None, help="collector URL (default: $QKWATCH_URL)")
+    p.add_argument("--token", default=None, help="read token (default: $QKWATCH_TOKEN)")
+    p.set_defaults(handler=cmd_report)
+
+
+@one_line_errors("report")
+def cmd_report(args: argparse.Namespace) -> int:
+    from qkwatch.monitor.report import write_report
+    from qkwatch.monitor.report_data import ReportError
+
+    check_endpoint(args.url or os.environ.get("QKWATCH_URL"), args.token or os.environ.get("QKWATCH_TOKEN"))
+    try:
+        out = write_report(args.run, args.out, vs=args.vs, url=args.url, token=args.token)
+    except (ReportError, OSError) as exc:
+        print(f"qkwatch report: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
