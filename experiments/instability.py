@@ -39,7 +39,8 @@ from qkwatch.monitor.client import Client
 from qkwatch.monitor.outcomes import Outcome, OutcomeRule, label
 
 DEFAULT_RUNS = ROOT / "instability_runs.yml"
-SPLITS = ("tune", "test")
+SPLITS = ("tune", "test", "holdout")
+"""tune: detectors are chosen on these; test: scored on these; holdout: scored once, at the end."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def _run(item: dict[str, Any], where: str, group: str) -> SuiteRun:
         if key not in item:
             raise ValueError(f"{where}: {key} is required")
     if item["split"] not in SPLITS:
-        raise ValueError(f"{where} ({item['name']}): split must be tune or test, got {item['split']!r}")
+        raise ValueError(f"{where} ({item['name']}): split must be one of {', '.join(SPLITS)}, got {item['split']!r}")
     lr = item.get("lr")
     if lr is None:
         lr = next((float(s.split("=", 1)[1]) for s in item.get("sets", []) if s.startswith("optim.lr=")), None)
@@ -142,8 +143,9 @@ class Options:
 
 
 def train(opts: Options, runs: Sequence[SuiteRun]) -> None:
+    """Train every run the campaign does not hold finished, seed by seed (a stopped sweep leaves whole seeds)."""
     with Campaign(opts.campaign, workers=opts.workers, root=opts.root) as campaign:
-        campaign.run([r.spec() for r in runs])
+        campaign.run([r.spec() for r in sorted(runs, key=lambda r: r.seed)])
 
 
 # --- reading back -------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ collapse_cpu           the demo: seed 000's collapse band forming during a few C
 instability_cpu        collapse_cpu's model with nothing induced, for learning-rate sweeps in the
                        style of Wortsman et al. 2023 (``--set optim.lr=...``): 300 steps, 5 % linear
                        warmup, cosine, AdamW (0.9, 0.95), clip 1.0, a report every 5 steps
+instability_small      the instability sweep's model (6 layers of 96, 800 steps, held-out loss every 50
+                       steps): long enough to end somewhere, small enough for 144 runs in ~2 hours
 seed001_grid           one cell of seed 001's observational grid: d_model 256, 4 heads of 64, MLP 1024,
                        context 128, 4 layers (``--set model.n_layers=6|8``), AdamW 1e-4 (0.9, 0.95),
                        weight decay 0.1, clip 1.0, constant lr, batch 64, biases, GELU, no dropout,
@@ -134,6 +136,28 @@ def instability_cpu() -> RunConfig:
     )
 
 
+def instability_small() -> RunConfig:
+    """The instability sweep's model (issue 31): 6 layers of d_model 96, trained until it ends somewhere.
+
+    Smaller than ``instability_cpu`` so that a sweep bracketing every variant's best rate (9 rates x
+    4 variants x 4 seeds) fits about two hours on two cores (about 0.11 s a step, 90 s a run, one
+    thread each), and longer, 800 steps, so that a healthy run's held-out loss has flattened by the
+    end of the cosine decay (lr 3e-3: 1.525 at step 700, 1.497 at 800). Wortsman et al. 2023's
+    optimizer as in ``instability_cpu`` (AdamW 0.9/0.95, clip 1.0, warmup over 5 % of the steps);
+    a report every 10 steps (80), the held-out loss every 50 steps (16 evaluations), the loss at
+    every step.
+    """
+    return RunConfig(
+        recipe="instability_small",
+        model=ModelConfig(n_layers=6, n_heads=4, d_model=96, max_seq_len=128),
+        raa=RAAConfig(enabled=False, schedule=ScheduleConfig(lambda_0=5e-3)),
+        data=DataConfig(task_mix=0.2),
+        optim=OptimConfig(lr=3e-3, warmup_steps=40),
+        train=TrainConfig(steps=800, global_batch_size=8, log_every=50, report_every=10, val_every=50),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+    )
+
+
 def _seed001_model(n_layers: int) -> ModelConfig:
     return ModelConfig(
         n_layers=n_layers,
@@ -215,6 +239,7 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
         small_cpu,
         collapse_cpu,
         instability_cpu,
+        instability_small,
         seed001_grid,
         seed001_interventions,
         gpt_1_3b,
