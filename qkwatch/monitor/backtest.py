@@ -50,7 +50,7 @@ from qkwatch.monitor.outcomes import OutcomeRule, label
 if TYPE_CHECKING:
     from qkwatch.monitor.client import Client, Run
 
-OutcomeLabel = Literal["diverged", "spiked", "healthy", "unknown"]
+OutcomeLabel = Literal["diverged", "spiked", "degraded", "healthy", "unknown"]
 BAD: frozenset[str] = frozenset({"diverged", "spiked"})
 """The outcomes a rule should warn of."""
 ANY_RULE = "(any rule)"

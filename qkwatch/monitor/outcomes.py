@@ -1,4 +1,4 @@
-"""How a training run went, from its loss alone: ``diverged``, ``spiked`` or ``healthy`` (pure).
+"""How a training run went: ``diverged``, ``spiked``, ``degraded`` or ``healthy`` (pure).
 
 This is the yardstick alert rules are scored against (``qkwatch alerts backtest``,
 ``python -m experiments.instability``). It is not tuned to flatter a detector. It reads only the
@@ -30,6 +30,20 @@ seed 0: a running minimum of 1.35 from one easy batch, then ordinary batches at 
 those 11 healthy and keeps the 3 spikes in the first 6 steps of the lr 0.1 and 0.3 runs. The rule
 was revised to v2 before any detector was scored on the suite (no backtest of it had run), and it
 is not moved after.
+
+Where a run ends (v3, issue 31). Spikes and divergence say nothing of a run that trains to a worse
+place than it could have: a learning rate that is too high can end a nat worse without a single
+excursion. :class:`Degradation` judges the end: a run is **degraded** when its final held-out loss
+(the mean of its last ``k`` evaluations) is at least ``delta`` above its reference's, the reference
+being the same variant and seed at the sweep's best rate. ``delta`` is not picked by eye: it is
+:func:`choose_delta` of the measured seed-to-seed spread of that final loss, fixed and written down
+before any detector is scored. :func:`judge` combines the two: diverged, then degraded, then
+spiked, then healthy (a spike the run recovered from and ended fine after is ``spiked``; one it
+ended worse after is ``degraded``).
+
+What the loss alone shows a user (W&B, MLflow) is :class:`LossAlert`, a loss-only alert with its
+parameters written down, and :func:`loss_visible_step`, the first step it fires: the yardstick of
+a detector's lead (an alert before it is early; after it, qkwatch was later than the loss).
 """
 
 from __future__ import annotations
@@ -39,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Label = Literal["diverged", "spiked", "healthy"]
+Label = Literal["diverged", "spiked", "degraded", "healthy"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +155,143 @@ def _first_excursion(losses: Sequence[float], rule: OutcomeRule) -> int | None:
         else:
             run = 0
     return None
+
+
+# --- where a run ends (v3) ------------------------------------------------------------------------
+
+SPREAD_MULTIPLE = 3.0
+"""``delta`` is this many standard deviations of the difference of two runs of one configuration."""
+
+
+@dataclass(frozen=True)
+class Degradation:
+    """A run is degraded when its final held-out loss is at least ``delta`` above its reference's."""
+
+    delta: float
+    """Nats, > 0: :func:`choose_delta` of the measured spread, written down before any scoring."""
+    k: int = 3
+    """Held-out evaluations averaged at the end of a run (the final held-out loss)."""
+    spread: float | None = None
+    """The pooled seed-to-seed standard deviation ``delta`` was chosen from, kept beside it."""
+    reference: str = "the same variant and seed at the variant's best rate"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not self.delta > 0:
+            raise ValueError(f"degradation delta must be a number > 0, got {self.delta!r}")
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"degradation k must be a whole number >= 1, got {self.k!r}")
+
+    def describe(self) -> str:
+        spread = "" if self.spread is None else f" (seed-to-seed sd {self.spread:.4f})"
+        last = f"final held-out loss (mean of the last {self.k})"
+        return f"{last} >= reference + {self.delta:g}{spread}; reference: {self.reference}"
+
+
+def final_heldout(values: Sequence[float], k: int) -> float:
+    """The mean of the last ``k`` held-out losses; inf when there is none or one is not finite."""
+    tail = list(values)[-k:]
+    if not tail or not all(math.isfinite(v) for v in tail):
+        return math.inf
+    return math.fsum(tail) / len(tail)
+
+
+def choose_delta(finals: Sequence[Sequence[float]]) -> tuple[float, float]:
+    """``(delta, spread)`` from groups of final held-out losses of one configuration each (the seeds of
+    a variant at its best rate).
+
+    ``spread`` is the pooled standard deviation (each group's sum of squares about its own mean,
+    over the sum of their degrees of freedom); ``delta = SPREAD_MULTIPLE x sqrt(2) x spread``, rounded
+    up to 0.01 nats. A run and its reference differ by noise with standard deviation ``sqrt(2)``
+    spread, so under a normal spread noise alone crosses ``delta`` once in about 740 runs (3 sigma,
+    one-sided).
+
+    Raises:
+        ValueError: no group with two finite values (no spread can be measured).
+    """
+    groups = [[v for v in g if math.isfinite(v)] for g in finals]
+    groups = [g for g in groups if len(g) >= 2]
+    if not groups:
+        raise ValueError("choose_delta needs at least one configuration with two finite final losses")
+    squares = math.fsum((v - math.fsum(g) / len(g)) ** 2 for g in groups for v in g)
+    spread = math.sqrt(squares / sum(len(g) - 1 for g in groups))
+    return math.ceil(SPREAD_MULTIPLE * math.sqrt(2) * spread * 100 - 1e-9) / 100, spread
+
+
+@dataclass(frozen=True)
+class LossAlert:
+    """A loss-only alert (v1, issue 31): what a user who watches only the training loss is told.
+
+    It fires at the first logged step where the loss is not finite, or where the loss smoothed over
+    ``window`` values (a) has risen ``rise`` above its running minimum for ``for_steps`` values (the
+    excursion of :class:`OutcomeRule`), or (b) has stalled: from step ``start`` on, and until
+    ``until`` of the run's steps (after that a cosine decay flattens every healthy run), it fell by
+    less than ``drop`` nats over the last ``span`` logged values. The defaults were written down
+    before the sweep was scored: the smoothing and the rise are :class:`OutcomeRule`'s; a healthy
+    ``instability_small`` run falls by more than 0.07 nats of held-out loss per 100 steps until step
+    700 (lr 3e-3, probed before the sweep), so 0.02 is stalled.
+    """
+
+    window: int = 20
+    rise: float = 0.5
+    for_steps: int = 5
+    span: int = 100
+    drop: float = 0.02
+    start: int = 100
+    until: float = 0.75
+
+    def describe(self) -> str:
+        return (
+            f"loss not finite; or smoothed (window {self.window}) {self.rise:g} above its minimum for "
+            f"{self.for_steps} steps; or, from step {self.start} to {self.until:g} of the run, less than "
+            f"{self.drop:g} lower than {self.span} steps before"
+        )
+
+
+def loss_visible_step(
+    steps: Sequence[int], losses: Sequence[float], total_steps: int, alert: LossAlert | None = None
+) -> int | None:
+    """The first logged step at which :class:`LossAlert` fires; None when it never does."""
+    alert = alert or LossAlert()
+    if len(steps) != len(losses):
+        raise ValueError(f"{len(steps)} steps but {len(losses)} losses")
+    for step, loss in zip(steps, losses, strict=True):
+        if not math.isfinite(loss):
+            return step
+    smooth = smoothed(losses, alert.window)
+    rise = _first_excursion(smooth, OutcomeRule(delta=alert.rise, for_steps=alert.for_steps, window=alert.window))
+    stall = next(
+        (
+            i
+            for i in range(alert.span, len(smooth))
+            if alert.start <= steps[i] <= alert.until * total_steps and smooth[i - alert.span] - smooth[i] < alert.drop
+        ),
+        None,
+    )
+    found = [i for i in (rise, stall) if i is not None]
+    return steps[min(found)] if found else None
+
+
+def judge(
+    steps: Sequence[int],
+    losses: Sequence[float],
+    final: float,
+    reference: float | None,
+    degradation: Degradation,
+    rule: OutcomeRule | None = None,
+    *,
+    visible: int | None = None,
+) -> Outcome:
+    """A run's outcome from its loss and where it ended: diverged, then degraded, then spiked, then healthy.
+
+    ``final`` is the run's final held-out loss (:func:`final_heldout`), ``reference`` its reference's
+    (None: the run is its own reference, or has none). A degraded run's step is ``visible`` (the step
+    the loss alone showed trouble, :func:`loss_visible_step`), else its last step: with the loss
+    alone, a user learns of it at the end.
+    """
+    spikes = label(steps, losses, rule)
+    if spikes.label == "diverged":
+        return spikes
+    if reference is not None and final >= reference + degradation.delta:
+        why = f"final held-out loss {final:.3f} >= reference {reference:.3f} + {degradation.delta:g}"
+        return Outcome("degraded", visible if visible is not None else steps[-1], why)
+    return spikes
