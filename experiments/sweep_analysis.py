@@ -1,0 +1,307 @@
+"""The instability sweep judged by where each run ends, and its detectors scored against baselines (issue 31).
+
+Everything here reads the sweep's per-step file (``experiments.instability_data``) and nothing else,
+in two stages whose order the commits show:
+
+1. :func:`fix_outcome` (``--fix-outcome``): each variant's best rate (the lowest mean final
+   held-out loss over the tune and test seeds), the seed-to-seed spread of that final loss there,
+   and ``delta`` from it (``qkwatch.monitor.outcomes.choose_delta``). Written to
+   ``experiments/results/instability_sweep_outcome.json`` and committed before any detector is scored.
+2. :func:`scoreboard`: every run judged (``judge``: diverged, degraded, spiked, healthy) with its
+   loss-visible step (``loss_visible_step``); each detector family's parameters chosen on the tune
+   seed (most bad runs flagged with no alert on a healthy one), then scored on the test seeds and,
+   once, on the held-out seed, beside the baselines a user already has: the loss-only alert and
+   "alert from the start when the rate is at least X" (X chosen on tune the same way).
+
+A run is *bad* when it diverged, degraded or spiked; an alert on a healthy run (one that ended
+within ``delta`` of its reference) is a false alarm. A detector's lead on a bad run is its
+loss-visible step (the end of the run when the loss alone never showed it) minus the step of its
+first alert: negative means qkwatch was later than the loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.instability_data import RunRecord
+from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.monitor.backtest import replay
+from qkwatch.monitor.outcomes import Degradation, Outcome, choose_delta, final_heldout, judge, loss_visible_step
+
+BAD = ("diverged", "degraded", "spiked")
+BAR = {"flagged": 0.80, "median_lead_steps": 50, "false_alarm_rate": 0.10}
+"""The bar a rule must meet on held-out runs to ship as a default, fixed before the suite ran: at least
+80 % of the bad runs flagged, a median lead of at least 50 steps over the loss-only alert, and at most
+one false alarm in ten runs."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What the analysis needs of one run of the suite file (``experiments.instability.SuiteRun``)."""
+
+    name: str
+    variant: str
+    lr: float
+    seed: int
+    split: str
+
+
+@dataclass
+class Judged:
+    run: Sweep
+    record: RunRecord
+    final: float
+    """Final held-out loss (mean of the last ``k`` evaluations; inf when not finite)."""
+    reference: float | None
+    outcome: Outcome
+    visible: int | None
+    """The loss-visible step: the first step the loss-only alert fires (None: never)."""
+    total_steps: int
+
+    @property
+    def bad(self) -> bool:
+        return self.outcome.label in BAD
+
+    @property
+    def known_at(self) -> int:
+        """When a loss-only user knows: the loss-visible step, else the run's last step."""
+        return self.visible if self.visible is not None else self.total_steps - 1
+
+
+# --- stage 1: the outcome, fixed before any scoring ------------------------------------------------------
+
+
+def finals(records: Mapping[str, RunRecord], k: int) -> dict[str, float]:
+    return {name: final_heldout(r.val_loss, k) for name, r in records.items()}
+
+
+def best_rates(runs: Sequence[Sweep], final: Mapping[str, float]) -> dict[str, float]:
+    """Per variant, the rate whose mean final held-out loss over the tune and test seeds is lowest
+    (a rate with a non-finite final on any of those seeds is not a candidate)."""
+    out = {}
+    for variant in sorted({r.variant for r in runs}):
+        by_lr: dict[float, list[float]] = {}
+        for r in runs:
+            if r.variant == variant and r.split in ("tune", "test"):
+                by_lr.setdefault(r.lr, []).append(final[r.name])
+        finite = {lr: v for lr, v in by_lr.items() if all(math.isfinite(x) for x in v)}
+        out[variant] = min(finite, key=lambda lr: (statistics.fmean(finite[lr]), lr))
+    return out
+
+
+def fix_outcome(runs: Sequence[Sweep], records: Mapping[str, RunRecord], k: int = 3) -> dict[str, Any]:
+    """Stage 1: the best rates, the spread of the final held-out loss there, and delta from it."""
+    final = finals(records, k)
+    best = best_rates(runs, final)
+    groups = {
+        v: [final[r.name] for r in runs if r.variant == v and r.lr == lr and r.split in ("tune", "test")]
+        for v, lr in best.items()
+    }
+    delta, spread = choose_delta(list(groups.values()))
+    return {
+        "k": k,
+        "best_rates": best,
+        "finals_at_best": groups,
+        "spread": spread,
+        "delta": delta,
+        "rule": "delta = 3 sqrt(2) x the pooled seed-to-seed standard deviation of the final held-out loss "
+        "at each variant's best rate (tune and test seeds), rounded up to 0.01 nats",
+    }
+
+
+# --- stage 2: judging and scoring --------------------------------------------------------------------------
+
+
+def judge_runs(runs: Sequence[Sweep], records: Mapping[str, RunRecord], fixed: Mapping[str, Any]) -> list[Judged]:
+    """Every run's outcome against its reference (same variant and seed at the variant's best rate)."""
+    rule = Degradation(delta=float(fixed["delta"]), k=int(fixed["k"]), spread=float(fixed["spread"]))
+    final = finals(records, rule.k)
+    best = {v: float(lr) for v, lr in fixed["best_rates"].items()}
+    by_key = {(r.variant, r.lr, r.seed): r for r in runs}
+    out = []
+    for r in runs:
+        rec = records[r.name]
+        h = rec.history
+        ref_run = by_key.get((r.variant, best[r.variant], r.seed))
+        reference = None if ref_run is None or ref_run.name == r.name else final[ref_run.name]
+        total = (max(h.loss_steps) + 1) if h.loss_steps else 0
+        visible = loss_visible_step(h.loss_steps, h.losses, total)
+        outcome = judge(h.loss_steps, h.losses, final[r.name], reference, rule, visible=visible)
+        out.append(Judged(r, rec, final[r.name], reference, outcome, visible, total))
+    return out
+
+
+def firing_steps(rules: RuleSet, judged: Sequence[Judged]) -> dict[str, dict[str, int]]:
+    """Rule name -> run name -> the step of its first alert (a run it never fired on is absent)."""
+    out: dict[str, dict[str, int]] = {}
+    for j in judged:
+        for firing in replay(rules, j.record.history.reports):
+            out.setdefault(firing.rule, {}).setdefault(j.run.name, firing.step)
+    return out
+
+
+def score(judged: Sequence[Judged], fired: Mapping[str, int]) -> dict[str, Any]:
+    """One detector (``fired``: run name -> first alert step) on ``judged``: flagged, leads, false alarms."""
+    bad = [j for j in judged if j.bad]
+    healthy = [j for j in judged if not j.bad]
+    leads = [j.known_at - fired[j.run.name] for j in bad if j.run.name in fired]
+    false = [j.run.name for j in healthy if j.run.name in fired]
+    return {
+        "runs": len(judged),
+        "bad": len(bad),
+        "flagged": len(leads),
+        "flagged_fraction": len(leads) / len(bad) if bad else None,
+        "median_lead_steps": statistics.median(leads) if leads else None,
+        "leads": sorted(leads),
+        "healthy": len(healthy),
+        "false_alarms": len(false),
+        "false_alarm_rate": len(false) / len(judged) if judged else None,
+        "false_alarm_runs": false,
+    }
+
+
+def meets_bar(s: Mapping[str, Any]) -> bool:
+    return (
+        s["flagged_fraction"] is not None
+        and s["flagged_fraction"] >= BAR["flagged"]
+        and s["median_lead_steps"] is not None
+        and s["median_lead_steps"] >= BAR["median_lead_steps"]
+        and s["false_alarm_rate"] is not None
+        and s["false_alarm_rate"] <= BAR["false_alarm_rate"]
+    )
+
+
+def loss_alert_firings(judged: Sequence[Judged]) -> dict[str, int]:
+    """The loss-only baseline: it fires where the loss becomes visible."""
+    return {j.run.name: j.visible for j in judged if j.visible is not None}
+
+
+def choose_lr_threshold(tune: Sequence[Judged]) -> float | None:
+    """The "alert from the start at lr >= X" baseline's X: the smallest swept rate above every healthy
+    tune run's (no false alarm on tune); None when the highest rate has a healthy tune run."""
+    healthy = [j.run.lr for j in tune if not j.bad]
+    rates = sorted({j.run.lr for j in tune})
+    above = [lr for lr in rates if not healthy or lr > max(healthy)]
+    return above[0] if above else None
+
+
+def lr_firings(judged: Sequence[Judged], threshold: float | None) -> dict[str, int]:
+    if threshold is None:
+        return {}
+    return {j.run.name: 0 for j in judged if j.run.lr >= threshold}
+
+
+def choose(
+    tune: Sequence[Judged],
+    families: Mapping[str, Sequence[dict[str, Any]]],
+    make: Callable[[list[dict[str, Any]]], RuleSet],
+) -> dict[str, dict[str, Any]]:
+    """Per family, the candidate that flags most bad tune runs with no alert on a healthy tune run; ties
+    go to the longer median lead, then to the earlier candidate. None flags without a false alarm:
+    nothing is chosen for that family."""
+    chosen = {}
+    for family, candidates in families.items():
+        best: tuple[tuple[float, float], dict[str, Any], dict[str, Any]] | None = None
+        for params in candidates:
+            rule = {"name": family, **params}
+            s = score(tune, firing_steps(make([rule]), tune).get(family, {}))
+            key = (float(s["flagged"]), float(s["median_lead_steps"] or -math.inf))
+            if s["false_alarms"] == 0 and s["flagged"] > 0 and (best is None or key > best[0]):
+                best = (key, rule, s)
+        if best is not None:
+            chosen[family] = {"rule": best[1], "tune": best[2]}
+    return chosen
+
+
+def lr_sensitivity(judged: Sequence[Judged]) -> dict[str, Any]:
+    """Wortsman et al.'s LR sensitivity per variant and seed: the mean over the swept rates of
+    ``min(final, loss at init) - best final``; the mean and standard deviation over seeds."""
+    out: dict[str, Any] = {}
+    for variant in sorted({j.run.variant for j in judged}):
+        per_seed = {}
+        for seed in sorted({j.run.seed for j in judged}):
+            runs = [j for j in judged if j.run.variant == variant and j.run.seed == seed]
+            losses = [min(j.final, j.record.history.losses[0]) for j in runs]
+            per_seed[seed] = statistics.fmean(x - min(losses) for x in losses)
+        values = list(per_seed.values())
+        out[variant] = {
+            "mean": statistics.fmean(values),
+            "sd": statistics.stdev(values) if len(values) > 1 else None,
+            "per_seed": per_seed,
+        }
+    return out
+
+
+def save_json(data: Mapping[str, Any], path: Path) -> Path:
+    path.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
+    return path
+
+
+# --- the command line ----------------------------------------------------------------------------------------
+
+SUITE = Path(__file__).resolve().parent / "instability_sweep.yml"
+CAMPAIGN = "instability_sweep"
+
+
+def sweep_runs(path: Path = SUITE) -> list[Sweep]:
+    from experiments.instability import load_runs
+
+    return [Sweep(r.name, r.variant, float(r.lr or 0.0), r.seed, r.split) for r in load_runs(path)]
+
+
+def data_path() -> Path:
+    from experiments.common import RESULTS
+
+    return RESULTS / f"{CAMPAIGN}_runs.npz"
+
+
+def outcome_path() -> Path:
+    from experiments.common import RESULTS
+
+    return RESULTS / f"{CAMPAIGN}_outcome.json"
+
+
+def export() -> Path:
+    """Read every run of the sweep from its campaign's collector into the per-step file."""
+    from experiments import instability_data
+    from experiments.common import Campaign, log
+
+    runs = sweep_runs()
+    with Campaign(CAMPAIGN) as campaign:
+        missing = [r.name for r in runs if not campaign.run_id(r.name)]
+        if missing:
+            raise SystemExit(f"{len(missing)} runs are not trained yet, e.g. {missing[0]}: run the sweep first")
+        records = instability_data.fetch(campaign.client, CAMPAIGN, [r.name for r in runs])
+    path = instability_data.save(records, data_path())
+    log(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(records)} runs)")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from experiments import instability_data
+
+    p = argparse.ArgumentParser(prog="python -m experiments.sweep_analysis", description=__doc__.split("\n\n")[0])
+    p.add_argument("--export", action="store_true", help="read the trained sweep from its collector into the npz")
+    p.add_argument("--fix-outcome", action="store_true", help="stage 1: best rates, spread and delta")
+    args = p.parse_args(argv)
+    if args.export:
+        export()
+    if args.fix_outcome:
+        if outcome_path().exists():
+            raise SystemExit(f"{outcome_path()} exists: the outcome is fixed and is not moved")
+        fixed = fix_outcome(sweep_runs(), instability_data.load(data_path()))
+        save_json(fixed, outcome_path())
+        print(json.dumps(fixed, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

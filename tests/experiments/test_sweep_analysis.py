@@ -1,0 +1,98 @@
+"""The sweep's judging and scoring on runs whose answers are known by construction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from experiments.instability_data import RunRecord
+from experiments.sweep_analysis import (
+    Judged,
+    Sweep,
+    best_rates,
+    choose_lr_threshold,
+    fix_outcome,
+    judge_runs,
+    loss_alert_firings,
+    lr_firings,
+    meets_bar,
+    score,
+)
+from qkwatch.monitor.backtest import RunHistory
+from qkwatch.monitor.outcomes import Outcome
+
+
+def falling(n: int = 800, end: float = 1.5) -> list[float]:
+    """Still falling by 0.15 nats per 100 steps at step 600: the loss-only alert stays quiet."""
+    return [end + 4.0 * math.exp(-i / 300) for i in range(n)]
+
+
+def record(name: str, losses: list[float], val: list[float]) -> RunRecord:
+    steps = list(range(len(losses)))
+    return RunRecord(name, RunHistory(name, [], steps, losses), [49 + 50 * i for i in range(len(val))], val)
+
+
+def sweep() -> tuple[list[Sweep], dict[str, RunRecord]]:
+    """One variant, rates 1e-3 / 3e-3 / 1e-2, seeds 0 (tune) and 1 (test). 3e-3 is best (final 1.50
+    and 1.52); 1e-2 ends 0.3 worse on seed 0 and 0.01 worse on seed 1; 1e-3 is healthy."""
+    runs, records = [], {}
+    finals = {(1e-3, 0): 1.55, (1e-3, 1): 1.56, (3e-3, 0): 1.50, (3e-3, 1): 1.52, (1e-2, 0): 1.80, (1e-2, 1): 1.53}
+    for (lr, seed), final in finals.items():
+        name = f"lr-v-{lr:g}-s{seed}"
+        runs.append(Sweep(name, "v", lr, seed, "tune" if seed == 0 else "test"))
+        records[name] = record(name, falling(end=final - 0.2), [3.0, 2.0, final, final, final])
+    return runs, records
+
+
+def test_the_best_rate_and_delta_come_from_the_seeds_at_it() -> None:
+    runs, records = sweep()
+    fixed = fix_outcome(runs, records)
+    assert fixed["best_rates"] == {"v": 3e-3}
+    assert fixed["finals_at_best"] == {"v": [pytest.approx(1.50), pytest.approx(1.52)]}
+    # one group of two: sd = 0.02 / sqrt(2) = 0.01414; 3 sqrt(2) x 0.01414 = 0.06, exactly (rounding up to 0.06)
+    assert fixed["spread"] == pytest.approx(0.02 / math.sqrt(2))
+    assert fixed["delta"] == pytest.approx(0.06)
+
+
+def test_runs_are_judged_against_their_own_seed_at_the_best_rate() -> None:
+    runs, records = sweep()
+    judged = {j.run.name: j for j in judge_runs(runs, records, fix_outcome(runs, records))}
+    assert judged["lr-v-0.01-s0"].outcome.label == "degraded"  # 1.80 >= 1.50 + 0.06
+    assert judged["lr-v-0.01-s0"].reference == pytest.approx(1.50)
+    assert judged["lr-v-0.01-s1"].outcome.label == "healthy"  # 1.53 < 1.52 + 0.06
+    assert judged["lr-v-0.003-s0"].reference is None and judged["lr-v-0.003-s0"].outcome.label == "healthy"
+    assert judged["lr-v-0.01-s0"].visible is None  # the loss alone never shows it ...
+    assert judged["lr-v-0.01-s0"].outcome.step == 799  # ... so a loss-only user learns at the end
+
+
+def _j(name: str, lr: float, label: str, visible: int | None, total: int = 800) -> Judged:
+    rec = record(name, falling(total), [1.5])
+    return Judged(Sweep(name, "v", lr, 0, "tune"), rec, 1.5, 1.5, Outcome(label, None, ""), visible, total)  # type: ignore[arg-type]
+
+
+def test_scores_count_leads_against_the_loss_and_false_alarms_on_healthy_runs() -> None:
+    judged = [
+        _j("a", 0.3, "degraded", 300),
+        _j("b", 1.0, "diverged", 100),
+        _j("c", 1e-4, "degraded", None),  # the loss never showed it: known at the end, step 799
+        _j("d", 3e-3, "healthy", None),
+        _j("e", 1e-2, "healthy", 500),  # the loss-only alert fires on a healthy run: its false alarm
+    ]
+    s = score(judged, {"a": 50, "b": 150, "c": 199, "d": 10})
+    assert s["bad"] == 3 and s["flagged"] == 3 and s["leads"] == [-50, 250, 600]
+    assert s["median_lead_steps"] == 250 and s["false_alarms"] == 1 and s["false_alarm_runs"] == ["d"]
+    assert s["false_alarm_rate"] == pytest.approx(0.2) and not meets_bar(s)
+    loss_only = score(judged, loss_alert_firings(judged))
+    assert loss_only["flagged"] == 2 and loss_only["leads"] == [0, 0] and loss_only["false_alarm_runs"] == ["e"]
+    x = choose_lr_threshold(judged)
+    assert x == 0.3  # the smallest rate above every healthy run's (1e-2)
+    by_lr = score(judged, lr_firings(judged, x))
+    assert by_lr["flagged"] == 2 and by_lr["leads"] == [100, 300] and by_lr["false_alarms"] == 0
+    good = score(judged[:4] + [_j(f"h{i}", 3e-3, "healthy", None) for i in range(6)], {"a": 50, "b": 10, "c": 100})
+    assert meets_bar(good)  # 3 of 3 flagged, median lead 250, no false alarm in 10
+
+
+def test_best_rates_skip_a_rate_that_did_not_end_finite() -> None:
+    runs = [Sweep("x", "v", 0.1, 0, "tune"), Sweep("y", "v", 0.01, 0, "tune")]
+    assert best_rates(runs, {"x": math.inf, "y": 2.0}) == {"v": 0.01}
