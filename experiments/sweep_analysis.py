@@ -243,6 +243,72 @@ def save_json(data: Mapping[str, Any], path: Path) -> Path:
     return path
 
 
+def scoreboard(
+    runs: Sequence[Sweep],
+    records: Mapping[str, RunRecord],
+    fixed: Mapping[str, Any],
+    families: Mapping[str, Sequence[dict[str, Any]]],
+    fixed_rules: Sequence[dict[str, Any]],
+    make: Callable[[list[dict[str, Any]]], RuleSet],
+) -> dict[str, Any]:
+    """Stage 2: every run judged; detectors chosen on tune; every rule and baseline scored on each split."""
+    judged = judge_runs(runs, records, fixed)
+    split = {name: [j for j in judged if j.run.split == name] for name in ("tune", "test", "holdout")}
+    chosen = choose(split["tune"], families, make)
+    threshold = choose_lr_threshold(split["tune"])
+    rules = [*fixed_rules, *(c["rule"] for c in chosen.values())]
+    fired = firing_steps(make(rules), judged)
+    first_any = {
+        j.run.name: min(steps[j.run.name] for steps in fired.values() if j.run.name in steps)
+        for j in judged
+        if any(j.run.name in steps for steps in fired.values())
+    }
+    detectors: dict[str, dict[str, int]] = {r["name"]: fired.get(r["name"], {}) for r in rules}
+    detectors["any qkwatch rule"] = first_any
+    baselines = {"loss-only alert": loss_alert_firings(judged), f"lr >= {threshold:g}": lr_firings(judged, threshold)}
+    tables = {}
+    for name, part in split.items():
+        tables[name] = {
+            rule: {
+                **score(part, {k: v for k, v in steps.items() if k in {j.run.name for j in part}}),
+                "baseline": rule in baselines,
+            }
+            for rule, steps in {**detectors, **baselines}.items()
+        }
+        for row in tables[name].values():
+            row["meets_bar"] = meets_bar(row)
+    return {
+        "outcome": dict(fixed),
+        "bar": BAR,
+        "chosen": chosen,
+        "lr_threshold": threshold,
+        "tables": tables,
+        "runs": [_row(j, detectors, baselines) for j in judged],
+        "lr_sensitivity": lr_sensitivity(judged),
+    }
+
+
+def _row(
+    j: Judged, detectors: Mapping[str, Mapping[str, int]], baselines: Mapping[str, Mapping[str, int]]
+) -> dict[str, Any]:
+    return {
+        "name": j.run.name,
+        "variant": j.run.variant,
+        "lr": j.run.lr,
+        "seed": j.run.seed,
+        "split": j.run.split,
+        "outcome": j.outcome.label,
+        "outcome_step": j.outcome.step,
+        "why": j.outcome.why,
+        "final": j.final if math.isfinite(j.final) else None,
+        "reference": j.reference,
+        "loss_visible_step": j.visible,
+        "first_alerts": {
+            rule: steps[j.run.name] for rule, steps in {**detectors, **baselines}.items() if j.run.name in steps
+        },
+    }
+
+
 # --- the command line ----------------------------------------------------------------------------------------
 
 SUITE = Path(__file__).resolve().parent / "instability_sweep.yml"
@@ -291,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m experiments.sweep_analysis", description=__doc__.split("\n\n")[0])
     p.add_argument("--export", action="store_true", help="read the trained sweep from its collector into the npz")
     p.add_argument("--fix-outcome", action="store_true", help="stage 1: best rates, spread and delta")
+    p.add_argument("--score", action="store_true", help="stage 2: the scoreboard, from the npz and the fixed outcome")
     args = p.parse_args(argv)
     if args.export:
         export()
@@ -300,7 +367,32 @@ def main(argv: list[str] | None = None) -> int:
         fixed = fix_outcome(sweep_runs(), instability_data.load(data_path()))
         save_json(fixed, outcome_path())
         print(json.dumps(fixed, indent=1))
+    if args.score:
+        save_json(score_sweep(), results_path())
     return 0
+
+
+def results_path() -> Path:
+    from experiments.common import RESULTS
+
+    return RESULTS / f"{CAMPAIGN}.json"
+
+
+def score_sweep() -> dict[str, Any]:
+    """The scoreboard from the committed files alone: the npz and the fixed outcome."""
+    from experiments import instability_data
+    from experiments.instability import FAMILIES, FIXED
+    from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
+
+    fixed = json.loads(outcome_path().read_text())
+    return scoreboard(
+        sweep_runs(),
+        instability_data.load(data_path()),
+        fixed,
+        FAMILIES,
+        FIXED,
+        lambda rules: RuleSet.from_mapping({"rules": rules}, COLLAPSE_THRESHOLD),
+    )
 
 
 if __name__ == "__main__":

@@ -96,3 +96,47 @@ def test_scores_count_leads_against_the_loss_and_false_alarms_on_healthy_runs() 
 def test_best_rates_skip_a_rate_that_did_not_end_finite() -> None:
     runs = [Sweep("x", "v", 0.1, 0, "tune"), Sweep("y", "v", 0.01, 0, "tune")]
     assert best_rates(runs, {"x": math.inf, "y": 2.0}) == {"v": 0.01}
+
+
+def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baselines() -> None:
+    """Rates 3e-3 (best) and 0.3 over seeds 0 (tune), 1 (test), 2 (held out). At 0.3 each run ends
+    0.5 worse, and its metric ``x`` crosses 1.0 at step 200 (the loss never shows it: known at 799);
+    the best-rate runs keep ``x`` at 0.5. The candidate threshold 1.0 is chosen (2.0 never fires)."""
+    from experiments.sweep_analysis import scoreboard
+    from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
+    from qkwatch.monitor.alerting.ruleset import RuleSet
+    from qkwatch.monitor.alerting.transitions import ReportValues
+
+    runs, records = [], {}
+    for lr in (3e-3, 0.3):
+        for seed, split in ((0, "tune"), (1, "test"), (2, "holdout")):
+            name = f"lr-v-{lr:g}-s{seed}"
+            final = 1.5 + 0.001 * seed + (0.5 if lr == 0.3 else 0.0)
+            reports = [
+                ReportValues(1, step, {"x": [1.5 if (lr == 0.3 and step >= 200) else 0.5]})
+                for step in range(0, 800, 10)
+            ]
+            losses = falling(end=final - 0.2)
+            records[name] = RunRecord(
+                name, RunHistory(name, reports, list(range(800)), losses), [749, 799], [final, final]
+            )
+            runs.append(Sweep(name, "v", lr, seed, split))
+    fixed = {"k": 2, "best_rates": {"v": 3e-3}, "spread": 0.001, "delta": 0.1}
+    families = {"x_high": [{"metric": "x", "op": ">", "threshold": t, "for_reports": 1} for t in (2.0, 1.0)]}
+    board = scoreboard(
+        runs, records, fixed, families, [], lambda r: RuleSet.from_mapping({"rules": r}, COLLAPSE_THRESHOLD)
+    )
+    assert board["chosen"]["x_high"]["rule"]["threshold"] == 1.0
+    assert board["lr_threshold"] == 0.3
+    held = board["tables"]["holdout"]
+    assert (
+        held["x_high"]["flagged"] == 1
+        and held["x_high"]["leads"] == [799 - 200]
+        and held["x_high"]["false_alarms"] == 0
+    )
+    assert held["any qkwatch rule"]["flagged"] == 1
+    assert held["loss-only alert"]["flagged"] == 0  # the loss never showed the degradation
+    assert held["lr >= 0.3"]["leads"] == [799] and held["lr >= 0.3"]["baseline"]
+    outcomes = {r["name"]: r["outcome"] for r in board["runs"]}
+    assert outcomes["lr-v-0.3-s2"] == "degraded" and outcomes["lr-v-0.003-s2"] == "healthy"
+    assert board["lr_sensitivity"]["v"]["per_seed"][0] == pytest.approx(0.25)  # (0 + 0.5) / 2 rates
