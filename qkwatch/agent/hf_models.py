@@ -37,21 +37,24 @@ _TAPS: dict[int, TapFn] = {}
 
 
 def find(model: nn.Module) -> list[Site]:
-    """Every attention layer of a transformers model (``model.config`` names its heads), in order."""
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation"):
-        return []
-    n_heads = _cfg(config, "num_attention_heads", "n_head")
-    if not n_heads:
-        return []
-    n_kv = _cfg(config, "num_key_value_heads") or n_heads
-    width = _cfg(config, "hidden_size", "n_embd")
-    d_head = _cfg(config, "head_dim") or (width // n_heads if width else None)  # None: the weights' head size
+    """Every attention layer of the transformers models in ``model``, in order.
+
+    ``model`` may be a transformers model itself or hold one anywhere inside it (a LightningModule's
+    ``self.model``, DDP's ``.module``, ``torch.compile``'s ``_orig_mod``, PEFT's base model, or
+    several models side by side): an attention module counts when it, or a module above it, carries
+    a transformers config (``config._attn_implementation``). Each site is named by its path in ``model``.
+    """
+    configs = _configs(model)
     sites: list[Site] = []
     for name, module in numbered(model):
-        projections = _projections(module)
-        if projections is None:
+        config = configs.get(name)
+        projections = _projections(module) if config is not None else None
+        if config is None or projections is None:
             continue
+        heads = _heads(module, config)
+        if heads is None:
+            continue
+        n_heads, n_kv, d_head = heads
         causal = bool(getattr(module, "is_causal", True))
         install = partial(_install_tap, config, module)
         sites.append(
@@ -60,6 +63,47 @@ def find(model: nn.Module) -> list[Site]:
             )
         )
     return sites
+
+
+def _configs(model: nn.Module) -> dict[str, Any]:
+    """Module path -> the transformers config that governs it: its own, else the nearest above it."""
+    out: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        own = getattr(module, "config", None)
+        if own is not None and hasattr(own, "_attn_implementation"):
+            out[name] = own
+            continue
+        parent = name.rsplit(".", 1)[0] if "." in name else ""
+        if name and parent in out:
+            out[name] = out[parent]
+    return out
+
+
+def _heads(module: nn.Module, config: Any) -> tuple[int, int, int | None] | None:
+    """``(n_heads, n_kv_heads, d_head)`` of one attention module: its own attributes first (a model
+    with several stacks has different counts in each), then its config's; None when neither says."""
+    n_heads = _attr(module, "num_heads", "num_attention_heads", "n_head") or _cfg(
+        config, "num_attention_heads", "n_head"
+    )
+    if not n_heads:
+        return None
+    groups = _attr(module, "num_key_value_groups")
+    n_kv = n_heads // groups if groups else _cfg(config, "num_key_value_heads") or n_heads
+    width = _cfg(config, "hidden_size", "n_embd")
+    d_head = (
+        _attr(module, "head_dim", "attention_head_size")
+        or _cfg(config, "head_dim")
+        or (width // n_heads if width else None)  # None: the weights' head size
+    )
+    return n_heads, n_kv, d_head
+
+
+def _attr(module: nn.Module, *names: str) -> int | None:
+    for name in names:
+        value = getattr(module, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _projections(module: nn.Module) -> Projections | None:
@@ -76,7 +120,7 @@ def _projections(module: nn.Module) -> Projections | None:
 def _cfg(config: Any, *names: str) -> int | None:
     for name in names:
         value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
 
