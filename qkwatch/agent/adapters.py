@@ -19,6 +19,7 @@ were (``tests/agent/test_invisible.py`` runs every adapter in :data:`FINDERS`, a
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -36,9 +37,12 @@ from qkwatch.agent.sites import (
     numbered,
     projection_site,
 )
+from qkwatch.agent.unknown import skipped, suggest_layout
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FINDERS", "AdapterError", "Projections", "Site", "TapFn", "find_sites", "projection_site"]
 
@@ -55,13 +59,30 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
     for finder in FINDERS:
         sites = finder(model)
         if sites:
+            left_out = skipped(model, sites)
+            if left_out:
+                logger.warning(
+                    "qkwatch monitors %d attention layers and skips %d it does not know: %s",
+                    len(sites),
+                    len(left_out),
+                    ", ".join(left_out[:20]) + (" ..." if len(left_out) > 20 else ""),
+                )
             return sites
     kinds = sorted({type(m).__name__ for m in model.modules()})
+    attention = skipped(model, [])
+    suggested = suggest_layout(model)
+    hint = (
+        f"Pass {suggested} (check n_heads; add tap='...' naming a module called as tap(q, k) after "
+        "RoPE, if the model rotates them)"
+        if suggested
+        else "Pass layout=qkwatch.Layout(q='layers.{i}.wq', k='layers.{i}.wk', n_heads=...) naming its "
+        "query and key projections"
+    )
     raise AdapterError(
         "found no attention layers the agent knows (qkwatch GPT, HuggingFace Llama/Mistral/Qwen/BERT/GPT-2, "
-        f"nanoGPT). Module types in this model: {', '.join(kinds[:40])}"
-        f"{' ...' if len(kinds) > 40 else ''}. Pass layout=qkwatch.Layout(q='layers.{{i}}.wq', "
-        "k='layers.{i}.wk', n_heads=..., tap=...) to name them."
+        f"nanoGPT). Attention-like modules here: {', '.join(attention[:10]) or 'none'}"
+        f"{' ...' if len(attention) > 10 else ''}; module types: {', '.join(kinds[:40])}"
+        f"{' ...' if len(kinds) > 40 else ''}. {hint}."
     )
 
 
