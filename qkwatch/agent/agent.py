@@ -100,6 +100,7 @@ class Agent(ReportAssembly):
         self._closed = False
         self._inert = False
         self._step = 0
+        self._stepped: int | None = None  # the step last given to step(): a repeat does nothing
         self._plan: Plan | None = None
         self._plan_time = 0.0
         self._first_report = True
@@ -127,9 +128,15 @@ class Agent(ReportAssembly):
     # --- the training loop's calls -----------------------------------------------------------
 
     def step(self, step: int) -> None:
-        """Tell the agent the optimizer step about to run (before its forward)."""
-        if self._skip():
+        """Tell the agent the optimizer step about to run (before its forward).
+
+        Calling it again with the same step does nothing, so a loop that accumulates gradients may
+        call it before every micro-batch with the number of optimizer steps done (Accelerate's
+        ``accumulate()``): the step's first micro-batch is measured, once.
+        """
+        if self._skip() or step == self._stepped:
             return
+        self._stepped = step
         start = time.perf_counter()
         if self._plan is not None:
             self._finish_report()

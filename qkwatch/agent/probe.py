@@ -25,6 +25,7 @@ which rows are read, and how padding is left out, is ``agent.activations``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -256,9 +257,13 @@ class Probe:
         return tap
 
     def _guarded(self, site: Site, what: str, fn: Callable[[], None]) -> None:
-        """A failing measurement is reported once and skipped; it never breaks the training step."""
+        """A failing measurement is reported once and skipped; it never breaks the training step.
+
+        Measured without autocast: a forward (or a report) run under ``torch.autocast`` would
+        otherwise compute the metrics in bf16/fp16. The inputs keep the dtype the model gave them.
+        """
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _no_autocast():
                 fn()
         except Exception as exc:
             self._warn(site, what, exc)
@@ -417,6 +422,14 @@ def _tap_op(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink
 @_tap_op.register_fake
 def _(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink: Tensor, token: int) -> None:
     return None
+
+
+def _no_autocast() -> contextlib.ExitStack:
+    """Autocast off for the CPU and, where there is one, the GPU (autocast is per thread and device)."""
+    stack = contextlib.ExitStack()
+    for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+        stack.enter_context(torch.autocast(device, enabled=False))
+    return stack
 
 
 def _due(step: int, every: int) -> bool:
