@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from qkwatch.agent.sites import AdapterError, Projections, Site, TapFn, numbered, projection_site
+from qkwatch.agent.sites import AdapterError, Projections, Site, TapFn, is_projection, numbered, projection_site
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def _attr(module: nn.Module, *names: str) -> int | None:
 def _projections(module: nn.Module) -> Projections | None:
     for q, k in (("q_proj", "k_proj"), ("query", "key")):
         q_mod, k_mod = getattr(module, q, None), getattr(module, k, None)
-        if isinstance(q_mod, nn.Linear) and isinstance(k_mod, nn.Linear):
+        if is_projection(q_mod) and is_projection(k_mod):
             return Projections(q=q_mod, k=k_mod)
     c_attn = getattr(module, "c_attn", None)
     if c_attn is not None and type(c_attn).__name__ == "Conv1D" and not getattr(module, "is_cross_attention", False):

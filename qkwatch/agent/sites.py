@@ -181,11 +181,33 @@ def _fused(weight: Tensor, h: int, g: int, *, conv1d: bool = False) -> tuple[Ten
 
 
 def weight_of(module: nn.Module) -> Tensor:
-    """A projection's ``weight`` (an ``nn.Linear``'s, GPT-2's ``Conv1D``'s, a layout's module's)."""
+    """A projection's ``weight`` (an ``nn.Linear``'s, GPT-2's ``Conv1D``'s, a layout's module's).
+
+    A PEFT LoRA layer wraps its ``base_layer``: its weight is the one the model computes with, the
+    base weight plus each active, unmerged adapter's ``scaling x B A`` (``get_delta_weight``).
+    """
+    base = getattr(module, "base_layer", None)
+    if isinstance(base, nn.Module) and hasattr(module, "get_delta_weight"):
+        return _lora_weight(module, base)
     weight = module.weight
     if not isinstance(weight, Tensor):
         raise AdapterError(f"{type(module).__name__}.weight is a {type(weight).__name__}, not a tensor")
     return weight
+
+
+def is_projection(module: object) -> bool:
+    """An ``nn.Linear``, or a PEFT LoRA layer around one."""
+    return isinstance(module, nn.Linear) or isinstance(getattr(module, "base_layer", None), nn.Linear)
+
+
+def _lora_weight(module: nn.Module, base: nn.Module) -> Tensor:
+    weight = weight_of(base)
+    if getattr(module, "merged", False) or getattr(module, "disable_adapters", False):
+        return weight  # merged: already in the base weight; disabled: the base alone computes
+    get_delta: Callable[[str], Tensor] = module.get_delta_weight  # type: ignore[assignment]
+    active = getattr(module, "active_adapters", None) or []
+    deltas = [get_delta(name) for name in active if name in getattr(module, "lora_A", {})]
+    return weight + sum(d.to(weight.dtype) for d in deltas) if deltas else weight
 
 
 def numbered(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -81,7 +81,8 @@ def same(a: dict[str, list], b: dict[str, list], tol: float = 0.0) -> None:
     assert set(a) == set(b)
     for metric, values in a.items():
         for x, y in zip(values, b[metric], strict=True):
-            assert (x is None and y is None) or (math.isnan(x) and math.isnan(y)) or abs(x - y) <= tol, (metric, x, y)
+            close = abs(x - y) <= tol * max(1.0, abs(y)) if x is not None and y is not None else False
+            assert (x is None and y is None) or (math.isnan(x) and math.isnan(y)) or x == y or close, (metric, x, y)
 
 
 @pytest.mark.parametrize("wrapper", ["plain module", "LightningModule"])
@@ -154,3 +155,31 @@ def test_an_fsdp2_sharded_model_held_by_a_module_reports_what_the_unsharded_one_
         for layer in (0,):  # rank 0's share of the 2 layers
             got, want = result["sharded"][metric][layer], result["unsharded"][metric][layer]
             assert got == pytest.approx(want, rel=1e-5, abs=1e-7), (metric, layer)
+
+
+def test_a_peft_lora_model_is_measured_with_the_weights_it_computes_with(tmp_path: Path) -> None:
+    """LoRA on q_proj and k_proj (B drawn at random, so the adapters matter): the report equals that
+    of the same model with the adapters merged into the weights; the LoRA model's outputs are left
+    bit for bit as they were. Within 1e-5 relative: LoRA computes ``x W^T + s (x A^T) B^T``, the merged
+    model ``x (W + s B A)^T``, which round differently."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    base = CASES["llama-sdpa"].build().eval()
+    lora = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj"]))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    merged = copy.deepcopy(lora).merge_and_unload()
+    x = batch()
+    with torch.no_grad():
+        before = lora(**x).logits
+    names, got = measure(lora, lambda: lora(**x), tmp_path, "lora")
+    _, want = measure(merged, lambda: merged(**x), tmp_path, "merged")
+    with torch.no_grad():
+        assert torch.equal(lora(**x).logits, before)
+    assert names[0] == "base_model.model.model.layers.0.self_attn"
+    assert got["qkai"] != measure(base, lambda: base(**x), tmp_path, "base")[1]["qkai"]  # the adapters count
+    same(want, got, tol=1e-5)
