@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from functools import partial
@@ -29,6 +30,10 @@ from qkwatch.agent.sites import AdapterError, Projections, Site, TapFn, is_proje
 
 logger = logging.getLogger(__name__)
 
+CROSS = re.compile(r"^(encoder_attn|crossattention|cross_attn|EncDecAttention)$")
+"""Cross-attention modules (BART's, Whisper's, GPT-2's with ``add_cross_attention``): queries from one
+sequence, keys from another, so a query has no key of its own to tell padding by; left out, and named
+among the skipped modules."""
 EAGER = "eager_attention_forward"
 """The name a modeling module's forward calls its eager attention by (a global of that module)."""
 
@@ -39,7 +44,8 @@ _TAPS: dict[int, TapFn] = {}
 def find(model: nn.Module) -> list[Site]:
     """Every attention layer of the transformers models in ``model``, in order.
 
-    ``model`` may be a transformers model itself or hold one anywhere inside it (a LightningModule's
+    ``model`` may be a transformers model itself, an encoder-decoder (each self-attention stack's
+    layers, by path; cross-attention is left out), or hold one anywhere inside it (a LightningModule's
     ``self.model``, DDP's ``.module``, ``torch.compile``'s ``_orig_mod``, PEFT's base model, or
     several models side by side): an attention module counts when it, or a module above it, carries
     a transformers config (``config._attn_implementation``). Each site is named by its path in ``model``.
@@ -48,7 +54,8 @@ def find(model: nn.Module) -> list[Site]:
     sites: list[Site] = []
     for name, module in numbered(model):
         config = configs.get(name)
-        projections = _projections(module) if config is not None else None
+        cross = CROSS.search(name.rsplit(".", 1)[-1]) is not None
+        projections = _projections(module) if config is not None and not cross else None
         if config is None or projections is None:
             continue
         heads = _heads(module, config)

@@ -75,9 +75,36 @@ def _nanogpt() -> nn.Module:
 
 def _hf(kind: str, attn: str) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+        from transformers import (
+            BartConfig,
+            BartForConditionalGeneration,
+            BertConfig,
+            BertModel,
+            GPT2Config,
+            GPT2LMHeadModel,
+            LlamaConfig,
+            LlamaForCausalLM,
+        )
 
         torch.manual_seed(0)
+        if kind == "bart":  # an encoder-decoder: two self-attention stacks (cross-attention left out)
+            config = BartConfig(
+                vocab_size=VOCAB,
+                d_model=32,
+                encoder_layers=2,
+                decoder_layers=2,
+                encoder_attention_heads=4,
+                decoder_attention_heads=4,
+                encoder_ffn_dim=64,
+                decoder_ffn_dim=64,
+                max_position_embeddings=64,
+                pad_token_id=0,
+                bos_token_id=0,
+                eos_token_id=2,
+                decoder_start_token_id=0,
+                attn_implementation=attn,
+            )
+            return BartForConditionalGeneration(config)
         if kind == "gpt2":
             config = GPT2Config(
                 vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, attn_implementation=attn
@@ -133,8 +160,8 @@ CASES: dict[str, Case] = {
         padded=False,
     ),
     **{
-        f"{kind}-{attn}": Case("hf_models.find", _hf(kind, attn), generates=kind != "bert")
-        for kind in ("gpt2", "llama", "bert")
+        f"{kind}-{attn}": Case("hf_models.find", _hf(kind, attn), generates=kind in ("gpt2", "llama"))
+        for kind in ("gpt2", "llama", "bert", "bart")
         for attn in ("eager", "sdpa")
     },
 }

@@ -165,3 +165,33 @@ def test_a_decoding_step_measures_its_one_row_against_the_real_keys(tmp_path: Pa
         ent = -(np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0)).sum(-1) / np.log(n)[:, None]
         assert report["layers"]["attn_entropy"][layer] == pytest.approx(ent.mean(), abs=2e-6), layer
         assert report["layers"]["attn_top1"][layer] == pytest.approx(p.max(-1).mean(), abs=2e-6), layer
+
+
+@pytest.mark.parametrize("name", ["bart-eager", "bart-sdpa"])
+def test_an_encoder_decoder_measures_each_stack_against_its_own_probabilities(name: str, tmp_path: Path) -> None:
+    """BART: the encoder's layers are bidirectional over the real tokens of the padded batch, the
+    decoder's causal over its own inputs (no decoder mask: every decoder position is a token). The
+    sites are named by path (decoder first, in path order), cross-attention left out."""
+    model = CASES[name].build().eval()
+    x, mask = _padded()
+    a = _attach(model, tmp_path)
+    with torch.no_grad():
+        model(input_ids=x, attention_mask=mask)
+    (report,) = spooled(a)
+    assert [s.name for s in a.sites] == [
+        "model.decoder.layers.0.self_attn",
+        "model.decoder.layers.1.self_attn",
+        "model.encoder.layers.0.self_attn",
+        "model.encoder.layers.1.self_attn",
+    ]
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model(input_ids=x, attention_mask=mask, output_attentions=True)
+    every = torch.ones_like(mask).numpy()
+    stacks = [(p, every, True) for p in out.decoder_attentions] + [
+        (p, mask.numpy(), False) for p in out.encoder_attentions
+    ]
+    for layer, (p, real, causal) in enumerate(stacks):
+        want = _row_reference(p.double().numpy(), real, causal)
+        for metric, value in want.items():
+            assert report["layers"][metric][layer] == pytest.approx(value, abs=2e-6), (metric, layer)
