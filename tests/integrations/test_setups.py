@@ -88,17 +88,18 @@ def test_torch_checkpoint_around_blocks_measures_each_layer_once(tmp_path: Path)
     assert reports[0] == reports[1]
 
 
-def test_bf16_autocast_reports_within_its_rounding_of_fp32(tmp_path: Path) -> None:
-    """bf16 keeps 8 bits of mantissa: q and k rounded to about 0.4 %, so the row statistics move a
-    little; the weight metrics read the fp32 parameters and do not move at all."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_autocast_reports_within_its_rounding_of_fp32(dtype: torch.dtype, tmp_path: Path) -> None:
+    """bf16 keeps 8 bits of mantissa (q and k rounded to about 0.4 %), fp16 11: the row statistics
+    move a little; the weight metrics read the fp32 parameters, with autocast off, and do not move."""
     model = CASES["llama-sdpa"].build().eval()
     fp32 = one_report(model, tmp_path, "fp32", backward=False)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16 = one_report(model, tmp_path, "bf16", backward=False)
+    with torch.autocast("cpu", dtype=dtype):
+        low = one_report(model, tmp_path, "low", backward=False)
     for metric in ("qkai", "stable_rank", "qk_cos"):
-        assert bf16[metric] == fp32[metric], metric
+        assert low[metric] == fp32[metric], metric
     for metric in ("attn_entropy", "attn_top1", "attn_top5"):
-        assert bf16[metric] == pytest.approx(fp32[metric], abs=0.01), metric
+        assert low[metric] == pytest.approx(fp32[metric], abs=0.01), metric
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "bert"])
