@@ -38,7 +38,10 @@ from qkwatch.monitor.backtest import RuleScore, RunHistory, summarize
 from qkwatch.monitor.client import Client
 from qkwatch.monitor.outcomes import Outcome, OutcomeRule, label
 
-DEFAULT_RUNS = ROOT / "instability_runs.yml"
+DEFAULT_RUNS = ROOT / "instability_sweep.yml"
+"""The suite: issue 31's learning-rate sweep, judged by where each run ends (``experiments.sweep_analysis``)."""
+EARLIER_RUNS = ROOT / "instability_runs.yml"
+"""The earlier suite (spikes only; ``docs/instability-earlier.md``): ``--runs experiments/instability_runs.yml``."""
 SPLITS = ("tune", "test", "holdout")
 """tune: detectors are chosen on these; test: scored on these; holdout: scored once, at the end."""
 
@@ -623,7 +626,7 @@ def write_report(opts: Options) -> int:
     study = load(FORECAST_RESULTS)
     if study is not None:
         results = {**results, "forecast_study": study}
-    command = "python -m experiments.instability" + ("" if opts.runs == DEFAULT_RUNS else f" --runs {opts.runs}")
+    command = f"python -m experiments.instability --runs {opts.runs.relative_to(ROOT.parent) if opts.runs.is_absolute() and opts.runs.is_relative_to(ROOT.parent) else opts.runs}"
     instability_report.write(results, opts.docs or instability_report.DOCS, png=opts.png, command=command)
     return 0
 
@@ -631,7 +634,7 @@ def write_report(opts: Options) -> int:
 def parse(argv: list[str] | None) -> Options:
     p = argparse.ArgumentParser(prog="python -m experiments.instability", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="the suite's YAML file")
-    p.add_argument("--campaign", default="instability", help="collector folder under experiments/out/")
+    p.add_argument("--campaign", default=None, help="collector folder under experiments/out/ (default: the suite's)")
     p.add_argument("--root", type=Path, default=None, help="the campaign's folder (default experiments/out/NAME)")
     p.add_argument("--workers", type=int, default=2, help="trainings at once (one CPU thread each)")
     p.add_argument(
@@ -651,9 +654,10 @@ def parse(argv: list[str] | None) -> Options:
         f"(experiments/results/{FORECAST_RESULTS}.json), then rewrite the page",
     )
     a = p.parse_args(argv)
+    campaign = a.campaign or ("instability_sweep" if a.runs.resolve() == DEFAULT_RUNS.resolve() else "instability")
     return Options(
         a.runs,
-        a.campaign,
+        campaign,
         a.root,
         a.workers,
         a.outcome,
@@ -666,10 +670,32 @@ def parse(argv: list[str] | None) -> Options:
     )
 
 
+def sweep_main(opts: Options, runs: Sequence[SuiteRun]) -> int:
+    """The sweep: train (resumable), read every step into the npz, score from the committed files, write the page."""
+    from experiments import sweep_analysis, sweep_report
+
+    if not opts.report_only:
+        train(opts, runs)
+        if opts.train_only:
+            return 0
+        sweep_analysis.export()
+    if not sweep_analysis.outcome_path().exists():
+        raise SystemExit(
+            "the outcome is not fixed yet: python -m experiments.sweep_analysis --fix-outcome, commit, then score"
+        )
+    results = sweep_analysis.score_sweep()
+    sweep_analysis.save_json(results, sweep_analysis.results_path())
+    path = sweep_report.write(results, opts.docs or sweep_report.DOCS)
+    log(f"wrote {sweep_analysis.results_path()} and {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse(argv)
     runs = load_runs(opts.runs)
     log(f"{len(runs)} runs in {opts.runs}")
+    if opts.runs.resolve() == DEFAULT_RUNS.resolve():
+        return sweep_main(opts, runs)
     if opts.report_only:
         return write_report(opts)
     if opts.forecast_only:

@@ -1,4 +1,4 @@
-"""docs/instability.md and its figures, from ``experiments/results/instability.json`` alone.
+"""docs/instability-earlier.md and its figures, from ``experiments/results/instability.json`` alone.
 
 ``python -m experiments.instability --report`` calls :func:`write`; the full suite calls it after
 its analysis. Every number on the page is read from the results file; sentences that judge a
@@ -26,6 +26,10 @@ GOAL = {"recall": 0.9, "lead_reports": 5, "false_alarms": 0, "forecast_error": 0
 >= 5 reports, no firing on a healthy test run; the forecast's median crossing error within 25 %."""
 
 
+PAGE = "instability-earlier.md"
+"""The earlier suite's page (60 runs of instability_cpu, spikes only); docs/instability.md is the sweep's."""
+
+
 def write(results: dict[str, Any], docs: Path = DOCS, png: bool = True, command: str = "") -> Path:
     text, figures = page(results, command)
     out = docs / FIGURES
@@ -34,7 +38,7 @@ def write(results: dict[str, Any], docs: Path = DOCS, png: bool = True, command:
         os.environ.setdefault("BROWSER_PATH", "/usr/bin/chromium")
         for name, fig in figures:
             fig.write_image(out / f"{name}.png", scale=1)
-    path = docs / "instability.md"
+    path = docs / PAGE
     path.write_text(text)
     log(f"wrote {path} ({len(figures)} figures{'' if png else ', PNGs not exported'})")
     return path
@@ -58,7 +62,12 @@ def page(r: dict[str, Any], command: str) -> tuple[str, list[tuple[str, Any]]]:
 
 def intro(r: dict[str, Any], command: str) -> str:
     runs = r["runs"]
-    return f"""# Instabilities qkwatch did not make: how early do its alerts see them?
+    return f"""# The earlier instability suite (spikes only)
+
+**Superseded by the sweep judged by where each run ends (`docs/instability.md`).** This suite judged a run
+by its loss spikes alone, so a run that ended a nat worse than its twin counted as healthy, and most
+of its "false alarms" may have been runs that really ended worse (issue 31). It is kept as it was
+measured; its numbers are not the project's current claims.
 
 The instability suite trains {len(runs)} runs into one collector through the agent and reads them
 back over REST (`experiments/instability.py`; the runs are `experiments/instability_runs.yml`).
@@ -77,9 +86,9 @@ its tune runs and seeds 8-11 its test runs.
 Regenerate (about 75 CPU minutes: some 45 minutes on 2 idle cores, 85 on a loaded machine; resumable):
 
 ```
-{command or "python -m experiments.instability"}
-python -m experiments.instability --forecast    # the collapse-band runs alone: the forecast's choice and error
-python -m experiments.instability --report      # this page from the committed results alone
+{command or "python -m experiments.instability --runs experiments/instability_runs.yml"}
+{command or "python -m experiments.instability --runs experiments/instability_runs.yml"} --forecast   # the collapse-band runs: the forecast
+{command or "python -m experiments.instability --runs experiments/instability_runs.yml"} --report     # this page from the committed results
 ```
 
 ## How a run is judged

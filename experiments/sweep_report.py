@@ -1,0 +1,232 @@
+"""docs/instability.md from the sweep's committed files alone (issue 31).
+
+``python -m experiments.instability --report`` scores the sweep again from
+``experiments/results/instability_sweep_runs.npz`` and ``instability_sweep_outcome.json``
+(``experiments.sweep_analysis.score_sweep``), writes ``instability_sweep.json`` and this page.
+Every number on the page comes from those results; every sentence that judges (met, not met, an
+order between variants) is computed from the same numbers, so the page cannot say more than the data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+LABELS = ("diverged", "degraded", "spiked", "healthy")
+SHORT = {"diverged": "div", "degraded": "deg", "spiked": "spk", "healthy": "ok"}
+ORDER = ("tune", "test", "holdout")
+
+
+def page(r: Mapping[str, Any]) -> str:
+    return "\n".join(
+        [
+            intro(r),
+            judged_section(r),
+            ended_section(r),
+            sensitivity_section(r),
+            scoreboard_section(r),
+            limits_section(r),
+        ]
+    )
+
+
+def write(results: Mapping[str, Any], docs: Path = DOCS) -> Path:
+    path = docs / "instability.md"
+    path.write_text(page(results))
+    return path
+
+
+def intro(r: Mapping[str, Any]) -> str:
+    runs = r["runs"]
+    variants = sorted({x["variant"] for x in runs})
+    rates = sorted({x["lr"] for x in runs})
+    seeds = Counter(x["split"] for x in runs)
+    return f"""# Instabilities qkwatch did not make, judged by where each run ends
+
+A learning-rate sweep in the style of Wortsman et al. 2023 ("Small-scale proxies for large-scale
+Transformer training instabilities", arXiv 2309.14322): {len(runs)} runs of `instability_small`
+(6 layers of d_model 96, byte-level text, 800 steps with 5 % warmup and cosine decay, AdamW
+0.9/0.95, clip 1.0, the held-out loss every 50 steps, a report every 10), over
+{", ".join(variants)}, at {len(rates)} rates from {rates[0]:g} to {rates[-1]:g} in half-decade steps,
+four seeds each: seed 0 chooses the detectors' parameters ({seeds["tune"]} runs), seeds 1 and 2 test
+them ({seeds["test"]}), seed 3 is held out and scored once ({seeds["holdout"]}). **Nothing is induced**:
+every bad run here went bad by its own training. The runs and every step of them are in
+`experiments/results/instability_sweep_runs.npz`; everything below is recomputed from that file and
+`experiments/results/instability_sweep_outcome.json` alone.
+
+```
+python -m experiments.instability --runs experiments/instability_sweep.yml --campaign instability_sweep --train-only
+python -m experiments.sweep_analysis --export        # the trained runs, every step, into the npz
+python -m experiments.sweep_analysis --fix-outcome   # once, before any scoring: best rates, spread, delta
+python -m experiments.instability --report           # this page, from the committed files alone
+```
+"""
+
+
+def judged_section(r: Mapping[str, Any]) -> str:
+    o = r["outcome"]
+    best = o["best_rates"]
+    groups = o["finals_at_best"]
+    rows = [[v, f"{best[v]:g}", ", ".join(f"{x:.3f}" for x in groups[v])] for v in sorted(best)]
+    n = sum(len(g) for g in groups.values())
+    return f"""## How a run is judged
+
+Fixed before any detector was scored (`qkwatch/monitor/outcomes.py`, and the commit of
+`instability_sweep_outcome.json` comes before the commit of any score):
+
+* **diverged**: a non-finite loss, or a run that did not train (the smoothed loss ends within 0.5
+  nats of the first); **spiked**: the loss smoothed over 20 steps rose 0.5 nats above its running
+  minimum for 5 steps and came back (both as before);
+* **degraded**: the run's *final held-out loss*, the mean of its last {o["k"]} evaluations, is at least
+  **delta = {o["delta"]:g} nats** above its reference's, the reference being the same variant and seed at
+  the variant's best rate. delta is {o["rule"]}: the pooled standard deviation over {n} runs is
+  **{o["spread"]:.4f}**, and 3 x sqrt(2) x {o["spread"]:.4f} = {3 * math.sqrt(2) * o["spread"]:.4f}, rounded up.
+  A run both spiked and degraded is degraded; a run at its variant's best rate is its own reference.
+
+{table(["variant", "best rate", "final held-out loss there, seeds 0-2"], rows)}
+
+**The loss-visible step** is what a user who watches only the loss is told, and when: a loss-only alert
+(`LossAlert`) fires at a non-finite loss; or when the loss smoothed over 20 steps is 0.5 above its
+running minimum for 5 steps; or when, between step 100 and three quarters of the run, it fell by less
+than 0.02 nats in 100 steps. A detector's **lead** on a bad run is that step (the end of the run when the
+loss never showed it) minus the step of its first alert; negative means qkwatch was later than the loss.
+
+**The bar**, fixed before the suite ran: on the held-out seed, at least {pct(r["bar"]["flagged"])} of the bad
+runs flagged, a median lead of at least {r["bar"]["median_lead_steps"]} steps, and at most one false alarm (an
+alert on a healthy run) in {round(1 / r["bar"]["false_alarm_rate"])} runs. A rule that does not meet it is not a default.
+"""
+
+
+def ended_section(r: Mapping[str, Any]) -> str:
+    runs = r["runs"]
+    variants = sorted({x["variant"] for x in runs})
+    rates = sorted({x["lr"] for x in runs})
+    header = ["rate", *variants]
+    rows = []
+    for lr in rates:
+        cells = [f"{lr:g}"]
+        for v in variants:
+            cell = [x for x in runs if x["variant"] == v and x["lr"] == lr]
+            finals = [x["final"] for x in cell if x["final"] is not None]
+            counts = Counter(x["outcome"] for x in cell)
+            mark = ", ".join(f"{counts[k]} {SHORT[k]}" for k in LABELS if counts[k])
+            mean = f"{statistics.fmean(finals):.3f}" if finals else "-"
+            sd = f" ± {statistics.stdev(finals):.3f}" if len(finals) > 1 else ""
+            cells.append(f"{mean}{sd} ({mark})")
+        rows.append(cells)
+    total = Counter(x["outcome"] for x in runs)
+    return f"""## Where the runs ended
+
+The final held-out loss, mean ± standard deviation over the four seeds, and the outcomes counted over
+the four seeds (div: diverged, deg: degraded, spk: spiked, ok: healthy). In all: {", ".join(f"{total[k]} {k}" for k in LABELS)}.
+
+{table(header, rows)}
+"""
+
+
+def sensitivity_section(r: Mapping[str, Any]) -> str:
+    s = r["lr_sensitivity"]
+    rows = [
+        [
+            v,
+            f"{x['mean']:.3f}",
+            f"{x['sd']:.3f}" if x["sd"] is not None else "-",
+            ", ".join(f"{y:.3f}" for y in x["per_seed"].values()),
+        ]
+        for v, x in sorted(s.items(), key=lambda kv: kv[1]["mean"])
+    ]
+    return f"""## Learning-rate sensitivity
+
+Wortsman et al.'s measure per variant and seed: the mean over the swept rates of min(final held-out
+loss, loss at initialisation) minus the best final, in nats; then the mean and standard deviation
+over the four seeds. {order_sentence(s)}
+
+{table(["variant", "mean", "sd over seeds", "per seed (0-3)"], rows)}
+"""
+
+
+def order_sentence(s: Mapping[str, Any]) -> str:
+    """An order between two variants is claimed only where every seed of one is below every seed of the other."""
+    names = sorted(s, key=lambda v: s[v]["mean"])
+    claims = []
+    for a, b in itertools.pairwise(names):
+        if max(s[a]["per_seed"].values()) < min(s[b]["per_seed"].values()):
+            claims.append(f"{a} is less sensitive than {b} on every seed")
+        else:
+            claims.append(f"{a} and {b} overlap across seeds (no order claimed)")
+    return "Between neighbours in the table: " + "; ".join(claims) + "."
+
+
+def scoreboard_section(r: Mapping[str, Any]) -> str:
+    parts = ["## Detectors against the baselines a user already has\n"]
+    chosen = r["chosen"]
+    names = ", ".join(f"`{k}` {rule_text(c['rule'])}" for k, c in chosen.items()) or "none"
+    parts.append(
+        "Each candidate family's parameters were chosen on seed 0 (most bad runs flagged with no alert on a "
+        "healthy run); the collapse rules (`qkai_high`, `collapse_band`) are the user's and are not tuned. "
+        f"Chosen: {names}. "
+        f"The rate baseline alerts from the first step on every run at a rate of at least {r['lr_threshold']:g} "
+        "(the smallest swept rate above every healthy tune run's).\n"
+    )
+    for split, title in (("test", "Test seeds 1 and 2"), ("holdout", "The held-out seed 3, scored once")):
+        table_ = r["tables"][split]
+        rows = []
+        for rule, s in table_.items():
+            rows.append(
+                [
+                    f"{rule}{' (baseline)' if s['baseline'] else ''}",
+                    f"{s['flagged']}/{s['bad']} ({pct(s['flagged_fraction'])})",
+                    "-" if s["median_lead_steps"] is None else f"{s['median_lead_steps']:g}",
+                    f"{s['false_alarms']}/{s['runs']}",
+                    "yes" if s["meets_bar"] else "no",
+                ]
+            )
+        parts.append(
+            f"### {title}\n\n{table(['rule', 'bad runs flagged', 'median lead (steps)', 'false alarms', 'meets the bar'], rows)}\n"
+        )
+    parts.append(verdict(r))
+    return "\n".join(parts)
+
+
+def verdict(r: Mapping[str, Any]) -> str:
+    held = r["tables"]["holdout"]
+    ours = {k: v for k, v in held.items() if not v["baseline"]}
+    met = [k for k, v in ours.items() if v["meets_bar"]]
+    base = [k for k, v in held.items() if v["baseline"] and v["meets_bar"]]
+    if met:
+        head = f"On the held-out seed {', '.join(f'`{k}`' for k in met)} meet the bar."
+    else:
+        head = "On the held-out seed no qkwatch rule meets the bar, so none ships as a default from this suite."
+    return f"**{head}** Baselines meeting it: {', '.join(f'`{k}`' for k in base) or 'none'}.\n"
+
+
+def limits_section(r: Mapping[str, Any]) -> str:
+    return """## What this does not show
+
+* Nothing at scale: a 6-layer model of width 96 on byte-level text for 800 steps, on a CPU. The
+  variants' order, the rates and the detectors' parameters may all differ on a real model.
+* Nothing about the collapse band of seed 000: no run here raised QKAI past the collapse threshold on
+  its own, so the QKAI rules are scored only on trouble of another kind (a rule that never fires
+  flags nothing). The induced band (the demo's) is not in this suite.
+* One run per seed and cell: the outcome of a cell is four runs, and the held-out seed is one run per cell.
+"""
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
+def rule_text(rule: Mapping[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={v}" for k, v in rule.items() if k != "name") + ")"
