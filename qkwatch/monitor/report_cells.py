@@ -8,7 +8,7 @@ import html
 import time
 from typing import Any
 
-from qkwatch.monitor.report_figures import Json, RunData, finite, layers_above
+from qkwatch.monitor.report_figures import Json, RunData, finite, layers_above, visible
 
 
 def grid(cells: str, columns: int) -> str:
@@ -39,7 +39,7 @@ def tags_cell(d: RunData) -> str:
 def notes_cell(d: RunData) -> str:
     """The notes as the user wrote them (line breaks kept; Markdown shown as its text)."""
     notes = d.run.get("notes")
-    return f'<div class="notes">{html.escape(notes)}</div>' if notes else '<span class="none">none</span>'
+    return f'<div class="notes">{html.escape(visible(notes))}</div>' if notes else '<span class="none">none</span>'
 
 
 def above_cell(d: RunData, threshold: float) -> str:

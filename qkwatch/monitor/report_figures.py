@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +57,16 @@ class RunData:
 
     @property
     def label(self) -> str:
-        return f"{self.run['project']}/{self.run['name']}"
+        return visible(f"{self.run['project']}/{self.run['name']}")
+
+
+BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Bidi controls: shown as what they are, so that no run name can pass for another (as on the live page)."""
+
+
+def visible(text: str) -> str:
+    """``text`` with each bidi control replaced by ``[U+202E]`` and the like."""
+    return BIDI.sub(lambda m: f"[U+{ord(m.group()):04X}]", text)
 
 
 def finite(value: Any) -> float | None:
@@ -220,7 +230,7 @@ def latest_figure(runs: list[RunData], threshold: float) -> Figure:
             {
                 "type": "scatter",
                 "mode": "lines+markers",
-                "name": data.label,
+                "name": html.escape(data.label),  # Plotly draws markup in a name: escaped, it is text
                 "x": layers,
                 "y": [data.latest[layer][0] for layer in layers],
                 "line": {"color": RUN_COLORS[i % len(RUN_COLORS)], "width": 2},
@@ -251,7 +261,7 @@ def loss_figure(runs: list[RunData]) -> Figure:
                     {
                         "type": "scatter",
                         "mode": "lines+markers" if style else "lines",
-                        "name": data.label if name == "loss" else f"{data.label} {name}",
+                        "name": html.escape(data.label if name == "loss" else f"{data.label} {name}"),
                         "legendgroup": data.run["id"],
                         "showlegend": name == "loss" or not data.loss["steps"],
                         "x": series["steps"],
