@@ -55,27 +55,31 @@ MEMORY_MAX = 256
 """Most values a growth rule's baseline or a forecast rule's window may hold per layer (the stored state)."""
 
 
+MAX_FOR_REPORTS = 10_000
+"""Most consecutive reports a rule may wait for (a bound, so a typo of a huge number is refused)."""
+
+
 def _check_name(rule: str, key: str, value: object) -> None:
     """Rule and metric names: what a report's metric name may be (letters, digits, ``_.:/-``)."""
     if not isinstance(value, str) or not re.fullmatch(METRIC_NAME_PATTERN, value):
         raise ValueError(
-            f"rule {rule!r}: {key} must be a name of letters, digits and _.:/- "
-            f"(starting with a letter or _), got {value!r}"
+            f"rule {brief_repr(rule)}: {key} must be a name of letters, digits and _.:/- "
+            f"(starting with a letter or _), got {brief_repr(value)}"
         )
 
 
 def _check_int(rule: str, key: str, value: object, low: int = 1, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"from {low} to {high}"
-        raise ValueError(f"rule {rule!r}: {key} must be a whole number {bound}, got {brief_repr(value)}")
+        raise ValueError(f"rule {brief_repr(rule)}: {key} must be a whole number {bound}, got {brief_repr(value)}")
 
 
 def _check_number(rule: str, key: str, value: object, above: float | None = None) -> None:
     if not _finite(value):
-        raise ValueError(f"rule {rule!r}: {key} must be a finite number, got {brief_repr(value)}")
+        raise ValueError(f"rule {brief_repr(rule)}: {key} must be a finite number, got {brief_repr(value)}")
     assert isinstance(value, (int, float))  # _finite holds only for numbers
     if above is not None and value <= above:
-        raise ValueError(f"rule {rule!r}: {key} must be above {above:g}, got {value!r}")
+        raise ValueError(f"rule {brief_repr(rule)}: {key} must be above {above:g}, got {brief_repr(value)}")
 
 
 def _finite(value: object) -> bool:
@@ -98,12 +102,15 @@ def brief_repr(value: object) -> str:
 
 def _check_op(rule: str, value: object) -> None:
     if not isinstance(value, str) or value not in _OPS:
-        raise ValueError(f"rule {rule!r}: op must be one of {', '.join(_OPS)}, got {value!r}")
+        raise ValueError(f"rule {brief_repr(rule)}: op must be one of {', '.join(_OPS)}, got {brief_repr(value)}")
 
 
 def _check_severity(rule: str, value: object) -> None:
     if not isinstance(value, str) or not 1 <= len(value) <= SEVERITY_MAX or not value.isprintable():
-        raise ValueError(f"rule {rule!r}: severity must be a word of 1 to {SEVERITY_MAX} characters, got {value!r}")
+        raise ValueError(
+            f"rule {brief_repr(rule)}: severity must be a word of 1 to {SEVERITY_MAX} characters, "
+            f"got {brief_repr(value)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ class ThresholdRule:
         _check_name(self.name, "metric", self.metric)
         _check_op(self.name, self.op)
         _check_number(self.name, "threshold", self.threshold)
-        _check_int(self.name, "for_reports", self.for_reports)
+        _check_int(self.name, "for_reports", self.for_reports, high=MAX_FOR_REPORTS)
         _check_severity(self.name, self.severity)
 
     def holds(self, value: float) -> bool:
@@ -171,7 +178,7 @@ class GrowthRule:
         _check_number(self.name, "factor", self.factor, above=1)
         _check_int(self.name, "baseline_reports", self.baseline_reports, high=MEMORY_MAX)
         _check_int(self.name, "skip_reports", self.skip_reports, low=0)
-        _check_int(self.name, "for_reports", self.for_reports)
+        _check_int(self.name, "for_reports", self.for_reports, high=MAX_FOR_REPORTS)
         _check_severity(self.name, self.severity)
 
     def describe(self) -> str:
@@ -213,15 +220,17 @@ class ForecastRule:
         _check_number(self.name, "threshold", self.threshold)
         _check_int(self.name, "horizon_steps", self.horizon_steps)
         _check_int(self.name, "window", self.window, low=2, high=MEMORY_MAX)
-        _check_int(self.name, "for_reports", self.for_reports)
+        _check_int(self.name, "for_reports", self.for_reports, high=MAX_FOR_REPORTS)
         _check_severity(self.name, self.severity)
         if not isinstance(self.fit, str) or self.fit not in FITS:
-            raise ValueError(f"rule {self.name!r}: fit must be one of {', '.join(FITS)}, got {brief_repr(self.fit)}")
+            raise ValueError(
+                f"rule {brief_repr(self.name)}: fit must be one of {', '.join(FITS)}, got {brief_repr(self.fit)}"
+            )
         if self.fit == "theil_sen":
             _check_int(self.name, "window (theil_sen)", self.window, low=2, high=THEIL_SEN_WINDOW_MAX)
         _check_number(self.name, "margin", self.margin)
         if self.margin < 0:
-            raise ValueError(f"rule {self.name!r}: margin must be 0 or more, got {self.margin!r}")
+            raise ValueError(f"rule {brief_repr(self.name)}: margin must be 0 or more, got {self.margin!r}")
 
     @property
     def rising(self) -> bool:

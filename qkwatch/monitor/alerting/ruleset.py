@@ -130,7 +130,9 @@ class RuleSet:
             raise ValueError("the rules file has no 'rules'; write 'rules: []' to switch alerting off")
         items = data["rules"]
         if not isinstance(items, list):
-            raise ValueError(f"rules must be a list of rules (or [] for none), got {items!r}")
+            raise ValueError(f"rules must be a list of rules (or [] for none), got {brief_repr(items)}")
+        if len(items) > MAX_RULES:
+            raise ValueError(f"{len(items)} rules; a rules file holds at most {MAX_RULES}")
         parsed = [_parse_rule(item, i, collapse) for i, item in enumerate(items)]
         webhooks = data.get("webhooks") or []
         if not isinstance(webhooks, list):
@@ -154,9 +156,14 @@ class RuleSet:
         import yaml  # only needed when a rules file is configured
 
         try:
-            data = yaml.safe_load(Path(path).read_text())
+            size = Path(path).stat().st_size
+            if size > MAX_RULES_FILE_BYTES:
+                raise ValueError(f"it is {size} bytes; a rules file is at most {MAX_RULES_FILE_BYTES}")
+            data = yaml.load(Path(path).read_text(), Loader=_no_alias_loader())  # a SafeLoader, aliases refused
         except OSError as exc:
             raise ValueError(f"cannot read it: {exc.strerror or exc}") from None
+        except ValueError as exc:  # the constructor's: an integer of more digits than Python reads
+            raise ValueError(f"not valid YAML: a number too long to read ({str(exc).split(':')[0]})") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -166,11 +173,32 @@ class RuleSet:
         return cls.from_mapping(data, collapse)
 
 
+MAX_RULES = 1000
+"""Most rules one file may hold: each is judged on every layer of every report."""
+MAX_RULES_FILE_BYTES = 1 << 20
+"""Largest rules file read (1 MiB): YAML is parsed in Python, so its size bounds the time and memory."""
+
+
+def _no_alias_loader() -> type:
+    """yaml's SafeLoader refusing anchors and aliases: a few aliases nest into a structure of billions of
+    items (the "billion laughs"), and a rules file has no need of them."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise yaml.YAMLError(f"anchors and aliases are not allowed in a rules file (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+
+    return Loader
+
+
 def _parse_rule(item: object, i: int, collapse: float) -> Rule:
     """One entry of ``rules``: its kind (given, or band/threshold by ``band_of``), checked key by key."""
     if not isinstance(item, Mapping) or "name" not in item:
         raise ValueError(f"rules[{i}] must be a mapping with a 'name'")
-    where = f"rules[{i}] ({item.get('name')!r})"
+    where = f"rules[{i}] ({brief_repr(item.get('name'))})"
     kind = item.get("kind", "band" if "band_of" in item else "threshold")
     if kind not in KINDS:
         raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)}, got {kind!r}")

@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @one_line_errors("alerts backtest")
 def cmd_alerts_backtest(args: argparse.Namespace) -> int:
+    from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
     from qkwatch.monitor import backtest
     from qkwatch.monitor.client import CollectorError
     from qkwatch.monitor.outcomes import OutcomeRule
@@ -55,6 +56,11 @@ def cmd_alerts_backtest(args: argparse.Namespace) -> int:
         outcome_rule = OutcomeRule.parse(args.outcome)
     except ValueError as exc:
         print(f"qkwatch alerts backtest: --outcome: {exc}", file=sys.stderr)
+        return 2
+    try:  # checked before the collector is asked anything: a bad file is the user's to fix first
+        _backtest_rules(args.rules, COLLAPSE_THRESHOLD)
+    except ValueError as exc:
+        print(f"qkwatch alerts backtest: rules file {args.rules}: {exc}", file=sys.stderr)
         return 2
     try:
         with open_client(args) as c:
