@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkwatch.monitor.alerting.notifier import Notifier
 from qkwatch.monitor.alerting.ruleset import RuleSet, with_webhooks
+from qkwatch.monitor.alerting.webhooks import Policy
 from qkwatch.monitor.api import alerts, lambdas, queries, reports, runs
 from qkwatch.monitor.api.deps import Principal, RateLimiter, metrics_viewer
 from qkwatch.monitor.api.limits import BodyLimitMiddleware
@@ -69,11 +70,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         upgrade(store.engine)
     rules = load_rules(settings)
     registry, service_metrics = build_registry()
+    secret = settings.webhook_secret.get_secret_value() if settings.webhook_secret else None
+    policy = Policy(
+        settings.webhook_timeout_s, settings.webhook_allow_private, settings.webhook_max_response_bytes, secret
+    )
     notifier = Notifier(
         store,
         rules.webhooks,
         max_attempts=settings.webhook_max_attempts,
-        timeout_s=settings.webhook_timeout_s,
+        policy=policy,
         external_url=settings.external_url,
     )
     background = Maintenance(store, notifier, settings)

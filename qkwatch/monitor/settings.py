@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, H_STAR, Thresholds
@@ -97,7 +97,14 @@ class Settings(BaseSettings):
     webhook_max_attempts: Count = 8
     """Delivery attempts per alert notification before it is given up (and logged)."""
     webhook_timeout_s: Annotated[float, Field(gt=0, le=3_600, allow_inf_nan=False)] = 5.0
-    """Seconds one webhook delivery may take (at most an hour)."""
+    """Seconds one webhook delivery may take in all, its answer read (at most an hour)."""
+    webhook_allow_private: bool = False
+    """Let webhooks reach loopback, private, link-local (metadata) and other non-public addresses; off,
+    such a target is refused at every delivery (``qkwatch.monitor.alerting.webhooks``)."""
+    webhook_secret: SecretStr | None = None
+    """Sign every webhook body: ``X-Qkwatch-Signature: sha256=HMAC(secret, "<X-Qkwatch-Timestamp>.<body>")``."""
+    webhook_max_response_bytes: Annotated[int, Field(ge=0, le=MAX_COUNT)] = 64 * 1024
+    """A receiver's answer longer than this is cut off and the delivery counted as failed."""
     rate_limit_per_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = 200.0
     """Sustained requests per second per token, across all workers and replicas on the database."""
     rate_limit_burst: Count = 400
@@ -129,6 +136,13 @@ class Settings(BaseSettings):
     def thresholds(self) -> Thresholds:
         """The collapse threshold and H* as one validated value."""
         return Thresholds(self.collapse_threshold, self.h_star)
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _long_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("a webhook secret is at least 16 characters (a shorter one is guessed)")
+        return value
 
     @field_validator("webhook_urls", mode="before")
     @classmethod
@@ -177,7 +191,12 @@ def describe(exc: ValidationError, flags: Mapping[str, str]) -> str:
     value = error.get("input")
     message = str(error["msg"]).removeprefix("Value error, ")
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}={_brief(value)}: {message}{more}"
+    shown = "'***'" if field in SECRETS else _brief(value)  # a secret is never written to a log
+    return f"{where}={shown}: {message}{more}"
+
+
+SECRETS = frozenset({"webhook_secret"})
+"""Settings whose value an error message hides."""
 
 
 def _brief(value: object) -> str:

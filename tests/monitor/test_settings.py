@@ -8,7 +8,7 @@ import os
 import pytest
 
 from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.settings import MAX_COUNT, SettingError, Settings, check_http_url, load_settings
+from qkwatch.monitor.settings import MAX_COUNT, SECRETS, SettingError, Settings, check_http_url, load_settings
 
 BIG = "1" * 401
 """A 401-digit integer: too large for a float, and for any database column."""
@@ -51,6 +51,10 @@ BAD = [
     ("webhook_timeout_s", "nan"),
     ("webhook_timeout_s", "0"),
     ("webhook_timeout_s", "3601"),
+    ("webhook_allow_private", "maybe"),
+    ("webhook_secret", "s3cr3t-t00-sh0rt"[:12]),
+    ("webhook_max_response_bytes", "-1"),
+    ("webhook_max_response_bytes", BIG),
     ("rate_limit_per_s", "inf"),
     ("rate_limit_per_s", "nan"),
     ("rate_limit_per_s", "1e300"),
@@ -101,6 +105,9 @@ def test_a_bad_value_of_any_setting_is_refused_in_one_line_naming_the_variable_a
     message = str(refused.value)
     assert "\n" not in message
     assert message.startswith(f"{variable}=")
+    if field in SECRETS:  # a secret is named, never shown
+        assert value not in message and message.startswith(f"{variable}='***': "), message
+        return
     shown = value if len(value) < 60 else value[:40]  # a long value is cut, never left out
     assert shown.split(",")[-1] in message, message
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -37,6 +38,7 @@ from typing import Any, Protocol
 import httpx
 
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
+from qkwatch.monitor.alerting.webhooks import Policy, post
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +156,7 @@ class Notifier:
         urls: Sequence[str],
         *,
         max_attempts: int = 8,
-        timeout_s: float = 5.0,
+        policy: Policy | None = None,
         external_url: str = "",
         backoff_s: float = 2.0,
         max_backoff_s: float = 300.0,
@@ -162,9 +164,10 @@ class Notifier:
         self.store = store
         self.urls = list(urls)
         self.max_attempts = max_attempts
+        self.policy = policy or Policy()
         self.external_url = external_url
         self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-        self._http = httpx.Client(timeout=timeout_s)
+        self._http = httpx.Client(timeout=self.policy.timeout_s, follow_redirects=False)
         self._closed = False
 
     def close(self) -> None:
@@ -194,13 +197,6 @@ class Notifier:
         return delivered
 
     def _send(self, n: PendingNotification) -> str | None:
-        body = alertmanager_payload(n, self.external_url)
-        errors = []
-        for url in self.urls:
-            try:
-                response = self._http.post(url, json=body)
-                if response.status_code >= 300:
-                    errors.append(f"{url}: HTTP {response.status_code}")
-            except httpx.HTTPError as exc:
-                errors.append(f"{url}: {exc!r}")
+        body = json.dumps(alertmanager_payload(n, self.external_url), separators=(",", ":")).encode()
+        errors = [e for url in self.urls if (e := post(self._http, url, body, self.policy)) is not None]
         return "; ".join(errors) or None

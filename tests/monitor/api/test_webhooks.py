@@ -1,4 +1,4 @@
-"""Webhook delivery to a real HTTP server on loopback, in Alertmanager's format, with retries.
+"""Webhook delivery to a real HTTP server on loopback (allowed: a private target), Alertmanager's format, retries.
 
 The notifier delivers every pending notification in its database, so these tests get a
 database of their own on PostgreSQL too.
@@ -59,7 +59,7 @@ def receiver():
 
 
 def test_webhooks_get_alertmanager_payloads_with_retries(make_harness, receiver: Receiver):
-    h = make_harness(webhook_urls=receiver.url)
+    h = make_harness(webhook_urls=receiver.url, webhook_allow_private=True)
     notifier = h.app.state.notifier
     run = h.create_run()
     h.send(run["id"], qkai_reports(0, [[0.9]] * 3))
@@ -86,7 +86,7 @@ def test_webhooks_get_alertmanager_payloads_with_retries(make_harness, receiver:
 def test_webhook_gives_up_after_max_attempts(make_harness):
     r = Receiver(fail_first=100)
     try:
-        h = make_harness(webhook_urls=r.url, webhook_max_attempts=2)
+        h = make_harness(webhook_urls=r.url, webhook_max_attempts=2, webhook_allow_private=True)
         run = h.create_run()
         h.send(run["id"], qkai_reports(0, [[0.9]] * 3))
         notifier = h.app.state.notifier
@@ -99,7 +99,9 @@ def test_webhook_gives_up_after_max_attempts(make_harness):
 
 
 def test_background_thread_delivers_when_woken(make_harness, receiver: Receiver):
-    h = make_harness(webhook_urls=receiver.url, background=True, maintenance_interval_s=3600)
+    h = make_harness(
+        webhook_urls=receiver.url, background=True, maintenance_interval_s=3600, webhook_allow_private=True
+    )
     receiver.fail_first = 0
     run = h.create_run()
     h.send(run["id"], qkai_reports(0, [[0.9]] * 3))  # queues a notification and wakes the thread
@@ -112,7 +114,7 @@ def test_a_run_that_ends_while_firing_is_told_as_firing_with_the_end_annotated(m
     ended while it fired, where, and with which value; when the run resumes and heals, the same alert resolves."""
     r = Receiver()
     try:
-        h = make_harness(webhook_urls=r.url)
+        h = make_harness(webhook_urls=r.url, webhook_allow_private=True)
         notifier = h.app.state.notifier
         run = h.create_run(attempt_key="first")
         h.send(run["id"], qkai_reports(0, [[0.9]] * 2 + [[0.934]]))
