@@ -1,12 +1,13 @@
 """Red team: text users write, shown back to them, never runs (issue 34).
 
 Run names, project names, notes and event messages carry markup and script (``<script>``,
-``"><img onerror>``, ``</script>`` breaking out of a script block, ``javascript:`` URLs, ``<svg onload>``),
-Unicode bidi controls and 10 KB strings. A real collector stores them (what the wire allows: names
-have no whitespace, so their payloads do without); the live page and ``qkwatch report`` show them in
-a real headless Chromium. Every payload, if it ran, would set ``window.__xss``: it must stay unset,
-no element may carry an ``onerror``/``onload`` attribute, no script element may be a payload's (a figure's JSON may hold the names, as data), no dialog may open (a dialog would block
-every later evaluation, so the test would time out), and the text must be on the page as text.
+``"><svg>``, ``javascript:`` URLs, ``onerror`` handlers), Unicode bidi controls and 10 KB strings.
+A real collector stores them (what the wire allows: names have no whitespace and no slash, so
+their payloads do without); the live page and ``qkwatch report`` show them in a real headless
+Chromium. Every payload, if it ran, would set ``window.__xss``: it must stay unset; no element may
+carry an ``onerror``/``onload`` handler; no script element may be a payload's (a figure's JSON
+may hold the names, as data); no dialog may open (a dialog would block every later evaluation,
+so the test would time out); and the text must be on the page as text.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def test_the_live_page_shows_hostile_names_notes_and_events_as_text(collector: L
         titles = tab.eval("[...document.querySelectorAll('#maps .map .gtitle')].map((t) => t.textContent).join('|')")
         assert all(f"{PROJECT}/{shown(name)}" in titles for name in NAMES)
         legend = tab.eval(
-            "[...document.querySelectorAll('#latest .legendtext')].map((t) => [t.textContent, t.querySelectorAll('*').length])"
+            "[...document.querySelectorAll('#latest .legendtext')]"
+            ".map((t) => [t.textContent, t.querySelectorAll('*').length])"
         )
         assert [f"{PROJECT}/{shown(name)}" for name in NAMES] == [text for text, _ in legend]
         assert all(parts == 0 for _, parts in legend)  # Plotly's markup in a name (<b>) is not drawn
