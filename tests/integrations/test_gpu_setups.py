@@ -39,7 +39,7 @@ def report(model: torch.nn.Module, tmp_path: Path, name: str, forward: Any = Non
     a = agent.attach(model, spool=str(tmp_path / name), run=name, every=1, **OFFLINE)
     a.step(0)
     with torch.no_grad():
-        (forward or model)(**batch())
+        (forward if forward is not None else model)(**batch())
     (r,) = [r for r in spooled(a) if r["layers"]]
     return r["layers"]
 
