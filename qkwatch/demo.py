@@ -24,16 +24,14 @@ import argparse
 import itertools
 import os
 import shlex
-import shutil
 import signal
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qkwatch.demo_readout import layer_range, progress_line, summary_table
+from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, start_run
 
 if TYPE_CHECKING:
     from qkwatch.launch import CollectorProcess
@@ -42,11 +40,6 @@ if TYPE_CHECKING:
 
 VARIANTS = {"vanilla": [], "raa": ["raa.enabled=true"]}
 """The two runs of the demo and the overrides that make them differ."""
-PROJECT = "demo"
-PROGRESS_SECONDS = 15.0
-DEFAULT_PORT = 8000
-"""Where the demo's collector listens, unless the port is taken (then the next free one); also the
-default URL of the CLI and the client, so the commands need no ``--url`` there."""
 NOT_SHOWN = (
     "The band is induced (qk_collapse, see the README): the demo shows that the pipeline works (metrics, "
     "collector, schedule, PAR); it does not show RAA, or the alerts, working on trouble that nobody designed."
@@ -69,23 +62,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--no-serve", action="store_true", help="stop the collector after the summary (scripts, CI) instead of serving"
     )
+    p.add_argument(
+        "--natural",
+        action="store_true",
+        help="trouble nobody designed instead: a vanilla run at a hot learning rate beside its safe twin, "
+        "qk_norm and RAA at the hot rate (instability_small, nothing induced; about 5 minutes)",
+    )
     p.set_defaults(handler=run_demo)
-
-
-@dataclass
-class Trainee:
-    """One training subprocess of the demo."""
-
-    variant: str
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    run_id: str | None = None
 
 
 def run_demo(args: argparse.Namespace) -> int:
     from qkwatch.launch import CollectorLaunchError, CollectorProcess, first_free_port, port_is_free
     from qkwatch.trainer.cli import resolve_config
+
+    if args.natural:
+        from qkwatch.demo_natural import run_natural
+
+        return run_natural(args)
 
     try:
         cfg = resolve_config(args.recipe, args.set)
@@ -110,7 +103,8 @@ def run_demo(args: argparse.Namespace) -> int:
             return 1
         with collector.client(timeout=10.0) as client:
             names = run_names(client)
-            trainees = [_start_run(variant, names[variant], args, url, workdir) for variant in VARIANTS]
+            sets = {v: [*args.set, *VARIANTS[v]] for v in VARIANTS}
+            trainees = [start_run(v, names[v], args.recipe, sets[v], url, workdir) for v in VARIANTS]
             band = band_layers(cfg)
             _announce(
                 args.recipe, cfg.train.steps, band, url, workdir, moved=port != DEFAULT_PORT and args.port is None
@@ -256,36 +250,6 @@ def band_layers(cfg: RunConfig) -> list[int]:
 
 
 # --- processes ------------------------------------------------------------------------------------
-
-
-def _start_run(variant: str, name: str, args: argparse.Namespace, url: str, workdir: Path) -> Trainee:
-    # The collector has no run of this name (run_names), so its checkpoints and spool here, if any,
-    # are left from a database since deleted: the trainer would refuse them, the agent replay them.
-    for stale in (workdir / "runs" / name, workdir / "spool" / PROJECT / name):
-        shutil.rmtree(stale, ignore_errors=True)
-    env = {
-        **os.environ,
-        "QKWATCH_URL": url,
-        "QKWATCH_PROJECT": PROJECT,
-        "QKWATCH_RUN": name,
-        "QKWATCH_SPOOL": str(workdir / "spool"),
-    }
-    sets = [item for kv in [*args.set, *VARIANTS[variant]] for item in ("--set", kv)]
-    log = workdir / f"{name}.log"
-    command = [
-        sys.executable,
-        "-m",
-        "qkwatch.cli",
-        "train",
-        "--recipe",
-        args.recipe,
-        "--out",
-        str(workdir / "runs" / name),
-        *sets,
-    ]
-    with log.open("w") as out:  # the child keeps its own copy of the descriptor
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return Trainee(variant, name, process, log)
 
 
 def _announce_page(client: Client, url: str, trainees: list[Trainee], timeout: float = 180.0) -> None:

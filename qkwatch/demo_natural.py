@@ -1,0 +1,207 @@
+"""``qkwatch demo --natural``: trouble nobody designed, live: a hot learning rate beside its safe twin.
+
+Four runs of ``instability_small`` (6 layers of 96, 800 steps, byte-level text; nothing induced) into
+one collector, which judges them with the candidate detectors (``qkwatch/dashboards/rules/detectors.yml``):
+
+* ``vanilla-hot``, vanilla attention at lr 0.03, and ``vanilla-safe`` at lr 0.003, its twin (the
+  same seed, data and model): in the sweep's seed 0 (``docs/instability.md``) the hot run's largest
+  attention logit passed 170 and its attention entropy fell to 0.04 by step 50, while its loss
+  looked like a slower run's, and it ended about a nat worse;
+* ``qk_norm-hot``: qk_norm at the hot rate, which bounds the logits (Wortsman et al. 2023);
+* ``raa-hot``: RAA at the hot rate. RAA anchors the rank of the query-key map; it does not bound the
+  logits' growth, and in the sweep it did not help at this rate: the demo shows it as it is.
+
+The closing table, read back from the collector: each run's final held-out loss (the mean of its
+last 3 evaluations) against the safe twin's, the first alert and its step, and the step at which a
+loss-only alert on the run's own loss would have said anything (``qkwatch.monitor.outcomes.LossAlert``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, start_run
+
+if TYPE_CHECKING:
+    from qkwatch.monitor.client import Client
+
+RECIPE = "instability_small"
+HOT, SAFE = 0.03, 0.003
+RUNS: dict[str, list[str]] = {
+    "vanilla-hot": [f"optim.lr={HOT}"],
+    "vanilla-safe": [f"optim.lr={SAFE}"],
+    "qk_norm-hot": [f"optim.lr={HOT}", "model.variant=qk_norm"],
+    "raa-hot": [f"optim.lr={HOT}", "raa.enabled=true"],
+}
+"""The runs and what makes them differ (the same seed, 0, for all)."""
+TWIN = "vanilla-safe"
+NOT_SHOWN = (
+    "Nothing here is induced. What the demo does not show: how often the attention signal leads the loss, "
+    "and whether any rule is good enough to page on; one seed of one rate cannot say. That is the sweep's "
+    "scoreboard, on held-out seeds (docs/instability.md)."
+)
+
+
+def detectors() -> Path:
+    """The candidate detectors' rules file, shipped inside the package."""
+    import qkwatch.dashboards
+
+    return Path(qkwatch.dashboards.__file__).parent / "rules" / "detectors.yml"
+
+
+def run_natural(args: argparse.Namespace) -> int:
+    from qkwatch.launch import CollectorLaunchError, CollectorProcess, first_free_port
+
+    workdir = Path(args.dir).resolve() / "natural"
+    workdir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    port = args.port or first_free_port(DEFAULT_PORT)
+    collector = CollectorProcess(
+        f"sqlite:///{workdir / 'collector.db'}",
+        port=port,
+        log=workdir / "collector.log",
+        args=("--rules", str(detectors())),
+    )
+    trainees: list[Trainee] = []
+    try:
+        try:
+            collector.start()
+        except CollectorLaunchError:
+            print(f"qkwatch demo: the collector did not start; see {workdir / 'collector.log'}", file=sys.stderr)
+            return 1
+        with collector.client(timeout=10.0) as client:
+            names = natural_names(client)
+            for run, sets in RUNS.items():
+                trainees.append(start_run(run, names[run], RECIPE, [*args.set, *sets], collector.url, workdir))
+            print(
+                f"\nqkwatch demo --natural: {RECIPE} four times into {collector.url}, nothing induced\n"
+                f"  vanilla at lr {HOT:g} beside its twin at {SAFE:g}; qk_norm and RAA at {HOT:g}; candidate rules "
+                f"from {detectors().name}; logs in {workdir}",
+                flush=True,
+            )
+            _follow(client, trainees)
+            failed = [t for t in trainees if t.process.returncode != 0]
+            for t in failed:
+                print(f"qkwatch demo: {t.variant} failed (exit {t.process.returncode}); see {t.log}", file=sys.stderr)
+            if not failed:
+                print(natural_table(client, {t.variant: _run_id(client, t) for t in trainees}), flush=True)
+                print(NOT_SHOWN, flush=True)
+            if failed:
+                return 1
+            if args.no_serve:
+                print("\nthe collector stops now (--no-serve)", flush=True)
+                return 0
+            page = f"{collector.url}/?" + "&".join(f"run={_run_id(client, t)}" for t in trainees)
+            print(f"\nthe collector keeps serving the four runs until Ctrl-C:\n  live page:  {page}", flush=True)
+        collector.wait()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for t in trainees:
+            if t.process.poll() is None:
+                t.process.send_signal(signal.SIGTERM)
+                t.process.wait(timeout=60)
+        collector.stop()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def natural_names(client: Client) -> dict[str, str]:
+    """``natural-<run>``, or ``natural-<run>-2``, ``-3``... beside earlier ones in the same database."""
+    n = 1
+    while True:
+        names = {run: f"natural-{run}" if n == 1 else f"natural-{run}-{n}" for run in RUNS}
+        if not any(client.runs(project=PROJECT, name=name)["count"] for name in names.values()):
+            return names
+        n += 1
+
+
+def _run_id(client: Client, t: Trainee) -> str:
+    """The run's id once the trainee has registered it; "" before (and asked again next time)."""
+    if not t.run_id:
+        found = client.runs(project=PROJECT, name=t.name)["data"]
+        t.run_id = found[0]["id"] if found else None
+    return t.run_id or ""
+
+
+def _follow(client: Client, trainees: list[Trainee]) -> None:
+    from qkwatch.monitor.client import CollectorError
+
+    last = 0.0
+    while any(t.process.poll() is None for t in trainees):
+        time.sleep(0.5)
+        if time.monotonic() - last < PROGRESS_SECONDS:
+            continue
+        last = time.monotonic()
+        try:
+            print("  " + " | ".join(progress(client, t.variant, _run_id(client, t)) for t in trainees), flush=True)
+        except CollectorError:
+            continue
+
+
+def progress(client: Client, run: str, run_id: str) -> str:
+    """``run @ step: logit X, entropy Y [rules firing]``: the largest logit and the lowest entropy
+    over the layers at the run's latest measured step."""
+    if not run_id or "logit_max" not in client.metrics(run_id).metrics:
+        return f"{run}: starting"
+    logits, entropy = (client.heatmap(run_id, m, max_steps=20_000) for m in ("logit_max", "attn_entropy"))
+    firing = sorted({a["rule"] for a in client.alerts(run=run_id, state="firing")["data"]})
+    alert = f" [{','.join(firing)}]" if firing else ""
+    return (
+        f"{run} @ {logits['steps'][-1]}: logit {_extreme(logits['values'][-1], max):.0f}, "
+        f"entropy {_extreme(entropy['values'][-1], min):.2f}{alert}"
+    )
+
+
+def _extreme(row: list[Any], pick: Any) -> float:
+    values = [v for v in row if isinstance(v, (int, float))]
+    return float(pick(values)) if values else float("nan")
+
+
+def natural_table(client: Client, runs: dict[str, str]) -> str:
+    """The closing table, every figure read back from the collector."""
+    from qkwatch.monitor.outcomes import final_heldout, loss_visible_step
+
+    rows = []
+    finals = {}
+    for run, run_id in runs.items():
+        val = client.series(run_id, "val_loss").values
+        finals[run] = final_heldout([float(v) for v in val if v is not None], 3)
+    for run, run_id in runs.items():
+        loss = client.series(run_id, "loss", max_points=100_000)
+        last = client.run(run_id)["last_step"] or 0
+        visible = loss_visible_step(loss.steps, [float(v) for v in loss.values], last + 1)
+        alerts = sorted(client.alerts(run=run_id, limit=10_000)["data"], key=lambda a: a["onset_step"])
+        first = f"{alerts[0]['rule']} @ {alerts[0]['onset_step']}" if alerts else "none"
+        lmax = client.heatmap(run_id, "logit_max", max_steps=20_000)
+        peak = max((_extreme(row, max) for row in lmax["values"]), default=float("nan"))
+        diff = "" if run == TWIN else f"{finals[run] - finals[TWIN]:+.3f}"
+        rows.append(
+            [
+                run,
+                f"{finals[run]:.3f}",
+                diff or "(twin)",
+                first,
+                str(visible) if visible is not None else "never",
+                f"{peak:.0f}",
+            ]
+        )
+    header = [
+        "run",
+        "final held-out loss",
+        "vs safe twin",
+        "first alert (rule @ step)",
+        "loss-only alert at",
+        "largest logit",
+    ]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
+    return "\n" + "\n".join(lines)
