@@ -67,7 +67,13 @@ def intro(r: dict[str, Any], command: str) -> str:
 **Superseded by the sweep judged by where each run ends (`docs/instability.md`).** This suite judged a run
 by its loss spikes alone, so a run that ended a nat worse than its twin counted as healthy, and most
 of its "false alarms" may have been runs that really ended worse (issue 31). It is kept as it was
-measured; its numbers are not the project's current claims.
+measured; its numbers are not the project's current claims. Its results file,
+`experiments/results/instability.json`, is the 60-run record of commit 0c76f27, made with the runs
+file of that commit: there the demo's collapse band had two seeds, `collapse-vanilla-s0` (tune) and
+`collapse-vanilla-s1` (test), and every table below follows that split. The runs file has changed
+since (twelve collapse seeds, of which s1 is now a tune run; the learning-rate runs moved to
+`experiments/instability_sweep.yml`) and was not rerun as a whole; the forecast's later protocol
+on those twelve seeds is in the forecast section, from its own results file.
 
 The instability suite trains {len(runs)} runs into one collector through the agent and reads them
 back over REST (`experiments/instability.py`; the runs are `experiments/instability_runs.yml`).
@@ -504,7 +510,7 @@ def limits_section(r: dict[str, Any]) -> str:
         f"- Of {len(runs)} runs, {counts['diverged']} diverged, {counts['spiked']} spiked and {counts['healthy']} "
         "stayed healthy by the outcome rule.",
         "- The suite's models are tiny (`instability_cpu`: 1.6 M parameters, 8 layers) and its runs short "
-        "(300-600 steps on bytes): "
+        "(300-600 steps on bytes; the induced collapse runs 800): "
         "instabilities that take longer, or need scale, do not show here.",
         "- Two seeds per cell: one to tune, one to test. A detector's test figures are over few runs; the "
         "counts are given next to every percentage.",
