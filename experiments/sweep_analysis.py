@@ -250,21 +250,30 @@ def scoreboard(
     families: Mapping[str, Sequence[dict[str, Any]]],
     fixed_rules: Sequence[dict[str, Any]],
     make: Callable[[list[dict[str, Any]]], RuleSet],
+    shipped: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """Stage 2: every run judged; detectors chosen on tune; every rule and baseline scored on each split."""
+    """Stage 2: every run judged; detectors chosen on tune; every rule and baseline scored on each split.
+
+    ``shipped``: rules scored as they are, untuned, beside the chosen ones (the candidate detectors'
+    file as users get it), each named ``detectors.yml:<name>``."""
     judged = judge_runs(runs, records, fixed)
     split = {name: [j for j in judged if j.run.split == name] for name in ("tune", "test", "holdout")}
     chosen = choose(split["tune"], families, make)
     threshold = choose_lr_threshold(split["tune"])
     rules = [*fixed_rules, *(c["rule"] for c in chosen.values())]
     fired = firing_steps(make(rules), judged)
+    for rule in shipped:
+        as_shipped = {**rule, "name": f"detectors.yml:{rule['name']}"}
+        fired[as_shipped["name"]] = firing_steps(make([as_shipped]), judged).get(as_shipped["name"], {})
+        rules.append(as_shipped)
+    tuned = {r["name"] for r in [*fixed_rules, *(c["rule"] for c in chosen.values())]}
     first_any = {
-        j.run.name: min(steps[j.run.name] for steps in fired.values() if j.run.name in steps)
+        j.run.name: min(steps[j.run.name] for rule, steps in fired.items() if rule in tuned and j.run.name in steps)
         for j in judged
-        if any(j.run.name in steps for steps in fired.values())
+        if any(j.run.name in steps for rule, steps in fired.items() if rule in tuned)
     }
     detectors: dict[str, dict[str, int]] = {r["name"]: fired.get(r["name"], {}) for r in rules}
-    detectors["any qkwatch rule"] = first_any
+    detectors["any chosen or collapse rule"] = first_any
     baselines = {"loss-only alert": loss_alert_firings(judged), f"lr >= {threshold:g}": lr_firings(judged, threshold)}
     tables = {}
     for name, part in split.items():
@@ -306,7 +315,25 @@ def _row(
         "first_alerts": {
             rule: steps[j.run.name] for rule, steps in {**detectors, **baselines}.items() if j.run.name in steps
         },
+        "peaks": peaks(j.record),
     }
+
+
+PEAKS = {"logit_max": max, "qkai": max, "attn_entropy": min, "stable_rank": min}
+"""Per run, each metric's extreme over its layers and reports (the direction trouble goes)."""
+
+
+def peaks(record: RunRecord) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for metric, pick in PEAKS.items():
+        values = [
+            float(v)
+            for report in record.history.reports
+            for v in report.layers.get(metric) or []
+            if v is not None and math.isfinite(v)
+        ]
+        out[metric] = pick(values) if values else None
+    return out
 
 
 # --- the command line ----------------------------------------------------------------------------------------
@@ -392,7 +419,18 @@ def score_sweep() -> dict[str, Any]:
         FAMILIES,
         FIXED,
         lambda rules: RuleSet.from_mapping({"rules": rules}, COLLAPSE_THRESHOLD),
+        shipped_detectors(),
     )
+
+
+def shipped_detectors() -> list[dict[str, Any]]:
+    """The candidate detectors' file as users get it, less the user's collapse rules (scored already)."""
+    import yaml
+
+    from experiments.instability import DETECTORS, FIXED
+
+    fixed = {r["name"] for r in FIXED}
+    return [r for r in yaml.safe_load(DETECTORS.read_text())["rules"] if r["name"] not in fixed]
 
 
 if __name__ == "__main__":

@@ -123,8 +123,15 @@ def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baseli
             runs.append(Sweep(name, "v", lr, seed, split))
     fixed = {"k": 2, "best_rates": {"v": 3e-3}, "spread": 0.001, "delta": 0.1}
     families = {"x_high": [{"metric": "x", "op": ">", "threshold": t, "for_reports": 1} for t in (2.0, 1.0)]}
+    shipped = [{"name": "x_low", "metric": "x", "op": ">", "threshold": 0.4, "for_reports": 1}]  # fires everywhere
     board = scoreboard(
-        runs, records, fixed, families, [], lambda r: RuleSet.from_mapping({"rules": r}, COLLAPSE_THRESHOLD)
+        runs,
+        records,
+        fixed,
+        families,
+        [],
+        lambda r: RuleSet.from_mapping({"rules": r}, COLLAPSE_THRESHOLD),
+        shipped,
     )
     assert board["chosen"]["x_high"]["rule"]["threshold"] == 1.0
     assert board["lr_threshold"] == 0.3
@@ -134,7 +141,13 @@ def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baseli
         and held["x_high"]["leads"] == [799 - 200]
         and held["x_high"]["false_alarms"] == 0
     )
-    assert held["any qkwatch rule"]["flagged"] == 1
+    assert held["any chosen or collapse rule"]["flagged"] == 1
+    assert held["any chosen or collapse rule"]["false_alarms"] == 0  # the untuned shipped rule is not in it
+    as_shipped = held["detectors.yml:x_low"]
+    assert as_shipped["leads"] == [799] and as_shipped["false_alarm_runs"] == ["lr-v-0.003-s2"]
+    assert not as_shipped["baseline"] and not as_shipped["meets_bar"]
+    peaks = {r["name"]: r["peaks"] for r in board["runs"]}
+    assert peaks["lr-v-0.3-s1"] == {"logit_max": None, "qkai": None, "attn_entropy": None, "stable_rank": None}
     assert held["loss-only alert"]["flagged"] == 0  # the loss never showed the degradation
     assert held["lr >= 0.3"]["leads"] == [799] and held["lr >= 0.3"]["baseline"]
     outcomes = {r["name"]: r["outcome"] for r in board["runs"]}
