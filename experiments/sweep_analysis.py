@@ -177,6 +177,14 @@ def meets_bar(s: Mapping[str, Any]) -> bool:
     )
 
 
+def beats(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """``a`` does better than ``b`` on the same runs: it flags more bad runs with no more false alarms,
+    or as many with fewer. (Lead time is the bar's business.) A rule ships as a default only when it
+    meets the bar and beats every baseline; both fixed before the suite ran."""
+    more = a["flagged"] >= b["flagged"] and a["false_alarms"] <= b["false_alarms"]
+    return more and (a["flagged"] > b["flagged"] or a["false_alarms"] < b["false_alarms"])
+
+
 def loss_alert_firings(judged: Sequence[Judged]) -> dict[str, int]:
     """The loss-only baseline: it fires where the loss becomes visible."""
     return {j.run.name: j.visible for j in judged if j.visible is not None}
@@ -286,6 +294,10 @@ def scoreboard(
         }
         for row in tables[name].values():
             row["meets_bar"] = meets_bar(row)
+        base_rows = [row for row in tables[name].values() if row["baseline"]]
+        for row in tables[name].values():
+            row["beats_baselines"] = not row["baseline"] and all(beats(row, b) for b in base_rows)
+            row["default"] = row["meets_bar"] and row["beats_baselines"]
     return {
         "outcome": dict(fixed),
         "bar": BAR,
@@ -407,12 +419,12 @@ def results_path() -> Path:
 
 def score_sweep() -> dict[str, Any]:
     """The scoreboard from the committed files alone: the npz and the fixed outcome."""
-    from experiments import instability_data
+    from experiments import forecast_baseline, instability_data
     from experiments.instability import FAMILIES, FIXED
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
 
     fixed = json.loads(outcome_path().read_text())
-    return scoreboard(
+    board = scoreboard(
         sweep_runs(),
         instability_data.load(data_path()),
         fixed,
@@ -421,6 +433,12 @@ def score_sweep() -> dict[str, Any]:
         lambda rules: RuleSet.from_mapping({"rules": rules}, COLLAPSE_THRESHOLD),
         shipped_detectors(),
     )
+    forecast = forecast_baseline.results_path()
+    return {
+        **board,
+        "collapse_threshold": COLLAPSE_THRESHOLD,
+        "forecast_baseline": json.loads(forecast.read_text()) if forecast.exists() else None,
+    }
 
 
 def shipped_detectors() -> list[dict[str, Any]]:

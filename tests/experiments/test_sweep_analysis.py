@@ -98,10 +98,11 @@ def test_best_rates_skip_a_rate_that_did_not_end_finite() -> None:
     assert best_rates(runs, {"x": math.inf, "y": 2.0}) == {"v": 0.01}
 
 
-def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baselines() -> None:
+def synthetic_board() -> dict:
     """Rates 3e-3 (best) and 0.3 over seeds 0 (tune), 1 (test), 2 (held out). At 0.3 each run ends
     0.5 worse, and its metric ``x`` crosses 1.0 at step 200 (the loss never shows it: known at 799);
-    the best-rate runs keep ``x`` at 0.5. The candidate threshold 1.0 is chosen (2.0 never fires)."""
+    the best-rate runs keep ``x`` at 0.5. The candidate threshold 1.0 is chosen (2.0 never fires);
+    the shipped rule ``x_low`` (x > 0.4) fires on every run."""
     from experiments.sweep_analysis import scoreboard
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
     from qkwatch.monitor.alerting.ruleset import RuleSet
@@ -121,10 +122,17 @@ def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baseli
                 name, RunHistory(name, reports, list(range(800)), losses), [749, 799], [final, final]
             )
             runs.append(Sweep(name, "v", lr, seed, split))
-    fixed = {"k": 2, "best_rates": {"v": 3e-3}, "spread": 0.001, "delta": 0.1}
+    fixed = {
+        "k": 2,
+        "best_rates": {"v": 3e-3},
+        "finals_at_best": {"v": [1.5, 1.501]},
+        "spread": 0.001,
+        "delta": 0.1,
+        "rule": "chosen by hand for the test",
+    }
     families = {"x_high": [{"metric": "x", "op": ">", "threshold": t, "for_reports": 1} for t in (2.0, 1.0)]}
-    shipped = [{"name": "x_low", "metric": "x", "op": ">", "threshold": 0.4, "for_reports": 1}]  # fires everywhere
-    board = scoreboard(
+    shipped = [{"name": "x_low", "metric": "x", "op": ">", "threshold": 0.4, "for_reports": 1}]
+    return scoreboard(
         runs,
         records,
         fixed,
@@ -133,6 +141,10 @@ def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baseli
         lambda r: RuleSet.from_mapping({"rules": r}, COLLAPSE_THRESHOLD),
         shipped,
     )
+
+
+def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baselines() -> None:
+    board = synthetic_board()
     assert board["chosen"]["x_high"]["rule"]["threshold"] == 1.0
     assert board["lr_threshold"] == 0.3
     held = board["tables"]["holdout"]
@@ -145,7 +157,10 @@ def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baseli
     assert held["any chosen or collapse rule"]["false_alarms"] == 0  # the untuned shipped rule is not in it
     as_shipped = held["detectors.yml:x_low"]
     assert as_shipped["leads"] == [799] and as_shipped["false_alarm_runs"] == ["lr-v-0.003-s2"]
-    assert not as_shipped["baseline"] and not as_shipped["meets_bar"]
+    assert not as_shipped["baseline"] and not as_shipped["meets_bar"] and not as_shipped["default"]
+    # x_high ties the rate baseline (1 of 1 flagged, no false alarm): it meets the bar, yet is no default
+    assert held["x_high"]["meets_bar"] and not held["x_high"]["beats_baselines"] and not held["x_high"]["default"]
+    assert held["x_high"]["beats_baselines"] is False and held["loss-only alert"]["beats_baselines"] is False
     peaks = {r["name"]: r["peaks"] for r in board["runs"]}
     assert peaks["lr-v-0.3-s1"] == {"logit_max": None, "qkai": None, "attn_entropy": None, "stable_rank": None}
     assert held["loss-only alert"]["flagged"] == 0  # the loss never showed the degradation
@@ -153,3 +168,12 @@ def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baseli
     outcomes = {r["name"]: r["outcome"] for r in board["runs"]}
     assert outcomes["lr-v-0.3-s2"] == "degraded" and outcomes["lr-v-0.003-s2"] == "healthy"
     assert board["lr_sensitivity"]["v"]["per_seed"][0] == pytest.approx(0.25)  # (0 + 0.5) / 2 rates
+
+
+def test_beating_a_baseline_means_more_flagged_for_no_more_false_alarms_or_fewer_for_as_many() -> None:
+    from experiments.sweep_analysis import beats
+
+    base = {"flagged": 3, "false_alarms": 1}
+    assert beats({"flagged": 4, "false_alarms": 1}, base) and beats({"flagged": 3, "false_alarms": 0}, base)
+    assert not beats({"flagged": 3, "false_alarms": 1}, base)  # a tie
+    assert not beats({"flagged": 5, "false_alarms": 2}, base)  # more flagged, but more false alarms
