@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qkwatch.demo_readout import layer_range, progress_line, summary_table
-from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, start_run
+from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, commands, shown, start_run
 
 if TYPE_CHECKING:
     from qkwatch.launch import CollectorProcess
@@ -174,10 +174,10 @@ def queryable(url: str, names: dict[str, str], run_ids: list[str], workdir: Path
 
     default = url == DEFAULT_URL and os.environ.get("QKWATCH_URL", DEFAULT_URL) == DEFAULT_URL
     at = "" if default else f" --url {url}"
-    qkwatch, python = _commands()
+    qkwatch, python = commands()
     vanilla, raa = (f"{PROJECT}/{names[v]}" for v in VARIANTS)
     page = f"{url}/?" + "&".join(f"run={run_id}" for run_id in run_ids)
-    report = _shown(workdir / "report.html")
+    report = shown(workdir / "report.html")
     return "\n".join(
         [
             f"\nthe collector keeps serving {vanilla} and {raa} at {url} until Ctrl-C; from this directory,",
@@ -198,43 +198,24 @@ def _announce(recipe: str, steps: int, band: list[int], url: str, workdir: Path,
     taken = f" (port {DEFAULT_PORT} is taken)" if moved else ""
     print(
         f"\nqkwatch demo: {recipe} twice, vanilla and with RAA, into the collector at {url}{taken}\n"
-        f"  (about {steps} steps each; the band is induced on layers {layer_range(band)}; logs in {_shown(workdir)})",
+        f"  (about {steps} steps each; the band is induced on layers {layer_range(band)}; logs in {shown(workdir)})",
         flush=True,
     )
 
 
 def _naming_note(names: dict[str, str], workdir: Path) -> str:
     runs = " and ".join(f"{PROJECT}/{name}" for name in names.values())
-    kept = f"kept in {_shown(workdir / 'collector.db')}"
-    afresh = f"rm -r {_shown(workdir)} starts afresh"
+    kept = f"kept in {shown(workdir / 'collector.db')}"
+    afresh = f"rm -r {shown(workdir)} starts afresh"
     if all(name == variant for variant, name in names.items()):
         return f"  runs {runs}, {kept} (a rerun adds {PROJECT}/vanilla-2 and {PROJECT}/raa-2; {afresh})"
     return f"  runs {runs}, {kept} beside the earlier demo runs ({afresh})"
 
 
 def _serve_again(workdir: Path) -> str:
-    qkwatch, _ = _commands()
-    database = shlex.quote(f"sqlite:///{_shown(workdir / 'collector.db', quote=False)}")
+    qkwatch, _ = commands()
+    database = shlex.quote(f"sqlite:///{shown(workdir / 'collector.db', quote=False)}")
     return f"the runs stay in its database; to serve them again: {qkwatch} serve --open --database-url {database}"
-
-
-def _commands() -> tuple[str, str]:
-    """The ``qkwatch`` command and the Python of this installation, as a shell here takes them
-    (``.venv/bin/qkwatch`` from the repository root: nothing asks for the venv to be activated)."""
-    python = Path(sys.executable)  # .venv/bin/python3 under the script's shebang; a venv has .venv/bin/python too
-    python = python.with_name("python") if python.with_name("python").is_file() else python
-    script = python.with_name("qkwatch")
-    qkwatch = _shown(script) if script.is_file() else f"{_shown(python)} -m qkwatch.cli"
-    return qkwatch, _shown(python)
-
-
-def _shown(path: Path, quote: bool = True) -> str:
-    """``path`` relative to the working directory when it lies below it (absolute otherwise), for a shell."""
-    try:
-        text = str(path.relative_to(Path.cwd()))
-    except ValueError:
-        text = str(path)
-    return shlex.quote(text) if quote else text
 
 
 def onset(cfg: RunConfig) -> int:

@@ -19,13 +19,14 @@ loss-only alert on the run's own loss would have said anything (``qkwatch.monito
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, start_run
+from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, commands, shown, start_run
 
 if TYPE_CHECKING:
     from qkwatch.monitor.client import Client
@@ -96,8 +97,7 @@ def run_natural(args: argparse.Namespace) -> int:
             if args.no_serve:
                 print("\nthe collector stops now (--no-serve)", flush=True)
                 return 0
-            page = f"{collector.url}/?" + "&".join(f"run={_run_id(client, t)}" for t in trainees)
-            print(f"\nthe collector keeps serving the four runs until Ctrl-C:\n  live page:  {page}", flush=True)
+            print(serving(collector.url, {t.variant: _run_id(client, t) for t in trainees}, workdir), flush=True)
         collector.wait()
         return 0
     except KeyboardInterrupt:
@@ -108,6 +108,25 @@ def run_natural(args: argparse.Namespace) -> int:
                 t.process.send_signal(signal.SIGTERM)
                 t.process.wait(timeout=60)
         collector.stop()
+
+
+def serving(url: str, run_ids: dict[str, str], workdir: Path) -> str:
+    """What the demo prints while it serves: the live page on the logits, and the report of the hot run
+    beside its twin, each as it runs from here."""
+    from qkwatch.monitor.client import DEFAULT_URL
+
+    default = url == DEFAULT_URL and os.environ.get("QKWATCH_URL", DEFAULT_URL) == DEFAULT_URL
+    at = "" if default else f" --url {url}"
+    qkwatch, _ = commands()
+    page = f"{url}/?" + "&".join(f"run={run_id}" for run_id in run_ids.values()) + "&metric=logit_max"
+    hot, twin = run_ids["vanilla-hot"], run_ids[TWIN]
+    return "\n".join(
+        [
+            f"\nthe collector keeps serving the four runs at {url} until Ctrl-C; from this directory:",
+            f"  live page (largest attention logit per layer; pick attn_entropy too):  {page}",
+            f"  {qkwatch} report {hot} --vs {twin} --out {shown(workdir / 'report.html')}{at}",
+        ]
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:

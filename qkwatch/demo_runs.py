@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,3 +57,22 @@ def start_run(variant: str, name: str, recipe: str, overrides: list[str], url: s
     with log.open("w") as out:  # the child keeps its own copy of the descriptor
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     return Trainee(variant, name, process, log)
+
+
+def commands() -> tuple[str, str]:
+    """The ``qkwatch`` command and the Python of this installation, as a shell here takes them
+    (``.venv/bin/qkwatch`` from the repository root: nothing asks for the venv to be activated)."""
+    python = Path(sys.executable)  # .venv/bin/python3 under the script's shebang; a venv has .venv/bin/python too
+    python = python.with_name("python") if python.with_name("python").is_file() else python
+    script = python.with_name("qkwatch")
+    qkwatch = shown(script) if script.is_file() else f"{shown(python)} -m qkwatch.cli"
+    return qkwatch, shown(python)
+
+
+def shown(path: Path, quote: bool = True) -> str:
+    """``path`` relative to the working directory when it lies below it (absolute otherwise), for a shell."""
+    try:
+        text = str(path.relative_to(Path.cwd()))
+    except ValueError:
+        text = str(path)
+    return shlex.quote(text) if quote else text

@@ -12,7 +12,7 @@ import os
 from qkwatch.monitor.client import Client, CollectorError
 from qkwatch.monitor.report_figures import Json, RunData, finite
 
-BAND_METRICS = ("qkai", "stable_rank", "attn_entropy", "lambda")
+BAND_METRICS = ("qkai", "stable_rank", "attn_entropy", "logit_max", "lambda")
 MAX_STEPS = 1000  # heatmap columns per run; more steps are bucketed by max, as on the live page
 MAX_POINTS = 2000  # loss points per run
 

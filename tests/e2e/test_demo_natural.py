@@ -11,6 +11,7 @@ was induced (no collapse intervention, no RAA but in ``raa-hot``).
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from qkwatch.demo_natural import serving
 from qkwatch.monitor.client import Client
 from tests.live import ROOT, LiveCollector, free_port
 
@@ -80,5 +82,15 @@ def test_natural_demo_table_is_what_the_collector_holds(tmp_path: Path) -> None:
                 stored = client.heatmap(runs[run]["id"], "logit_max", max_steps=20_000)["values"]
                 largest = max(v for row in stored for v in row if v is not None and math.isfinite(v))
                 assert float(peak) == pytest.approx(largest, abs=0.51)
+            # what the demo prints while it serves: the report command runs as printed, hot beside twin
+            printed = serving(collector.url, {run: runs[run]["id"] for run in RUNS}, tmp_path / "natural")
+            assert f"run={runs['raa-hot']['id']}&metric=logit_max" in printed
+            (command,) = re.findall(r"^  (\S+ report .*)$", printed, re.M)
+            env = {k: v for k, v in os.environ.items() if k not in ("QKWATCH_URL", "QKWATCH_TOKEN")}
+            done = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            html = (tmp_path / "natural" / "report.html").read_text()
+            assert "fig-heatmap-logit_max-0" in html and "fig-heatmap-logit_max-1" in html
+            assert "demo/natural-vanilla-hot" in html and "demo/natural-vanilla-safe" in html
     finally:
         collector.stop()

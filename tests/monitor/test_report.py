@@ -168,7 +168,7 @@ def test_with_vs_both_runs_are_side_by_side(reports, served, tmp_path: Path) -> 
     dom = chromium(reports["vs"].as_uri(), tmp_path / "profile", "--dump-dom")
     shown = drawn(dom)
 
-    for metric in ("qkai", "stable_rank", "attn_entropy", "lambda"):
+    for metric in ("qkai", "stable_rank", "attn_entropy", "logit_max", "lambda"):
         for i in (0, 1):
             assert shown.figures[f"fig-heatmap-{metric}-{i}"]["svgs"] >= 1, (metric, i)
     assert shown.figures["fig-heatmap-qkai-0"]["heatmaps"] == shown.figures["fig-heatmap-qkai-1"]["heatmaps"] == 1
