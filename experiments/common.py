@@ -110,7 +110,11 @@ class Campaign:
         return found[0]["id"] if found else None
 
     def trained(self, spec: RunSpec) -> bool:
-        run = self.run_id(spec.name)
+        return self.finished(spec.name)
+
+    def finished(self, name: str) -> bool:
+        """Whether the collector holds the run ``name`` finished."""
+        run = self.run_id(name)
         return run is not None and self.client.run(run)["status"] == "finished"
 
     def evaluated(self, spec: RunSpec) -> bool:

@@ -672,10 +672,13 @@ def parse(argv: list[str] | None) -> Options:
 
 def sweep_main(opts: Options, runs: Sequence[SuiteRun]) -> int:
     """The sweep: train (resumable), read every step into the npz, score from the committed files, write the page."""
-    from experiments import sweep_analysis, sweep_report
+    from experiments import instability_data, sweep_analysis, sweep_report
 
     if not opts.report_only:
-        train(opts, runs)
+        kept = set(instability_data.names(sweep_analysis.data_path()))
+        if kept:
+            log(f"{len(kept)} runs are in {sweep_analysis.data_path().name} already and are not trained again")
+        train(opts, [r for r in runs if r.name not in kept])
         if opts.train_only:
             return 0
         sweep_analysis.export()

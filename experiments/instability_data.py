@@ -89,6 +89,14 @@ def save(records: Sequence[RunRecord], path: Path) -> Path:
     return path
 
 
+def names(path: Path) -> list[str]:
+    """The runs a file :func:`save` wrote, without reading their arrays (none when there is no file)."""
+    if not path.exists():
+        return []
+    with np.load(path) as data:
+        return list(dict.fromkeys(key.partition("/")[0] for key in data.files))
+
+
 def load(path: Path) -> dict[str, RunRecord]:
     """The runs of a file :func:`save` wrote, by name, in the order they were saved."""
     with np.load(path) as data:

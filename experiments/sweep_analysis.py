@@ -373,19 +373,39 @@ def outcome_path() -> Path:
 
 
 def export() -> Path:
-    """Read every run of the sweep from its campaign's collector into the per-step file."""
+    """Add every run of the sweep its campaign's collector holds finished to the per-step file.
+
+    The file is the sweep's memory across machines: the runs it holds are kept as they are and not
+    trained again (``experiments.instability`` skips them), so a sweep stopped on one machine goes on
+    from the committed file on another.
+    """
     from experiments import instability_data
     from experiments.common import Campaign, log
 
     runs = sweep_runs()
+    path = data_path()
+    kept = instability_data.load(path) if path.exists() else {}
     with Campaign(CAMPAIGN) as campaign:
-        missing = [r.name for r in runs if not campaign.run_id(r.name)]
-        if missing:
-            raise SystemExit(f"{len(missing)} runs are not trained yet, e.g. {missing[0]}: run the sweep first")
-        records = instability_data.fetch(campaign.client, CAMPAIGN, [r.name for r in runs])
-    path = instability_data.save(records, data_path())
-    log(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB, {len(records)} runs)")
+        new = [r.name for r in runs if r.name not in kept and campaign.finished(r.name)]
+        records = {r.name: r for r in instability_data.fetch(campaign.client, CAMPAIGN, new)}
+    merged = {**kept, **records}
+    instability_data.save([merged[r.name] for r in runs if r.name in merged], path)
+    log(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {len(merged)} of {len(runs)} runs, "
+        f"{len(records)} added from the collector"
+    )
     return path
+
+
+def complete(runs: Sequence[Sweep], records: Mapping[str, RunRecord], what: str) -> None:
+    """Stop, naming what is missing, unless every run of ``runs`` is in ``records``."""
+    missing = [r.name for r in runs if r.name not in records]
+    if missing:
+        raise SystemExit(
+            f"{what} needs {len(runs)} runs and {data_path().name} lacks {len(missing)} of them "
+            f"(e.g. {missing[0]}): train the rest (python -m experiments.instability --runs "
+            f"experiments/instability_sweep.yml --train-only), then python -m experiments.sweep_analysis --export"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,7 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fix_outcome:
         if outcome_path().exists():
             raise SystemExit(f"{outcome_path()} exists: the outcome is fixed and is not moved")
-        fixed = fix_outcome(sweep_runs(), instability_data.load(data_path()))
+        runs, records = sweep_runs(), instability_data.load(data_path())
+        complete([r for r in runs if r.split in ("tune", "test")], records, "fixing the outcome")
+        fixed = fix_outcome(runs, records)
         save_json(fixed, outcome_path())
         print(json.dumps(fixed, indent=1))
     if args.score:
@@ -424,9 +446,11 @@ def score_sweep() -> dict[str, Any]:
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
 
     fixed = json.loads(outcome_path().read_text())
+    runs, records = sweep_runs(), instability_data.load(data_path())
+    complete(runs, records, "the scoreboard")
     board = scoreboard(
-        sweep_runs(),
-        instability_data.load(data_path()),
+        runs,
+        records,
         fixed,
         FAMILIES,
         FIXED,

@@ -62,3 +62,11 @@ def test_every_value_comes_back_from_the_file(tmp_path: Path) -> None:
                 assert len(g.layers[metric]) == len(values)
                 for x, y in zip(g.layers[metric], values, strict=True):
                     assert (x is None and y is None) or x == y or (math.isnan(x) and math.isnan(y)), (metric, x, y)
+
+
+def test_the_file_names_its_runs_in_order_and_no_file_names_none(tmp_path: Path) -> None:
+    from experiments.instability_data import names
+
+    runs = _runs()
+    assert names(save(runs, tmp_path / "runs.npz")) == [r.name for r in runs]
+    assert names(tmp_path / "absent.npz") == []

@@ -177,3 +177,25 @@ def test_beating_a_baseline_means_more_flagged_for_no_more_false_alarms_or_fewer
     assert beats({"flagged": 4, "false_alarms": 1}, base) and beats({"flagged": 3, "false_alarms": 0}, base)
     assert not beats({"flagged": 3, "false_alarms": 1}, base)  # a tie
     assert not beats({"flagged": 5, "false_alarms": 2}, base)  # more flagged, but more false alarms
+
+
+def test_the_sweep_goes_on_from_the_committed_file_on_another_machine(tmp_path, monkeypatch) -> None:
+    """Runs the per-step file holds are not trained again; scoring a file that lacks runs stops, naming them."""
+    import pytest
+
+    from experiments import instability, instability_data, sweep_analysis
+
+    suite = instability.load_runs(sweep_analysis.SUITE)
+    kept = suite[5].name
+    path = instability_data.save([record(kept, falling(), [2.0])], tmp_path / "runs.npz")
+    monkeypatch.setattr(sweep_analysis, "data_path", lambda: path)
+    trained: list[str] = []
+    monkeypatch.setattr(instability, "train", lambda opts, todo: trained.extend(r.name for r in todo))
+    opts = instability.parse(["--runs", str(sweep_analysis.SUITE), "--train-only"])
+    assert instability.sweep_main(opts, suite) == 0
+    assert trained == [r.name for r in suite if r.name != kept]
+
+    runs, records = sweep()
+    with pytest.raises(SystemExit, match=r"lacks 1 of them \(e\.g\. " + runs[1].name):
+        sweep_analysis.complete(runs[:2], {runs[0].name: records[runs[0].name]}, "the scoreboard")
+    sweep_analysis.complete(runs[:1], records, "the scoreboard")
