@@ -269,7 +269,7 @@ crossed, by |predicted - actual| / (actual - fired).
     }
 
 The forecast was closer on {f["forecast_wins"]} of {f["scored"]}; {interval}. Its forecasts looked a median
-{f["median_lead_steps"]} steps ahead; {f["never_crossed"]} forecasts were of a layer that never crossed, and
+{f["median_lead_steps"]:g} steps ahead; {f["never_crossed"]} forecasts were of a layer that never crossed, and
 {len(f["crossings_without_forecast"])} of the test runs' {
         f["test_layers_crossed"]
     } crossings had no forecast before them.

@@ -4,12 +4,12 @@ Four runs of ``instability_small`` (6 layers of 96, 800 steps, byte-level text; 
 one collector, which judges them with the candidate detectors (``qkwatch/dashboards/rules/detectors.yml``):
 
 * ``vanilla-hot``, vanilla attention at lr 0.03, and ``vanilla-safe`` at lr 0.003, its twin (the
-  same seed, data and model): in the sweep's seed 0 (``docs/instability.md``) the hot run's largest
-  attention logit passed 170 and its attention entropy fell to 0.04 by step 50, while its loss
-  looked like a slower run's, and it ended about a nat worse;
+  same seed, data and model): in the run recorded in ``experiments/results/demo_natural.txt`` the hot
+  run's largest attention logit was 176 and its attention entropy 0.04 at step 50, while its loss
+  looked like a slower run's, and it ended 0.99 nats worse;
 * ``qk_norm-hot``: qk_norm at the hot rate, which bounds the logits (Wortsman et al. 2023);
 * ``raa-hot``: RAA at the hot rate. RAA anchors the rank of the query-key map; it does not bound the
-  logits' growth, and in the sweep it did not help at this rate: the demo shows it as it is.
+  logits' growth, and at this rate it did not help (0.73 nats worse): the demo shows it as it is.
 
 The closing table, read back from the collector: each run's final held-out loss (the mean of its
 last 3 evaluations) against the safe twin's, the first alert and its step, and the step at which a
