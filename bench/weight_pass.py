@@ -86,15 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     rate = matmul_gflops(args.repeats)
     ta, tb = statistics.median(a), statistics.median(b)
     print(f"\ntorch {torch.__version__}, {args.threads} threads; {L} x {H} heads, d_model {D}, d_head {HS}, float32\n")
-    print("| what | ms (median of %d) | |" % args.repeats)
+    print(f"| what | ms (median of {args.repeats}) | |")
     print("|---|---:|---|")
     print(
         f"| qkwatch `geometry`, 384 heads in one call | {1e3 * ta:.1f} | {GRAM_GFLOP / ta:.0f} GFLOP/s of Gram work |"
     )
     print(f"| per-head numpy SVD loop | {1e3 * tb:.1f} | |")
-    print(
-        f"| floor: {GRAM_GFLOP:.2f} GFLOP of Grams at this machine's matmul rate, {rate:.0f} GFLOP/s | {1e3 * GRAM_GFLOP / rate:.1f} | |"
-    )
+    floor = f"floor: {GRAM_GFLOP:.2f} GFLOP of Grams at this machine's matmul rate, {rate:.0f} GFLOP/s"
+    print(f"| {floor} | {1e3 * GRAM_GFLOP / rate:.1f} | |")
     print(
         f"\nqkwatch is {tb / ta:.1f}x the per-head loop (goal >= {GOAL:g}x: {'met' if tb / ta >= GOAL else 'not met'});"
     )
