@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache, partial
 from typing import Literal, NamedTuple
 
 import torch
@@ -274,14 +275,56 @@ def _cascade(
     NaN or inf give NaN. ``refine=False`` keeps the first tier's values (non-finite heads: NaN).
     """
     qg, kg, shape = group_heads(wq, wk)
-    grams = _Grams.of(qg, kg, dt, sync=refine)
-    values, ok = tier(grams, dt)
+    values, ok, finite = _first_tier(qg, kg, dt, tier, sync=refine)
     if not refine:
-        values = torch.where(_expand_like(grams.finite, values), values, torch.full_like(values, math.nan))
+        values = torch.where(_expand_like(finite, values), values, torch.full_like(values, math.nan))
     elif not bool(ok.all()):  # one host sync per call, never one per head
         values = values.clone()
         values[~ok] = _refine(~ok, qg, kg, tier, last_resort).to(values.dtype)
     return values.reshape((*shape, *values.shape[ok.ndim :]))
+
+
+def _first_tier(qg: Tensor, kg: Tensor, dt: torch.dtype, tier: Tier, *, sync: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``tier`` on every head: ``(values, ok, finite)``; on the CPU, in chunks on worker threads.
+
+    The Grams are matrix products that use every core already, but the per-head LAPACK calls
+    after them (two Cholesky factorisations, two triangular solves, one ``eigvalsh`` a head) run
+    one matrix at a time on one core. Chunks of heads on ``2 x torch.get_num_threads()`` threads
+    (torch lets go of the GIL inside its operators) overlap the two: measured 1.4x on 384 heads and
+    2 cores (bench/weight_pass.py). Only without autograd and with more than one torch thread: a
+    user who set ``torch.set_num_threads(1)`` keeps one core.
+    """
+    chunks = _chunks(qg, kg)
+    if chunks <= 1:
+        grams = _Grams.of(qg, kg, dt, sync=sync)
+        values, ok = tier(grams, dt)
+        return values, ok, grams.finite
+
+    def one(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        grams = _Grams.of(q, k, dt, sync=sync)
+        values, ok = tier(grams, dt)
+        return values, ok, grams.finite
+
+    parts = list(_pool().map(one, qg.tensor_split(chunks), kg.tensor_split(chunks)))
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+
+
+MIN_HEADS_PER_CHUNK = 16
+
+
+def _chunks(qg: Tensor, kg: Tensor) -> int:
+    threads = torch.get_num_threads()
+    if threads <= 1 or qg.device.type != "cpu" or qg.ndim < 3 or kg.ndim != qg.ndim or qg.shape[0] != kg.shape[0]:
+        return 1
+    if torch.is_grad_enabled() and (qg.requires_grad or kg.requires_grad):
+        return 1
+    heads = math.prod(qg.shape[:-2])
+    return max(1, min(2 * threads, qg.shape[0], heads // MIN_HEADS_PER_CHUNK, 8))
+
+
+@cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=8, thread_name_prefix="qkwatch-geometry")
 
 
 def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier: Tier, last_resort: LastResort) -> Tensor:

@@ -337,3 +337,33 @@ def test_unrefined_overlap_agrees_on_well_conditioned_heads_and_never_syncs() ->
     q = torch.randn(3, 40, 8, dtype=torch.float64, requires_grad=True)
     k = torch.randn(3, 40, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: principal_overlap(a, b, refine=False), (q, k))
+
+
+def test_chunked_first_tier_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many heads on several torch threads run in chunks on worker threads: same values as one pass.
+
+    Grouped heads (8 query heads on 2 key heads), an ill-conditioned head (refined in float64) and
+    a non-finite one (NaN) lie in different chunks; torch.set_num_threads(1) turns chunking off.
+    """
+    import qkwatch.agent.metrics.subspace as subspace
+
+    gen = torch.Generator().manual_seed(3)
+    wq = torch.randn(12, 8, 96, 16, generator=gen)
+    wk = torch.randn(12, 2, 96, 16, generator=gen)
+    wq[4, 3] = wq[4, 3] @ torch.diag(torch.logspace(0, -4, 16))
+    wk[9, 1, 0, 0] = math.nan
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        qg, kg, _ = subspace.group_heads(wq, wk)
+        assert subspace._chunks(qg, kg) == 4
+        chunked = geometry(wq, wk)
+        torch.set_num_threads(1)
+        assert subspace._chunks(qg, kg) == 1
+        one_pass = geometry(wq, wk)
+    finally:
+        torch.set_num_threads(threads)
+    for name in ("qkai", "stable_rank", "qk_cos"):
+        assert torch.equal(chunked[name].isnan(), one_pass[name].isnan()), name
+        assert chunked[name][9, 4:].isnan().all(), name
+        torch.testing.assert_close(chunked[name].nan_to_num(), one_pass[name].nan_to_num(), rtol=1e-5, atol=1e-6)
