@@ -191,8 +191,10 @@ def profile_reports(
 
 
 def parts(args: argparse.Namespace) -> None:
-    """``--parts``: what one report costs, piece by piece, on the bench's model (one process, no A/B)."""
-    from qkwatch.agent.metrics.attention import _singular_values
+    """``--parts``: what one report costs, piece by piece and metric family by family, on the bench's
+    model (one process, no A/B), so that a user can pick each family's cadence."""
+    from qkwatch.agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
+    from qkwatch.agent.metrics.summary import weight_metrics
     from qkwatch.agent.probe import Plan
 
     model, _ = make(args, torch.device("cpu"))
@@ -223,28 +225,57 @@ def parts(args: argparse.Namespace) -> None:
         return [(site, probe.sampler.inputs(site, q, k, None, None, copy=True)) for site, (q, k) in pairs]
 
     queued = copies()
-    w = min(args.seq, probe.sampler.spectrum_window)
-    attn = torch.softmax(torch.randn(args.layers * args.heads, w, w), -1)
-    plan = Plan(0, weights=True, activations=True)
-    probe.arm(plan)
-    rows = [
+    site = pairs[0][0]
+    rows = {n: torch.stack([inputs[n] for _, inputs in queued]) for n in queued[0][1] if n != "pos"}
+    seqs_k, first_k = rows["seqs_k"], rows["seqs_k"].select(-4, 0)
+    w = rows["spectrum_q"].shape[-2]
+    weights = [s.weights() for s in probe.sites]
+    wq, wk = torch.stack([w_[0] for w_ in weights]).detach(), torch.stack([w_[1] for w_ in weights]).detach()
+
+    def weights_at_arm() -> None:
+        probe._weights_cache.clear()  # measure, as after an optimizer step
+        probe.arm(Plan(0, weights=True))
+        probe.disarm()
+
+    n_heads = args.layers * args.heads
+    print(f"\nload average {os.getloadavg()[0]:.2f}; one thread; best and median of 20\n")
+    print("| piece of a report | best (ms) | median (ms) |\n|---|---:|---:|")
+    for label, fn in [
         (f"activation metrics of {args.layers} layers, layer by layer in the hook (`measure_thread=False`)", inline),
         ("copies of the sampled rows, all layers (training thread, `measure_thread=True`)", copies),
         ("activation metrics of all layers in one batch (the measure thread)", lambda: probe._activation_batch(queued)),
+        ("weights read at the step's arm: stacked copies, then their metrics (the measure thread)", weights_at_arm),
+    ]:
+        print(f"| {label} | {timed(fn)} |")
+    print("\n| metric family (all layers in one call) | what it reports | best (ms) | median (ms) |")
+    print("|---|---|---:|---:|")
+    families: list[tuple[str, str, Callable[[], object]]] = [
         (
-            f"  of which the spectrum's {args.layers * args.heads} float64 `eigvalsh` of {w} x {w} Grams",
-            lambda: _singular_values(attn),
+            "row statistics",
+            "attn_entropy(_nats), attn_top1/top5/gap, logit_mean/std/max",
+            lambda: attention_stats(rows["stats_q"], seqs_k, causal=True, q_pos=queued[0][1]["pos"], erank=False),
+        ),
+        ("`qk_erank`", "effective rank of Q K^T of the sampled rows", lambda: qk_erank(rows["erank_q"], first_k)),
+        (
+            f"attention spectrum ({n_heads} heads, {w} x {w})",
+            "attn_srank, attn_gap1",
+            lambda: attention_spectrum(rows["spectrum_q"], first_k[..., :w, :], causal=site.causal),
         ),
         (
-            "weight metrics of all layers, batched (training thread, at the report)",
-            lambda: probe._weights_batched(plan),
+            "participation ratios",
+            "pr_q, pr_k, pr_gap",
+            lambda: (participation_ratio(rows["pr_q"].float()), participation_ratio(rows["pr_k"].float())),
+        ),
+        ("weight geometry", "qkai, qkai_max, stable_rank, qk_cos", lambda: weight_metrics(wq, wk, None)),
+        (
+            "projection spectra (on top of the geometry; `spectra_every`)",
+            "wq/wk norms, wk_erank and the rest",
+            lambda: weight_metrics(wq, wk, None, spectra=True),
         ),
     ]
-    print(f"\nload average {os.getloadavg()[0]:.2f}; one thread; best and median of 20\n")
-    print("| piece of a report | best (ms) | median (ms) |\n|---|---:|---:|")
-    for label, fn in rows:
-        print(f"| {label} | {timed(fn)} |")
-    probe.disarm()
+    with torch.no_grad():  # as the probe measures
+        for name, what, fn in families:
+            print(f"| {name} | {what} | {timed(fn)} |")
 
     def finish() -> None:
         for step in range(1, args.every):
@@ -261,8 +292,8 @@ def parts(args: argparse.Namespace) -> None:
     for _ in range(10):
         finish()
     print(
-        f"| finishing a report at the next `step()`: collect, weights, pack, encode, spool {args.every} records "
-        f"| {1e3 * min(spent):.2f} | {1e3 * statistics.median(spent):.2f} |"
+        f"\nfinishing a report at the next `step()` (training thread: collect, pack, encode, spool {args.every} "
+        f"records): best {1e3 * min(spent):.2f} ms, median {1e3 * statistics.median(spent):.2f} ms"
     )
     monitor.close(timeout=0.1, status=None)
 

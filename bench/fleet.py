@@ -1301,6 +1301,29 @@ def table(sessions: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+P99_GOAL_MS = 250.0
+"""Issue 33's goal: POST p99 under this at 16 ranks."""
+RANKS_PLANNED = 10_000
+
+
+def goals(sessions: list[dict[str, Any]]) -> str:
+    """Each session's POST p99 beside the goal, its points per collector CPU-second and, from that
+    figure, the collector cores that 10,000 ranks at this cadence would need."""
+    lines = []
+    for s in sessions:
+        ranks, p99 = s["config"]["ranks"], s["latency"]["post"]["p99_ms"]
+        per_cpu = s["cpu"]["points_per_collector_cpu_s"]
+        per_rank = s["rates"]["offered_points_per_s"] / ranks
+        verdict = "-" if p99 is None else ("met" if p99 < P99_GOAL_MS else "not met")
+        cores = RANKS_PLANNED * per_rank / per_cpu if per_cpu else float("nan")
+        lines.append(
+            f"{ranks} ranks: POST p99 {p99:,.0f} ms (goal < {P99_GOAL_MS:.0f} ms at 16 ranks: {verdict}); "
+            f"{per_cpu:,.0f} points per collector CPU-second; {RANKS_PLANNED:,} ranks at {per_rank:,.0f} points/s "
+            f"each = {RANKS_PLANNED * per_rank:,.0f} points/s = {cores:,.0f} collector cores at that rate"
+        )
+    return "\n".join(lines)
+
+
 def _s(t: float | None) -> str:
     return "-" if t is None else f"{t:.1f}"
 
@@ -1363,6 +1386,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(sessions, indent=1, default=str))
     print(table(sessions))
+    print(goals(sessions))
     print(f"wrote {out}")
     if len(sessions) > 1:
         plot(sessions, Path(args.png), args.note)

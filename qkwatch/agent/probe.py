@@ -160,6 +160,8 @@ class Probe:
         self.capture = Capture()
         self._removers: list[Callable[[], object]] = []  # what they return is ignored
         self._warned: set[str] = set()
+        # layer -> (version key of its weights when they were measured, what was measured)
+        self._weights_cache: dict[int, tuple[tuple[object, ...], Measured]] = {}
         # Sharded weights (FSDP2's DTensors) are whole only inside the forward: read them there.
         # Plain ones are read at the report, every layer in one batched call.
         self.in_forward = any(_sharded(p) for site in sites for p in site.module.parameters())
@@ -298,27 +300,47 @@ class Probe:
     # --- measurements -----------------------------------------------------------------------
 
     def _weights_batched(self, plan: Plan) -> None:
-        """Every owned layer in one ``weight_metrics`` call per shape (one, for a uniform model)."""
+        """Every owned layer whose weights changed since they were last measured, in one
+        ``weight_metrics`` call per shape (one, for a uniform model).
+
+        A layer whose query and key weights are views of parameters that no in-place update has
+        touched since (same storage, same version counter: frozen layers, a frozen LoRA base with its
+        adapters elsewhere, a step that did not update this layer) keeps the values measured then.
+        """
         groups: dict[tuple[object, ...], list[tuple[Site, tuple[Tensor, Tensor, Tensor | None]]]] = {}
+        versions: dict[int, tuple[object, ...] | None] = {}
         for site in self.sites:
-            if site.layer in self.owned:
-                wq, wk, rotation = site.weights()
-                wq, wk, rotation = wq.detach(), wk.detach(), None if rotation is None else rotation.detach()
-                key = (wq.shape, wk.shape, None if rotation is None else rotation.shape, wq.device, wq.dtype)
-                groups.setdefault(key, []).append((site, (wq, wk, rotation)))
+            if site.layer not in self.owned:
+                continue
+            wq, wk, rotation = site.weights()
+            version = versions[site.layer] = _version_key((wq, wk, rotation), plan.spectra)
+            cached = self._weights_cache.get(site.layer)
+            if version is not None and cached is not None and cached[0] == version:
+                self._store(site.layer, *cached[1])
+                self.capture.weights_seen.add(site.layer)
+                continue
+            wq, wk, rotation = wq.detach(), wk.detach(), None if rotation is None else rotation.detach()
+            key = (wq.shape, wk.shape, None if rotation is None else rotation.shape, wq.device, wq.dtype)
+            groups.setdefault(key, []).append((site, (wq, wk, rotation)))
         for members in groups.values():
             wq = torch.stack([w[0] for _, w in members])  # (L, H, D, hs)
             wk = torch.stack([w[1] for _, w in members])
             rotations = [w[2] for _, w in members if w[2] is not None]  # all or none: the key says which
             rot = torch.stack(rotations) if rotations else None
-            per_layer, per_head = weight_metrics(wq, wk, rot, spectra=plan.spectra)
+            with torch.no_grad():
+                per_layer, per_head = weight_metrics(wq, wk, rot, spectra=plan.spectra)
             for i, (site, _) in enumerate(members):
-                self._store(
-                    site.layer,
+                measured = (
                     {k: v[i] for k, v in per_layer.items()},
                     {k: v[i] for k, v in per_head.items()} if self.heads else {},
                 )
+                self._store(site.layer, *measured)
                 self.capture.weights_seen.add(site.layer)
+                version = versions[site.layer]
+                if version is None:
+                    self._weights_cache.pop(site.layer, None)
+                else:
+                    self._weights_cache[site.layer] = (version, measured)
 
     def _measure_weights(self, site: Site, plan: Plan) -> None:
         """In the forward (FSDP2: the weights are whole only there): here, or in the worker thread
@@ -430,6 +452,27 @@ def _no_autocast() -> contextlib.ExitStack:
     for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
         stack.enter_context(torch.autocast(device, enabled=False))
     return stack
+
+
+def _version_key(weights: tuple[Tensor | None, ...], spectra: bool) -> tuple[object, ...] | None:
+    """What tells these weights' values apart from those measured last time, far cheaper than the
+    weight pass: for views of parameters, the parameter, its storage, the view's place in it, the
+    version counter that every tracked in-place update bumps, and a float64 sum and norm of the view
+    (an update through ``.data`` bumps no version counter; it moves the sum and norm). None, measure
+    again: a weight that is not a view of a parameter (computed weights such as a LoRA sum are new
+    tensors every time), or not on the CPU (comparing the sums would wait for the device)."""
+    key: list[object] = [spectra]
+    for w in weights:
+        if w is None:
+            key.append(None)
+            continue
+        base = w if isinstance(w, nn.Parameter) else w._base
+        if not isinstance(base, nn.Parameter) or w.device.type != "cpu":
+            return None
+        with torch.no_grad():
+            sums = (w.sum(dtype=torch.float64).item(), torch.linalg.vector_norm(w, dtype=torch.float64).item())
+        key.append((id(base), base.data_ptr(), w._version, w.storage_offset(), tuple(w.shape), w.stride(), sums))
+    return tuple(key)
 
 
 def _due(step: int, every: int) -> bool:

@@ -609,3 +609,51 @@ def test_taps_cut_q_and_k_out_only_on_report_steps(tmp_path: Path, monkeypatch: 
     assert all(len(r["layers"]["attn_entropy"]) == len(weights) for r in reports)
     assert [per_step[i] for i in (1, 2, 4, 5)] == [bare] * 4  # off report steps: the model's own only
     assert per_step[0] >= bare + 2 * len(weights) and per_step[3] >= bare + 2 * len(weights)  # q and k of each layer
+
+
+def test_weights_no_update_touched_are_not_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report reads the weights as they are when it is finished (the next ``step()`` call). Layers
+    whose weights no in-place update touched since the last report keep their values without a new
+    weight pass; an update to one layer remeasures that layer alone; every value equals numpy's."""
+    from qkwatch.agent import probe as probe_module
+    from qkwatch.agent.metrics.summary import weight_metrics
+
+    layers_measured: list[int] = []
+
+    def counted(wq, wk, rotation=None, **kw):
+        layers_measured.append(wq.shape[0])
+        return weight_metrics(wq, wk, rotation, **kw)
+
+    monkeypatch.setattr(probe_module, "weight_metrics", counted)
+    torch.manual_seed(0)
+    model = TinyGPT()
+    a = agent.attach(model, spool=str(tmp_path), run="w", every=1, **OFFLINE)
+    d, n_head = model.h[0].attn.c_attn.in_features, model.h[0].attn.n_head
+    expected = []
+
+    def reference() -> list[float]:
+        w = [b.attn.c_attn.weight.detach().numpy().astype(np.float64) for b in model.h]
+        return [weight_reference(x[:d], x[d : 2 * d], n_head)["qkai"] for x in w]
+
+    for step in range(5):
+        a.step(step)  # finishes the report of step - 1 with the weights as they are now
+        if step:
+            expected.append(reference())
+        with torch.no_grad():
+            model(batch(step)[:, :-1])
+            if step == 0:  # an optimizer-like in-place update of every layer
+                for block in model.h:
+                    block.attn.c_attn.weight.mul_(1.5).add_(0.01)
+            if step == 2:  # one layer only
+                model.h[2].attn.c_attn.weight[:d].add_(0.05 * torch.randn(d, d))
+            if step == 3:  # through .data, which bumps no version counter (old optimizers, EMA code)
+                model.h[1].attn.c_attn.weight.data[d : 2 * d].mul_(0.9)
+    reports = [r for r in spooled(a) if r["layers"]][:4]
+    assert [r["step"] for r in reports] == [0, 1, 2, 3]
+    assert layers_measured == [4, 1, 1]  # report 0: all 4 layers; 1: none touched; 2: layer 2; 3: layer 1
+    for report, want in zip(reports, expected, strict=True):
+        np.testing.assert_allclose(report["layers"]["qkai"], want, rtol=1e-4)
+    assert reports[1]["layers"]["qkai"] == reports[0]["layers"]["qkai"]  # nothing touched between them
+    assert reports[2]["layers"]["qkai"][2] != reports[1]["layers"]["qkai"][2]
+    assert reports[2]["layers"]["qkai"][:2] == reports[1]["layers"]["qkai"][:2]
+    assert reports[3]["layers"]["qkai"][1] != reports[2]["layers"]["qkai"][1]
