@@ -194,7 +194,8 @@ def parts(args: argparse.Namespace) -> None:
     """``--parts``: what one report costs, piece by piece and metric family by family, on the bench's
     model (one process, no A/B), so that a user can pick each family's cadence."""
     from qkwatch.agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
-    from qkwatch.agent.metrics.summary import weight_metrics
+    from qkwatch.agent.metrics.spectra import projection_norms
+    from qkwatch.agent.metrics.summary import _layer_matrix, weight_metrics
     from qkwatch.agent.probe import Plan
 
     model, _ = make(args, torch.device("cpu"))
@@ -232,9 +233,11 @@ def parts(args: argparse.Namespace) -> None:
     weights = [s.weights() for s in probe.sites]
     wq, wk = torch.stack([w_[0] for w_ in weights]).detach(), torch.stack([w_[1] for w_ in weights]).detach()
 
-    def weights_at_arm() -> None:
+    def weights_at_report() -> None:
         probe._weights_cache.clear()  # measure, as after an optimizer step
-        probe.arm(Plan(0, weights=True))
+        plan = Plan(0, weights=True)
+        probe.arm(plan)
+        probe.measure_weights_now(plan)
         probe.disarm()
 
     n_heads = args.layers * args.heads
@@ -244,7 +247,7 @@ def parts(args: argparse.Namespace) -> None:
         (f"activation metrics of {args.layers} layers, layer by layer in the hook (`measure_thread=False`)", inline),
         ("copies of the sampled rows, all layers (training thread, `measure_thread=True`)", copies),
         ("activation metrics of all layers in one batch (the measure thread)", lambda: probe._activation_batch(queued)),
-        ("weights read at the step's arm: stacked copies, then their metrics (the measure thread)", weights_at_arm),
+        ("weight metrics of all layers, batched (training thread, at the report)", weights_at_report),
     ]:
         print(f"| {label} | {timed(fn)} |")
     print("\n| metric family (all layers in one call) | what it reports | best (ms) | median (ms) |")
@@ -266,11 +269,15 @@ def parts(args: argparse.Namespace) -> None:
             "pr_q, pr_k, pr_gap",
             lambda: (participation_ratio(rows["pr_q"].float()), participation_ratio(rows["pr_k"].float())),
         ),
-        ("weight geometry", "qkai, qkai_max, stable_rank, qk_cos", lambda: weight_metrics(wq, wk, None)),
         (
-            "projection spectra (on top of the geometry; `spectra_every`)",
-            "wq/wk norms, wk_erank and the rest",
-            lambda: weight_metrics(wq, wk, None, spectra=True),
+            "weight geometry",
+            "qkai, qkai_max, stable_rank, qk_cos",
+            lambda: weight_metrics(wq, wk, None, spectra=False),
+        ),
+        (
+            "projection spectra (every `spectra_every` steps)",
+            "wq_fro, wk_fro, wq_spec, wk_spec, wk_erank",
+            lambda: (projection_norms(_layer_matrix(wq)), projection_norms(_layer_matrix(wk))),
         ),
     ]
     with torch.no_grad():  # as the probe measures

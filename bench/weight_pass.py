@@ -31,6 +31,7 @@ from qkwatch.agent.metrics.subspace import geometry
 
 L, H, D, HS = 24, 16, 1024, 64
 GOAL = 50.0
+PAUSE = 1.0
 GRAM_GFLOP = 3 * 2 * D * HS * HS * L * H / 1e9
 
 
@@ -54,7 +55,8 @@ def matmul_gflops(repeats: int) -> float:
     return 2 * 2048**3 / best / 1e9
 
 
-def _seconds(fn) -> float:
+def _seconds(fn, pause: float = 0.0) -> float:
+    time.sleep(pause)
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -82,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     a, b, grams = [], [], []
     q3, k3 = wq.reshape(-1, D, HS), wk.reshape(-1, D, HS)
     for _ in range(args.repeats):  # alternating, so a change in the machine's load falls on both
-        a.append(_seconds(lambda: geometry(wq, wk)))
-        b.append(_seconds(lambda: per_head_svd(q_np, k_np)))
-        grams.append(_seconds(lambda: (q3.mT @ q3, k3.mT @ k3, q3.mT @ k3)))
+        # a pause before each (untimed): numpy's and torch's BLAS threads spin for a while after a
+        # call, and without it each arm pays for the other's spinning threads
+        a.append(_seconds(lambda: geometry(wq, wk), pause=PAUSE))
+        b.append(_seconds(lambda: per_head_svd(q_np, k_np), pause=PAUSE))
+        grams.append(_seconds(lambda: (q3.mT @ q3, k3.mT @ k3, q3.mT @ k3), pause=PAUSE))
     rate = matmul_gflops(args.repeats)
     ta, tb, tg = statistics.median(a), statistics.median(b), statistics.median(grams)
     print(f"\ntorch {torch.__version__}, {args.threads} threads; {L} x {H} heads, d_model {D}, d_head {HS}, float32\n")
