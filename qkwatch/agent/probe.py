@@ -38,8 +38,10 @@ from torch import Tensor, nn
 
 from qkwatch.agent.activations import ACTIVATION_HEAD_METRICS, Inputs, Sampler
 from qkwatch.agent.checks import SettingError, positive_ints
+from qkwatch.agent.compiled_tap import register_tap, sink, unregister_tap
 from qkwatch.agent.metrics.summary import weight_metrics
 from qkwatch.agent.sites import Site, TapFn
+from qkwatch.agent.weight_versions import version_key
 
 logger = logging.getLogger(__name__)
 
@@ -243,15 +245,15 @@ class Probe:
             else:
                 self._guarded(site, "activations", lambda: self._measure_activations(site, inputs()))
 
-        token = _register_tap(measure)
-        self._removers.append(lambda: _TAPS.pop(token, None))
+        token = register_tap(measure)
+        self._removers.append(lambda: unregister_tap(token))
 
         def tap(q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool | None = None) -> None:
             if torch.compiler.is_compiling():
                 # one opaque op in the graph: no graph break, no guard on the plan; at run time it
                 # calls ``measure`` with the real tensors, which returns at once off report steps
                 mask = mask.detach() if isinstance(mask, Tensor) else None
-                torch.ops.qkwatch.tap(q.detach(), k.detach(), mask, causal, _sink(q.device), token)
+                torch.ops.qkwatch.tap(q.detach(), k.detach(), mask, causal, sink(q.device), token)
                 return
             measure(q, k, mask, causal)
 
@@ -313,7 +315,7 @@ class Probe:
             if site.layer not in self.owned:
                 continue
             wq, wk, rotation = site.weights()
-            version = versions[site.layer] = _version_key((wq, wk, rotation), plan.spectra)
+            version = versions[site.layer] = version_key((wq, wk, rotation), plan.spectra)
             cached = self._weights_cache.get(site.layer)
             if version is not None and cached is not None and cached[0] == version:
                 self._store(site.layer, *cached[1])
@@ -413,66 +415,12 @@ class Probe:
             self.capture.heads.setdefault(layer, {}).update(per_head)
 
 
-# --- the tap as a custom op, for compiled forwards ------------------------------------------------
-
-_TAPS: dict[int, TapFn] = {}
-_SINKS: dict[str, Tensor] = {}
-_NEXT = [0]
-
-
-def _register_tap(fn: TapFn) -> int:
-    _NEXT[0] += 1
-    _TAPS[_NEXT[0]] = fn
-    return _NEXT[0]
-
-
-def _sink(device: torch.device) -> Tensor:
-    """A one-element tensor the op declares it mutates, so that no compiler drops the call."""
-    key = str(device)
-    if key not in _SINKS:
-        _SINKS[key] = torch.zeros(1, device=device)
-    return _SINKS[key]
-
-
-@torch.library.custom_op("qkwatch::tap", mutates_args=("sink",))
-def _tap_op(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink: Tensor, token: int) -> None:
-    fn = _TAPS.get(token)
-    if fn is not None:
-        fn(q, k, mask, causal)
-
-
-@_tap_op.register_fake
-def _(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink: Tensor, token: int) -> None:
-    return None
-
-
 def _no_autocast() -> contextlib.ExitStack:
     """Autocast off for the CPU and, where there is one, the GPU (autocast is per thread and device)."""
     stack = contextlib.ExitStack()
     for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
         stack.enter_context(torch.autocast(device, enabled=False))
     return stack
-
-
-def _version_key(weights: tuple[Tensor | None, ...], spectra: bool) -> tuple[object, ...] | None:
-    """What tells these weights' values apart from those measured last time, far cheaper than the
-    weight pass: for views of parameters, the parameter, its storage, the view's place in it, the
-    version counter that every tracked in-place update bumps, and a float64 sum and norm of the view
-    (an update through ``.data`` bumps no version counter; it moves the sum and norm). None, measure
-    again: a weight that is not a view of a parameter (computed weights such as a LoRA sum are new
-    tensors every time), or not on the CPU (comparing the sums would wait for the device)."""
-    key: list[object] = [spectra]
-    for w in weights:
-        if w is None:
-            key.append(None)
-            continue
-        base = w if isinstance(w, nn.Parameter) else w._base
-        if not isinstance(base, nn.Parameter) or w.device.type != "cpu":
-            return None
-        with torch.no_grad():
-            sums = (w.sum(dtype=torch.float64).item(), torch.linalg.vector_norm(w, dtype=torch.float64).item())
-        key.append((id(base), base.data_ptr(), w._version, w.storage_offset(), tuple(w.shape), w.stride(), sums))
-    return tuple(key)
 
 
 def _due(step: int, every: int) -> bool:
