@@ -305,9 +305,9 @@ class Probe:
         """Every owned layer whose weights changed since they were last measured, in one
         ``weight_metrics`` call per shape (one, for a uniform model).
 
-        A layer whose query and key weights are views of parameters that no in-place update has
-        touched since (same storage, same version counter: frozen layers, a frozen LoRA base with its
-        adapters elsewhere, a step that did not update this layer) keeps the values measured then.
+        A layer whose query and key weights are views of parameters that nothing has changed since
+        (``weight_versions.version_key``: same storage, version counter, sum and norm; frozen layers,
+        a step that did not update this layer) keeps the values measured then.
         """
         groups: dict[tuple[object, ...], list[tuple[Site, tuple[Tensor, Tensor, Tensor | None]]]] = {}
         versions: dict[int, tuple[object, ...] | None] = {}
@@ -329,8 +329,7 @@ class Probe:
             wk = torch.stack([w[1] for _, w in members])
             rotations = [w[2] for _, w in members if w[2] is not None]  # all or none: the key says which
             rot = torch.stack(rotations) if rotations else None
-            with torch.no_grad():
-                per_layer, per_head = weight_metrics(wq, wk, rot, spectra=plan.spectra)
+            per_layer, per_head = weight_metrics(wq, wk, rot, spectra=plan.spectra)  # no_grad: _guarded
             for i, (site, _) in enumerate(members):
                 measured = (
                     {k: v[i] for k, v in per_layer.items()},

@@ -290,21 +290,20 @@ def _first_tier(qg: Tensor, kg: Tensor, dt: torch.dtype, tier: Tier, *, sync: bo
     The Grams are matrix products that use every core already, but the per-head LAPACK calls
     after them (two Cholesky factorisations, two triangular solves, one ``eigvalsh`` a head) run
     one matrix at a time on one core. Chunks of heads on ``2 x torch.get_num_threads()`` threads
-    (torch lets go of the GIL inside its operators) overlap the two: measured 1.4x on 384 heads and
-    2 cores (bench/weight_pass.py). Only without autograd and with more than one torch thread: a
-    user who set ``torch.set_num_threads(1)`` keeps one core.
+    (torch lets go of the GIL inside its operators) overlap the two: 384 heads of bench/weight_pass.py's
+    shape took 146-156 ms in 4 chunks against 190 ms in one pass on 2 cores (an ad hoc timing). Only
+    without autograd and with more than one torch thread: a user who set ``torch.set_num_threads(1)``
+    keeps one core.
     """
-    chunks = _chunks(qg, kg)
-    if chunks <= 1:
-        grams = _Grams.of(qg, kg, dt, sync=sync)
-        values, ok = tier(grams, dt)
-        return values, ok, grams.finite
 
     def one(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         grams = _Grams.of(q, k, dt, sync=sync)
         values, ok = tier(grams, dt)
         return values, ok, grams.finite
 
+    chunks = _chunks(qg, kg)
+    if chunks <= 1:
+        return one(qg, kg)
     parts = list(_pool().map(one, qg.tensor_split(chunks), kg.tensor_split(chunks)))
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
 
