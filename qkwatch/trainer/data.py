@@ -5,6 +5,10 @@ The corpus (``data.corpus``):
 * ``pydoc`` (default): the Python Language Reference and library topics that every CPython ships
   as ``pydoc_data.topics`` (about 466 KB of English technical prose, used by ``help()``): real text,
   on every machine with Python, no download.
+* ``pysource``: the top-level modules of the running Python's standard library (``Lib/*.py``,
+  sorted by file name, joined by blank lines): about 4.7 MB of Python source code on CPython 3.11,
+  a corpus of another kind than pydoc's prose, also on every machine with Python and no download
+  (it differs a little between Python versions).
 * a path to any UTF-8 (or raw byte) text file, e.g. WikiText-103's raw text if you have it; it is
   memory-mapped, so its size is not bounded by RAM.
 
@@ -37,6 +41,8 @@ FILLER_SENTENCES = (
     "Here we go. ",
     "There and back again. ",
 )
+CORPORA = ("pydoc", "pysource")
+"""The named corpora every machine with Python has (``data.corpus``); anything else is a file path."""
 NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ian", "joy", "kit", "lou")
 TASKS = ("passkey", "binding")
 
@@ -46,7 +52,7 @@ class DataConfig:
     """Where the training text comes from and how much of it is synthetic tasks."""
 
     corpus: str = "pydoc"
-    """pydoc (CPython's pydoc_data.topics) or a path to a text file."""
+    """pydoc (CPython's pydoc_data.topics), pysource (the standard library's own source) or a path to a text file."""
     val_fraction: float = 0.1
     """Tail of the corpus held out for validation and perplexity (seed 001: 10 %)."""
     task_mix: float = 0.0
@@ -57,8 +63,8 @@ class DataConfig:
             raise ValueError(f"data.val_fraction must lie in (0, 0.5), got {self.val_fraction}")
         if not 0 <= self.task_mix <= 1:
             raise ValueError(f"data.task_mix must lie in [0, 1], got {self.task_mix}")
-        if self.corpus != "pydoc" and not Path(self.corpus).is_file():
-            raise ValueError(f"data.corpus={self.corpus!r} is neither 'pydoc' nor a readable file")
+        if self.corpus not in CORPORA and not Path(self.corpus).is_file():
+            raise ValueError(f"data.corpus={self.corpus!r} is neither one of {', '.join(CORPORA)} nor a readable file")
 
 
 # --- tokenizer and corpus ------------------------------------------------------------------------
@@ -83,6 +89,11 @@ def load_corpus(corpus: str) -> np.ndarray:
 
         text = "\n\n".join(topics[key].strip() for key in sorted(topics))
         return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    if corpus == "pysource":
+        import sysconfig
+
+        files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"), key=lambda f: f.name)
+        return np.frombuffer(b"\n\n".join(f.read_bytes().strip() for f in files), dtype=np.uint8)
     return np.memmap(corpus, dtype=np.uint8, mode="r")
 
 

@@ -16,6 +16,10 @@ instability_cpu        collapse_cpu's model with nothing induced, for learning-r
                        warmup, cosine, AdamW (0.9, 0.95), clip 1.0, a report every 5 steps
 instability_small      the instability sweep's model (6 layers of 96, 800 steps, held-out loss every 50
                        steps): long enough to end somewhere, small enough for 144 runs in ~2 hours
+heldout_long           issue 40's first held-out recipe: deeper and narrower (8 layers of 64), context
+                       512, warmup 10 %, no weight decay; the detectors never see it while tuned
+heldout_code           issue 40's second held-out recipe: 4 layers of 128, context 256, the standard
+                       library's source code, no warmup, weight decay 0.3
 seed001_grid           one cell of seed 001's observational grid: d_model 256, 4 heads of 64, MLP 1024,
                        context 128, 4 layers (``--set model.n_layers=6|8``), AdamW 1e-4 (0.9, 0.95),
                        weight decay 0.1, clip 1.0, constant lr, batch 64, biases, GELU, no dropout,
@@ -158,6 +162,46 @@ def instability_small() -> RunConfig:
     )
 
 
+def heldout_long() -> RunConfig:
+    """The first recipe the detectors never see while they are tuned (issue 40), aimed at the collapse band.
+
+    It differs from ``instability_small`` (the tune recipe) in more than the seed: deeper and narrower
+    (8 layers of d_model 64, 4 heads of 16), context 512 (the passkey tasks span it), 2 sequences a
+    step (1,024 tokens, as the tune recipe's 8 x 128), a longer warmup (10 % of the steps against
+    5 %) and no weight decay (against 0.1); 600 steps. About 0.17 s a step on one thread (measured
+    here, two runs at a time), 2 minutes a run. Written down and committed before any rule was tuned.
+    """
+    return RunConfig(
+        recipe="heldout_long",
+        model=ModelConfig(n_layers=8, n_heads=4, d_model=64, max_seq_len=512),
+        raa=RAAConfig(enabled=False, schedule=ScheduleConfig(lambda_0=5e-3)),
+        data=DataConfig(task_mix=0.2),
+        optim=OptimConfig(lr=3e-3, warmup_steps=60, weight_decay=0.0),
+        train=TrainConfig(steps=600, global_batch_size=2, log_every=50, report_every=10, val_every=50),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+    )
+
+
+def heldout_code() -> RunConfig:
+    """The second held-out recipe (issue 40): another corpus, no warmup, stronger weight decay.
+
+    Against ``instability_small``: Python source code (``data.corpus=pysource``, no synthetic tasks)
+    instead of English prose, 4 layers of d_model 128 (4 heads of 32), context 256, 4 sequences a
+    step (1,024 tokens), **no warmup** (the pressure besides the rate: the full rate from the first
+    step) and weight decay 0.3; 600 steps. About 0.13 s a step on one thread (measured here, two
+    runs at a time). Written down and committed before any rule was tuned.
+    """
+    return RunConfig(
+        recipe="heldout_code",
+        model=ModelConfig(n_layers=4, n_heads=4, d_model=128, max_seq_len=256),
+        raa=RAAConfig(enabled=False, schedule=ScheduleConfig(lambda_0=5e-3)),
+        data=DataConfig(corpus="pysource", task_mix=0.0),
+        optim=OptimConfig(lr=3e-3, warmup_steps=0, weight_decay=0.3),
+        train=TrainConfig(steps=600, global_batch_size=4, log_every=50, report_every=10, val_every=50),
+        parallel=ParallelConfig(device="cpu", cpu_threads=1),
+    )
+
+
 def _seed001_model(n_layers: int) -> ModelConfig:
     return ModelConfig(
         n_layers=n_layers,
@@ -240,6 +284,8 @@ RECIPES: dict[str, Callable[[], RunConfig]] = {
         collapse_cpu,
         instability_cpu,
         instability_small,
+        heldout_long,
+        heldout_code,
         seed001_grid,
         seed001_interventions,
         gpt_1_3b,

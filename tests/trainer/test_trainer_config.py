@@ -94,6 +94,9 @@ def test_byte_tokenizer_and_corpus():
     corpus = load_corpus("pydoc")
     assert corpus.dtype == np.uint8 and len(corpus) > 400_000
     assert b"Assert statements are a convenient way" in corpus.tobytes()  # the Language Reference
+    source = load_corpus("pysource").tobytes()
+    assert len(source) > 1_000_000 and b"def dedent(text):" in source  # Lib/textwrap.py
+    assert b"import " in source and b"Assert statements are a convenient way" not in source
 
 
 def test_file_corpus(tmp_path):

@@ -16,9 +16,10 @@ which mean nothing to a run that may pause for a checkpoint). Four kinds of rule
   reports are passed over (e.g. the report at step 0, measured at initialisation); the mean of its
   next ``baseline_reports`` finite values is its baseline. After that, it fires once
   ``value / baseline >= factor`` held for ``for_reports`` consecutive reports (a ratio, not a
-  difference: logits of different layers and models live on different scales). A layer whose
-  baseline is not positive is never judged. Summary: ``layer 4: logit_max 3.2x its early value
-  (41 vs 12.8; ...)``.
+  difference: logits of different layers and models live on different scales). A ``factor`` below
+  1 watches a fall instead: it fires once ``value / baseline <= factor`` (``stable_rank`` at half
+  its early value: ``factor: 0.5``). A layer whose baseline is not positive is never judged.
+  Summary: ``layer 4: logit_max 3.2x its early value (41 vs 12.8; ...)``.
 * **forecast**: a line through the layer's last ``window`` finite (step, value) points of
   ``metric`` (``fit``: least squares, or Theil-Sen's median of pairwise slopes) predicts the step
   at which it crosses ``threshold`` in the direction of ``op`` (``>``/``>=``: rising through it;
@@ -158,7 +159,8 @@ class BandRule:
 
 @dataclass(frozen=True)
 class GrowthRule:
-    """Fires per layer when ``value / baseline >= factor`` for ``for_reports`` consecutive reports.
+    """Fires per layer when ``value / baseline >= factor`` (a rise; ``<= factor`` for a factor below 1,
+    a fall) for ``for_reports`` consecutive reports.
 
     ``baseline``: the mean of the layer's first ``baseline_reports`` finite values after its first
     ``skip_reports`` reports; a layer is not judged before it has one, nor when it is not positive.
@@ -175,14 +177,28 @@ class GrowthRule:
     def __post_init__(self) -> None:
         _check_name(self.name, "name", self.name)
         _check_name(self.name, "metric", self.metric)
-        _check_number(self.name, "factor", self.factor, above=1)
+        _check_number(self.name, "factor", self.factor, above=0)
+        if self.factor == 1:
+            raise ValueError(
+                f"rule {brief_repr(self.name)}: factor must be above 1 (a rise) or below 1 (a fall), got 1"
+            )
         _check_int(self.name, "baseline_reports", self.baseline_reports, high=MEMORY_MAX)
         _check_int(self.name, "skip_reports", self.skip_reports, low=0)
         _check_int(self.name, "for_reports", self.for_reports, high=MAX_FOR_REPORTS)
         _check_severity(self.name, self.severity)
 
+    @property
+    def rising(self) -> bool:
+        """A factor above 1 watches a rise, below 1 a fall."""
+        return self.factor > 1
+
+    def holds(self, ratio: float) -> bool:
+        """``ratio`` (value / baseline) is at or past the factor, in the rule's direction."""
+        return ratio >= self.factor if self.rising else ratio <= self.factor
+
     def describe(self) -> str:
-        return f"fires at {self.factor:g}x for {self.for_reports} consecutive reports"
+        at = "" if self.rising else " or below"
+        return f"fires at {self.factor:g}x{at} for {self.for_reports} consecutive reports"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ other metric must give its own. ``factor`` (growth) and ``horizon_steps`` (forec
       - name: logit_growth       # a growth rule
         kind: growth
         metric: logit_max
-        factor: 3.0              # fires at value / baseline >= factor
+        factor: 3.0              # fires at value / baseline >= factor (below 1: <= factor, a fall)
         baseline_reports: 5      # the baseline: mean of the layer's first 5 finite values...
         skip_reports: 1          # ...after its first report
         for_reports: 2

@@ -215,7 +215,7 @@ def _judge_growth(rule: GrowthRule, st: LayerState, layer: int, value: float) ->
     if math.isnan(value):
         return _Verdict(False, f"layer {layer}: {rule.metric} is NaN")
     ratio = value / baseline
-    if ratio >= rule.factor:
+    if rule.holds(ratio):
         return _Verdict(
             True,
             f"layer {layer}: {rule.metric} {ratio:.1f}x its early value ({value:.4g} vs {baseline:.4g}; "

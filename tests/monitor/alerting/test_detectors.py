@@ -89,6 +89,23 @@ def test_the_baseline_takes_finite_values_only_and_a_nan_is_no_growth() -> None:
     # inf at step 6 is growth: the alert stays firing (no second transition)
 
 
+def test_a_factor_below_one_watches_a_fall_from_the_early_value() -> None:
+    """Skipped: 9 (at init). Baseline: mean(4, 4) = 4. 2 = 0.5x starts the streak, 1.6 (0.4x) completes it;
+    3 (0.75x) resolves; inf and NaN are no fall."""
+    rule = GrowthRule("stable_rank_fall", metric="stable_rank", factor=0.5, baseline_reports=2, skip_reports=1)
+    rule = GrowthRule(**{**rule.__dict__, "for_reports": 2})
+    values = [9.0, 4.0, 4.0, 2.1, 2.0, 1.6, 3.0, math.inf, math.nan]
+    out = evaluate(RuleSet((), (), growths=(rule,)), {}, series("stable_rank", values, every=10))
+    assert brief(out) == [
+        ("firing", "stable_rank_fall", (0,), 40, 50, None),
+        ("resolved", "stable_rank_fall", (0,), 40, 60, None),
+    ]
+    assert out[0].summary == (
+        "layer 0: stable_rank 0.4x its early value (1.6 vs 4; fires at 0.5x or below for 2 consecutive reports)"
+    )
+    assert rule.holds(0.5) and not rule.holds(0.51) and GROWTH.holds(3.0) and not GROWTH.holds(2.99)
+
+
 @pytest.mark.parametrize("early", [[-2.0, 0.0], [0.0, 0.0]])
 def test_a_layer_without_a_positive_baseline_is_not_judged(early: list[float]) -> None:
     """Baseline -1: -5 and -50 are 5x and 50x of it, which is no growth; baseline 0: no ratio at all."""
