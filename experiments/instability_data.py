@@ -18,6 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,28 @@ def fetch(client: Client, campaign: str, names: Sequence[str]) -> list[RunRecord
         values = [math.nan if v is None else float(v) for v in val.values]
         out.append(RunRecord(name, history, list(val.steps), values, scalars))
     return out
+
+
+def export(runs: Sequence[Any], campaign: str, path: Path) -> Path:
+    """Add every run of ``runs`` (each with a ``name``) that the campaign's collector holds finished to ``path``.
+
+    The file is a sweep's memory across machines: the runs it holds are kept as they are and not
+    trained again (``experiments.instability`` skips them), so a sweep stopped on one machine goes on
+    from the committed file on another.
+    """
+    from experiments.common import Campaign, log
+
+    kept = load(path) if path.exists() else {}
+    with Campaign(campaign) as c:
+        new = [r.name for r in runs if r.name not in kept and c.finished(r.name)]
+        records = {r.name: r for r in fetch(c.client, campaign, new)}
+    merged = {**kept, **records}
+    save([merged[r.name] for r in runs if r.name in merged], path)
+    log(
+        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {len(merged)} of {len(runs)} runs, "
+        f"{len(records)} added from the collector"
+    )
+    return path
 
 
 def save(records: Sequence[RunRecord], path: Path) -> Path:

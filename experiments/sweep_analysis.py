@@ -355,7 +355,7 @@ CAMPAIGN = "instability_sweep"
 
 
 def sweep_runs(path: Path = SUITE) -> list[Sweep]:
-    from experiments.instability import load_runs
+    from experiments.suite import load_runs
 
     return [Sweep(r.name, r.variant, float(r.lr or 0.0), r.seed, r.split) for r in load_runs(path)]
 
@@ -380,21 +380,8 @@ def export() -> Path:
     from the committed file on another.
     """
     from experiments import instability_data
-    from experiments.common import Campaign, log
 
-    runs = sweep_runs()
-    path = data_path()
-    kept = instability_data.load(path) if path.exists() else {}
-    with Campaign(CAMPAIGN) as campaign:
-        new = [r.name for r in runs if r.name not in kept and campaign.finished(r.name)]
-        records = {r.name: r for r in instability_data.fetch(campaign.client, CAMPAIGN, new)}
-    merged = {**kept, **records}
-    instability_data.save([merged[r.name] for r in runs if r.name in merged], path)
-    log(
-        f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): {len(merged)} of {len(runs)} runs, "
-        f"{len(records)} added from the collector"
-    )
-    return path
+    return instability_data.export(sweep_runs(), CAMPAIGN, data_path())
 
 
 def complete(runs: Sequence[Sweep], records: Mapping[str, RunRecord], what: str) -> None:
