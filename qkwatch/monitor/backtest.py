@@ -31,30 +31,48 @@ replay takes every stored report in order); or a run resumed before the collecto
 ``lead_reports`` counts the reports from the firing up to, not including, the outcome's step
 (negative: the reports from the outcome up to the firing). A rule that fires on a healthy run
 raised a false alarm; its leads are None, as they are when it never fired.
+
+**Degraded, against a twin.** Given a reference run (:class:`Judging`: the same recipe at a setting
+that went well), a run that did not diverge is ``degraded`` when its final held-out loss (the mean of
+its last ``k`` ``val_loss`` values) is at least ``delta`` above the reference's
+(:func:`qkwatch.monitor.outcomes.judge`); its outcome step is its last logged step, where a user
+comparing final losses learns of it. A run without ``val_loss`` is judged by its loss alone, and says so.
+
+**Against the loss.** Each run is also replayed through a loss-only alert
+(:mod:`qkwatch.monitor.loss_rules`; by default the one tuned on the instability suite's tune
+recipe, :data:`~qkwatch.monitor.loss_rules.TUNED_BASELINE`): the step a user watching only the loss
+would have been told. A rule's ``lead_vs_loss`` on a bad run it flagged (first fired at or before
+the outcome's step) is that step (the outcome's, if the loss alert had not fired by then) minus
+the rule's first firing: what qkwatch adds over the loss. The loss alert is scored beside the
+rules as a row of its own (:data:`LOSS_ROW`), and false alarms are counted per healthy run.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from qkwatch.monitor.alerting.evaluator import StateKey, StoredState, end_of_run, evaluate_batch
 from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.alerting.transitions import ReportValues, Transition
-from qkwatch.monitor.outcomes import OutcomeRule, label
+from qkwatch.monitor.loss_rules import TUNED_BASELINE, LossRule, LossSeries
+from qkwatch.monitor.outcomes import SUITE_DELTA, Degradation, OutcomeRule, final_heldout, judge, label
 
 if TYPE_CHECKING:
     from qkwatch.monitor.client import Client, Run
 
 OutcomeLabel = Literal["diverged", "spiked", "degraded", "healthy", "unknown"]
-BAD: frozenset[str] = frozenset({"diverged", "spiked"})
+BAD: frozenset[str] = frozenset({"diverged", "spiked", "degraded"})
 """The outcomes a rule should warn of."""
 ANY_RULE = "(any rule)"
 """The summary row of the rules together: a run is flagged at its earliest firing of any rule."""
+LOSS_ROW = "(loss only)"
+"""The row of the loss-only alert, scored like a rule (not part of :data:`ANY_RULE`)."""
 SCALAR_LAYER = -1
 """The layer of a run-level scalar (``loss``) in a history answer."""
 
@@ -74,6 +92,8 @@ class RunHistory:
     """Ascending steps of the logged training loss."""
     losses: Sequence[float] = ()
     """The loss at each of ``loss_steps``, NaN and infinities as logged; empty when none was logged."""
+    val_losses: Sequence[float] = ()
+    """The held-out loss (``val_loss``) in step order; empty when none was logged."""
 
     @classmethod
     def from_columns(
@@ -142,7 +162,15 @@ def read(client: Client, run: str | Run, loss: str = "loss") -> RunHistory:
             more_steps, more_losses = scalar(columns, loss)
             steps += more_steps
             losses += more_losses
-    return RunHistory(found.ref, reports, steps, losses)
+    val: list[float] = []
+    if SCALAR_LAYER in have.get(VAL_LOSS, ()):
+        for columns in _columns(client, found, [VAL_LOSS], None):
+            val += scalar(columns, VAL_LOSS)[1]
+    return RunHistory(found.ref, reports, steps, losses, val)
+
+
+VAL_LOSS = "val_loss"
+"""The run-level scalar of the held-out loss (the degraded outcome's final loss)."""
 
 
 def _columns(
@@ -252,6 +280,9 @@ class RuleResult:
     """``outcome_step - first_fire_step`` on a run that went bad (negative: late); else None."""
     lead_reports: int | None
     """Reports from the firing up to the outcome's step (negative: from the outcome up to the firing); else None."""
+    lead_vs_loss: int | None = None
+    """On a bad run it flagged (fired at or before the outcome's step): the loss-only alert's first firing
+    (the outcome's step when it had not fired by then) minus this rule's; else None."""
     onset_step: int | None = None
     attempt: int | None = None
     layers: tuple[int, ...] = ()
@@ -267,6 +298,7 @@ class RuleResult:
             "first_fire_step": self.first_fire_step,
             "lead_steps": self.lead_steps,
             "lead_reports": self.lead_reports,
+            "lead_vs_loss": self.lead_vs_loss,
             "onset_step": self.onset_step,
             "attempt": self.attempt,
             "layers": list(self.layers),
@@ -286,11 +318,15 @@ class RunBacktest:
     reports: int
     """Reports replayed (distinct steps with per-layer values)."""
     rules: tuple[RuleResult, ...]
+    loss_step: int | None = None
+    """The step at which the loss-only alert first fired (None: never, or no loss)."""
+    final: float | None = None
+    """The final held-out loss (None: no ``val_loss`` logged, or not finite)."""
 
     @property
     def false_alarm(self) -> bool:
         """A rule fired on a run that stayed healthy."""
-        return self.outcome == "healthy" and any(r.firings for r in self.rules)
+        return self.outcome == "healthy" and any(r.firings for r in self.rules if r.rule != LOSS_ROW)
 
     def rule(self, name: str) -> RuleResult:
         return next(r for r in self.rules if r.rule == name)
@@ -303,38 +339,110 @@ class RunBacktest:
             "why": self.why,
             "reports": self.reports,
             "false_alarm": self.false_alarm,
+            "loss_step": self.loss_step,
+            "final": self.final,
             "rules": [r.to_json() for r in self.rules],
         }
 
 
-def backtest(history: RunHistory, rules: RuleSet, outcome_rule: OutcomeRule | None = None) -> RunBacktest:
-    """Replay ``history`` through ``rules`` and score each rule's first firing against the run's outcome."""
-    outcome, outcome_step, why = _outcome(history, outcome_rule or OutcomeRule())
+@dataclass(frozen=True)
+class Judging:
+    """How runs are judged beyond their loss's own spikes, and the loss-only alert they are compared with."""
+
+    outcome_rule: OutcomeRule = field(default_factory=OutcomeRule)
+    reference: RunHistory | None = None
+    """The twin a run is judged degraded against (None: spikes and divergence only)."""
+    delta: float = SUITE_DELTA
+    """Nats of final held-out loss above the reference's that make a run degraded."""
+    k: int = 3
+    """Held-out evaluations averaged at the end of a run."""
+    loss_alert: LossRule | None = TUNED_BASELINE
+    """The loss-only alert of the lead over the loss (None: no comparison)."""
+
+    def __post_init__(self) -> None:
+        Degradation(self.delta, self.k)  # ValueError names a bad delta or k
+
+    def reference_final(self) -> float | None:
+        """The reference's final held-out loss; None without a reference."""
+        return None if self.reference is None else final_heldout(self.reference.val_losses, self.k)
+
+
+def backtest(
+    history: RunHistory, rules: RuleSet, outcome_rule: OutcomeRule | None = None, judging: Judging | None = None
+) -> RunBacktest:
+    """Replay ``history`` through ``rules`` and score each rule's first firing against the run's outcome.
+
+    ``judging`` adds the degraded outcome against a reference and the lead over a loss-only alert
+    (its ``outcome_rule`` gives way to ``outcome_rule`` when that is given)."""
+    judging = judging or Judging()
+    if outcome_rule is not None:
+        judging = dataclasses.replace(judging, outcome_rule=outcome_rule)
+    outcome, outcome_step, why = _outcome(history, judging)
     firings = replay(rules, history.reports)
     steps = sorted({r.step for r in history.reports})
     names = list(dict.fromkeys([*rule_names(rules), *(f.rule for f in firings)]))
     bad_step = outcome_step if outcome in BAD else None
-    results = tuple(_result(name, [f for f in firings if f.rule == name], bad_step, steps) for name in names)
-    return RunBacktest(history.run, outcome, outcome_step, why, len(steps), results)
+    loss_step = _loss_step(history, judging.loss_alert)
+    results = [_result(name, [f for f in firings if f.rule == name], bad_step, steps, loss_step) for name in names]
+    if judging.loss_alert is not None and history.losses:
+        results.append(_loss_result(judging.loss_alert, loss_step, bad_step, steps))
+    final = final_heldout(history.val_losses, judging.k) if history.val_losses else None
+    final = final if final is not None and math.isfinite(final) else None
+    return RunBacktest(history.run, outcome, outcome_step, why, len(steps), tuple(results), loss_step, final)
 
 
-def _outcome(history: RunHistory, rule: OutcomeRule) -> tuple[OutcomeLabel, int | None, str]:
+def _outcome(history: RunHistory, judging: Judging) -> tuple[OutcomeLabel, int | None, str]:
     if not history.losses:
         return "unknown", None, "no training loss was logged (the outcome is read from the run's loss scalar)"
-    o = label(history.loss_steps, history.losses, rule)
+    reference = judging.reference_final()
+    spikes = label(history.loss_steps, history.losses, judging.outcome_rule)
+    if reference is None or judging.reference is None or history.run == judging.reference.run:
+        return spikes.label, spikes.step, spikes.why
+    if not history.val_losses:
+        return spikes.label, spikes.step, f"{spikes.why}; no val_loss logged, so not judged against the reference"
+    o = judge(
+        history.loss_steps,
+        history.losses,
+        final_heldout(history.val_losses, judging.k),
+        reference,
+        Degradation(judging.delta, judging.k),
+        judging.outcome_rule,
+        visible=history.loss_steps[-1],
+    )
     return o.label, o.step, o.why
 
 
-def _result(name: str, firings: list[Firing], bad_step: int | None, steps: list[int]) -> RuleResult:
+def _loss_step(history: RunHistory, rule: LossRule | None) -> int | None:
+    if rule is None or not history.losses:
+        return None
+    return LossSeries(history.loss_steps, history.losses).first_firing(rule, history.loss_steps[-1] + 1)
+
+
+def _loss_result(rule: LossRule, loss_step: int | None, bad_step: int | None, steps: list[int]) -> RuleResult:
+    if loss_step is None:
+        return RuleResult(LOSS_ROW, None, None, None, summary=rule.text())
+    lead = None if bad_step is None else bad_step - loss_step
+    reports = None if bad_step is None else lead_reports(steps, loss_step, bad_step)
+    vs_itself = 0 if bad_step is not None and loss_step <= bad_step else None
+    return RuleResult(LOSS_ROW, loss_step, lead, reports, vs_itself, None, None, (), 1, rule.text())
+
+
+def _result(
+    name: str, firings: list[Firing], bad_step: int | None, steps: list[int], loss_step: int | None = None
+) -> RuleResult:
     if not firings:
         return RuleResult(name, None, None, None)
     first = min(firings, key=lambda f: (f.attempt, f.step))
     lead = None if bad_step is None else bad_step - first.step
+    vs_loss = None
+    if bad_step is not None and first.step <= bad_step:
+        vs_loss = min(loss_step if loss_step is not None else bad_step, bad_step) - first.step
     return RuleResult(
         name,
         first.step,
         lead,
         None if bad_step is None else lead_reports(steps, first.step, bad_step),
+        vs_loss,
         first.onset_step,
         first.attempt,
         first.layers,
@@ -369,12 +477,16 @@ class RuleScore:
     healthy_runs: int
     false_alarms: int
     """Healthy runs on which it fired."""
+    false_alarm_rate: float | None
+    """``false_alarms / healthy_runs``: the share of the runs that went well it alarmed on."""
     unknown_runs: int
     """Runs without a loss, not scored."""
     median_lead_steps: float | None
     """Over the flagged runs."""
     median_lead_reports: float | None
     """Over the flagged runs."""
+    median_lead_vs_loss: float | None = None
+    """Over the flagged runs: how much earlier than the loss-only alert (:attr:`RuleResult.lead_vs_loss`)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -383,15 +495,16 @@ class RuleScore:
 def summarize(results: Sequence[RunBacktest]) -> list[RuleScore]:
     """Per rule, and for :data:`ANY_RULE` (each run's earliest firing of any rule): recall, false alarms
     and median leads over ``results``."""
-    names = list(dict.fromkeys(r.rule for run in results for r in run.rules))
-    return [_score(name, [(run, _pick(run, name)) for run in results]) for name in [*names, ANY_RULE]]
+    names = list(dict.fromkeys(r.rule for run in results for r in run.rules if r.rule != LOSS_ROW))
+    loss = [LOSS_ROW] if any(r.rule == LOSS_ROW for run in results for r in run.rules) else []
+    return [_score(name, [(run, _pick(run, name)) for run in results]) for name in [*names, ANY_RULE, *loss]]
 
 
 def _pick(run: RunBacktest, name: str) -> RuleResult | None:
     """The run's result for ``name``; for :data:`ANY_RULE` the earliest firing rule's (None: none fired)."""
     if name != ANY_RULE:
         return next((r for r in run.rules if r.rule == name), None)
-    fired = [r for r in run.rules if r.first_fire_step is not None]
+    fired = [r for r in run.rules if r.first_fire_step is not None and r.rule != LOSS_ROW]
     return min(fired, key=lambda r: (r.attempt or 0, r.first_fire_step or 0), default=None)
 
 
@@ -400,6 +513,7 @@ def _score(name: str, pairs: list[tuple[RunBacktest, RuleResult | None]]) -> Rul
     early = [r for r in bad if r is not None and r.lead_steps is not None and r.lead_steps > 0]
     late = [r for r in bad if r is not None and r.lead_steps is not None and r.lead_steps <= 0]
     healthy = [r for run, r in pairs if run.outcome == "healthy"]
+    alarms = sum(1 for r in healthy if r is not None and r.firings)
     return RuleScore(
         rule=name,
         bad_runs=len(bad),
@@ -407,10 +521,12 @@ def _score(name: str, pairs: list[tuple[RunBacktest, RuleResult | None]]) -> Rul
         late=len(late),
         recall=len(early) / len(bad) if bad else None,
         healthy_runs=len(healthy),
-        false_alarms=sum(1 for r in healthy if r is not None and r.firings),
+        false_alarms=alarms,
+        false_alarm_rate=alarms / len(healthy) if healthy else None,
         unknown_runs=sum(1 for run, _ in pairs if run.outcome == "unknown"),
         median_lead_steps=_median([r.lead_steps for r in early]),
         median_lead_reports=_median([r.lead_reports for r in early]),
+        median_lead_vs_loss=_median([r.lead_vs_loss for r in early]),
     )
 
 

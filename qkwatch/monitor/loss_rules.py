@@ -62,8 +62,9 @@ class LossRule:
         for key, value in self.params.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"loss rule {self.kind}: {key} must be a finite number, got {value!r}")
-            if want[key] is int and (value != int(value) or value < 1):
-                raise ValueError(f"loss rule {self.kind}: {key} must be a whole number >= 1, got {value!r}")
+            low = 0 if key == "start" else 1
+            if want[key] is int and (value != int(value) or value < low):
+                raise ValueError(f"loss rule {self.kind}: {key} must be a whole number >= {low}, got {value!r}")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"loss rule {self.kind}: window must be a whole number >= 1, got {self.window!r}")
 
@@ -202,8 +203,9 @@ def _slope(s: np.ndarray, steps: np.ndarray, losses: np.ndarray, p: Mapping[str,
 
     # least-squares slope over each trailing window of span values, from running sums
     def windowed(v: np.ndarray) -> np.ndarray:
-        c = np.concatenate([[0.0], np.cumsum(v)])
-        return c[span:] - c[:-span]
+        c: np.ndarray = np.concatenate([[0.0], np.cumsum(v)])
+        out: np.ndarray = c[span:] - c[:-span]
+        return out
 
     sx, sy, sxx, sxy = windowed(x), windowed(s), windowed(x * x), windowed(x * s)
     slope = (span * sxy - sx * sy) / (span * sxx - sx * sx)
@@ -213,3 +215,10 @@ def _slope(s: np.ndarray, steps: np.ndarray, losses: np.ndarray, p: Mapping[str,
 
 
 _FIRST = {"level": _level, "fall": _fall, "rise": _rise, "plateau": _plateau, "slope": _slope}
+
+
+TUNED_BASELINE = LossRule("level", {"at": 300, "above": 2.15})
+"""The loss-only alert the instability suite tuned on its tune recipe (issue 40; ``experiments/results/
+yardstick_tuned.json``): of every loss rule searched, the earliest that flags 80 % of the tune recipe's
+hot-side bad runs with no alarm on a healthy one. It is the yardstick of ``qkwatch alerts backtest``'s lead
+over the loss. A loss level belongs to its recipe: on another, give one tuned on it (``--loss-alert``)."""

@@ -159,6 +159,12 @@ def _first_excursion(losses: Sequence[float], rule: OutcomeRule) -> int | None:
 
 # --- where a run ends (v3) ------------------------------------------------------------------------
 
+SUITE_DELTA = 0.11
+"""The instability suite's fixed delta (nats): 3 sqrt(2) x 0.0238, the pooled seed-to-seed standard deviation
+of the tune recipe's final held-out loss at each variant's best rate, rounded up
+(``experiments/results/instability_sweep_outcome.json``). ``qkwatch alerts backtest --reference`` uses it
+unless told otherwise: a recipe with another spread should measure its own (:func:`choose_delta`)."""
+
 SPREAD_MULTIPLE = 3.0
 """``delta`` is this many standard deviations of the difference of two runs of one configuration."""
 

@@ -31,6 +31,7 @@ from qkwatch.monitor.alerting.rules import ThresholdRule
 from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.alerting.transitions import ReportValues, evaluate
 from qkwatch.monitor.client import Client, CollectorError
+from qkwatch.monitor.loss_rules import LossRule
 from qkwatch.monitor.outcomes import OutcomeRule
 from tests.conftest import missing_service
 from tests.live import LiveCollector
@@ -91,7 +92,57 @@ def test_first_firing_and_lead_are_exact_on_a_run_built_to_know_them():
     assert [{k: r[k] for k in ("rule", "first_fire_step", "lead_steps")} for r in body["rules"]] == [
         {"rule": "qkai_high", "first_fire_step": 120, "lead_steps": 40},
         {"rule": "collapse_band", "first_fire_step": 120, "lead_steps": 40},
+        # the default loss-only alert checks the loss at step 300, which this run never reaches
+        {"rule": bt.LOSS_ROW, "first_fire_step": None, "lead_steps": None},
     ]
+    assert high.lead_vs_loss == 40  # the loss alert never fired: the outcome's step is what the loss showed
+
+
+def test_lead_over_the_loss_is_the_loss_alerts_first_firing_minus_the_rules():
+    # The loss jumps 1 nat at step 160; a loss alert at 0.5 nats above the minimum for 2 logged values
+    # (window 1) fires at 170. The run diverged at 160 (the outcome rule's excursion start): qkai_high fired
+    # at 120, 40 steps before the outcome and 40 before the loss alert knew (min(170, 160) = 160).
+    steps = range(0, 210, 10)
+    judging = bt.Judging(OUTCOME, loss_alert=LossRule.parse("rise:rise=0.5,for_steps=2,window=1"))
+    result = bt.backtest(history(ramp(steps, 100, (1, 2, 3)), falling_then(steps, 160)), RULES, judging=judging)
+    assert result.loss_step == 170
+    assert result.rule("qkai_high").lead_vs_loss == 40
+    loss = result.rule(bt.LOSS_ROW)
+    assert (loss.first_fire_step, loss.lead_steps, loss.lead_vs_loss) == (170, -10, None)  # after the outcome
+    # a loss alert that fires first leaves qkwatch a negative lead over the loss
+    early = bt.Judging(OUTCOME, loss_alert=LossRule.parse("level:at=110,above=1"))
+    late = bt.backtest(history(ramp(steps, 100, (1, 2, 3)), falling_then(steps, 160)), RULES, judging=early)
+    assert (late.loss_step, late.rule("qkai_high").lead_vs_loss, late.rule(bt.LOSS_ROW).lead_vs_loss) == (110, -10, 0)
+    summary = {s.rule: s for s in bt.summarize([late])}
+    assert summary["qkai_high"].median_lead_vs_loss == -10 and summary[bt.ANY_RULE].median_lead_vs_loss == -10
+    assert summary[bt.LOSS_ROW].flagged == 1  # scored as a row of its own, not part of (any rule)
+
+
+def with_val(h: bt.RunHistory, val: list[float]) -> bt.RunHistory:
+    return bt.RunHistory(h.run, h.reports, h.loss_steps, h.losses, val)
+
+
+def test_against_a_reference_a_run_that_ends_worse_by_delta_is_degraded_at_its_last_step():
+    steps = range(0, 200, 10)
+    twin = with_val(history(ramp(steps, 500, ()), falling_then(steps, None), run="p/twin"), [3.0, 2.1, 2.0, 2.0])
+    hot = with_val(history(ramp(steps, 50, (0, 1, 2)), falling_then(steps, None), run="p/hot"), [3.0, 2.3, 2.2, 2.1])
+    judging = bt.Judging(OUTCOME, reference=twin, delta=0.11)
+    result = bt.backtest(hot, RULES, judging=judging)
+    # final held-out: mean(2.3, 2.2, 2.1) = 2.2 against mean(2.1, 2.0, 2.0) = 2.0333: 0.167 >= 0.11
+    assert (result.outcome, result.outcome_step) == ("degraded", 190)
+    assert result.final == pytest.approx(2.2) and "reference 2.033 + 0.11" in result.why
+    assert result.rule("qkai_high").lead_steps == 190 - 70 and not result.false_alarm
+    # the same run within delta of its twin is healthy, and its alert a false alarm; the twin is its own reference
+    close = bt.backtest(hot, RULES, judging=bt.Judging(OUTCOME, reference=twin, delta=0.2))
+    assert (close.outcome, close.false_alarm) == ("healthy", True)
+    assert bt.backtest(twin, RULES, judging=judging).outcome == "healthy"
+    # without a held-out loss a run is judged by its loss alone, and says so
+    bare = bt.backtest(history(ramp(steps, 50, (0, 1, 2)), falling_then(steps, None)), RULES, judging=judging)
+    assert bare.outcome == "healthy" and "no val_loss logged" in bare.why
+    summary = {s.rule: s for s in bt.summarize([result, close])}
+    assert (summary["qkai_high"].false_alarms, summary["qkai_high"].false_alarm_rate) == (1, 1.0)
+    with pytest.raises(ValueError, match="degradation delta must be a number > 0"):
+        bt.Judging(delta=0)
 
 
 def test_a_rule_that_fires_after_the_outcome_has_a_negative_lead():
@@ -182,6 +233,7 @@ def test_every_rule_is_reported_whatever_its_kind_and_whether_it_fired():
             "first_fire_step": None,
             "lead_steps": None,
             "lead_reports": None,
+            "lead_vs_loss": None,
             "onset_step": None,
             "attempt": None,
             "layers": [],
@@ -240,10 +292,10 @@ def test_the_summary_scores_recall_false_alarms_and_median_leads():
     unknown = bt.backtest(history(ramp(steps, 0, (0,)), run="p/unknown"), RULES, OUTCOME)
     assert [r.rule("qkai_high").lead_steps for r in (early, earlier, late)] == [80, 130, -70]
     scores = {s.rule: s for s in bt.summarize([early, earlier, late, missed, alarm, calm, unknown])}
-    assert list(scores) == ["qkai_high", "collapse_band", bt.ANY_RULE]
+    assert list(scores) == ["qkai_high", "collapse_band", bt.ANY_RULE, bt.LOSS_ROW]
     high = scores["qkai_high"]
     assert (high.bad_runs, high.flagged, high.late, high.recall) == (4, 2, 1, 0.5)
-    assert (high.healthy_runs, high.false_alarms, high.unknown_runs) == (2, 1, 1)
+    assert (high.healthy_runs, high.false_alarms, high.false_alarm_rate, high.unknown_runs) == (2, 1, 0.5, 1)
     assert (high.median_lead_steps, high.median_lead_reports) == (105.0, 10.5)  # (80, 130) and (8, 13)
     band = scores["collapse_band"]
     assert (band.flagged, band.false_alarms, band.median_lead_steps) == (2, 0, 105.0)
@@ -496,11 +548,13 @@ def test_the_command_prints_the_backtest_as_json_and_as_a_table(collector, tmp_p
     assert list(runs) == [f"{project}/bad", f"{project}/calm", f"{project}/no-loss"]
     for r in body["runs"]:
         assert {"run", "outcome", "outcome_step", "rules"} <= set(r)
-        assert [x["rule"] for x in r["rules"]] == ["qkai_high", "collapse_band"]
-        assert all({"rule", "first_fire_step", "lead_steps"} <= set(x) for x in r["rules"])
+        loss_row = [bt.LOSS_ROW] if r["outcome"] != "unknown" else []  # a run without a loss has no loss alert
+        assert [x["rule"] for x in r["rules"]] == ["qkai_high", "collapse_band", *loss_row]
+        assert all({"rule", "first_fire_step", "lead_steps", "lead_vs_loss"} <= set(x) for x in r["rules"])
+    assert body["loss_alert"] == "level:at=300,above=2.15" and body["reference"] is None
     assert (runs[f"{project}/bad"]["outcome"], runs[f"{project}/bad"]["outcome_step"]) == ("spiked", 300)
-    assert {x["rule"]: x["first_fire_step"] for x in runs[f"{project}/bad"]["rules"]} == live
-    assert {x["rule"]: x["lead_steps"] for x in runs[f"{project}/bad"]["rules"]} == {
+    assert {x["rule"]: x["first_fire_step"] for x in runs[f"{project}/bad"]["rules"][:2]} == live
+    assert {x["rule"]: x["lead_steps"] for x in runs[f"{project}/bad"]["rules"][:2]} == {
         rule: 300 - step for rule, step in live.items()
     }
     assert runs[f"{project}/calm"]["outcome"] == "healthy" and not runs[f"{project}/calm"]["false_alarm"]
@@ -521,6 +575,64 @@ def test_the_command_prints_the_backtest_as_json_and_as_a_table(collector, tmp_p
     # the plain listing is still there
     assert main(["alerts", "--run", f"{project}/no-loss", "--url", url]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1 + 4  # the header; qkai_high on 3 layers and the band
+
+
+def _ending(c: Client, project: str, name: str, hot_layers: int, final: float) -> str:
+    """A run whose loss falls smoothly (no spike) to step 290, whose held-out loss ends at ``final``, and
+    whose first ``hot_layers`` layers have QKAI above the collapse threshold from step 100 (qkai_high fires
+    at 120; three make a band)."""
+    run = c.create_run(project, name)
+    reports = [
+        report(
+            s,
+            {"qkai": [HOT if s >= 100 and la < hot_layers else COLD for la in range(3)]},
+            scalars={"loss": 5.5 - s / 100, **({"val_loss": final + (290 - s) / 100} if s % 50 == 40 else {})},
+        )
+        for s in range(0, 300, 10)
+    ]
+    c.send_reports(run.id, reports)
+    return run.id
+
+
+def test_the_command_judges_each_run_against_its_reference(collector, capsys):
+    """val_loss is logged at steps 40, 90, ..., 290 as ``final`` + 2.5, 2.0, ..., 0.0: the final held-out loss,
+    the mean of the last three, is ``final`` + 0.5 (twin 2.5, hot 2.8, near 2.55)."""
+    url = collector.start().url
+    project = f"ref-{uuid.uuid4().hex[:6]}"
+    with Client(url) as c:
+        _ending(c, project, "twin", 0, 2.0)
+        _ending(c, project, "hot", 3, 2.3)  # 0.3 above the twin: degraded, flagged at 120
+        _ending(c, project, "near", 1, 2.05)  # 0.05 above: healthy, and its qkai_high a false alarm
+        c.create_run(project, "no-val")
+    argv = ["alerts", "backtest", f"{project}/hot", f"{project}/near", "--reference", f"{project}/twin", "--json"]
+    assert main([*argv, "--url", url]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert body["reference"] == f"{project}/twin" and body["reference_final"] == pytest.approx(2.5)
+    assert body["delta"] == 0.11 and "degraded: final held-out loss >= " in body["judged"]
+    runs = {r["run"].split("/")[1]: r for r in body["runs"]}
+    assert (runs["hot"]["outcome"], runs["hot"]["outcome_step"]) == ("degraded", 290)
+    assert runs["hot"]["final"] == pytest.approx(2.8)
+    high = {x["rule"]: x for x in runs["hot"]["rules"]}["qkai_high"]
+    # the loss alert (smoothed loss above 2.15 at step 300) never fires on a 290-step run: the lead over the
+    # loss is to the end, where the user compares final losses
+    assert (high["first_fire_step"], high["lead_steps"], high["lead_vs_loss"]) == (120, 170, 170)
+    assert (runs["near"]["outcome"], runs["near"]["false_alarm"]) == ("healthy", True)
+    summary = {s["rule"]: s for s in body["summary"]}
+    assert (summary["qkai_high"]["flagged"], summary["qkai_high"]["false_alarm_rate"]) == (1, 1.0)
+    assert summary["qkai_high"]["median_lead_vs_loss"] == 170
+    # a larger delta: the hot run ended close enough; the table says how runs were judged
+    assert main([*argv[:-1], "--delta", "0.5", "--loss-alert", "none", "--url", url]) == 0
+    table = capsys.readouterr().out
+    assert f"{project}/hot: healthy" in table and "false alarm" in table and "+ 0.5" in table
+    for bad, needle in (
+        (["--reference", f"{project}/no-val"], f"--reference {project}/no-val: no finite val_loss logged"),
+        (["--reference", f"{project}/twin", "--delta", "0"], "--delta: degradation delta must be a number > 0"),
+        (["--loss-alert", "level:at=300"], "--loss-alert: loss rule level: needs above"),
+        (["--loss-alert", "wobble:x=1"], "--loss-alert: loss rule kind must be one of level, fall"),
+    ):
+        assert main(["alerts", "backtest", f"{project}/hot", *bad, "--url", url]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_the_command_names_what_is_wrong_in_one_line(collector, tmp_path, capsys):
