@@ -139,7 +139,7 @@ def reference(rule: LossRule, steps: list[int], losses: list[float], total: int)
         for i in range(span - 1, len(s)):
             xs, ys = steps[i - span + 1 : i + 1], s[i - span + 1 : i + 1]
             mx, my = sum(xs) / span, sum(ys) / span
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
             if steps[i] >= p["start"] and slope * 100 > p["per_100"]:
                 hit = i
                 break
