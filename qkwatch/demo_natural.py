@@ -11,9 +11,11 @@ one collector, which judges them with the candidate detectors (``qkwatch/dashboa
 * ``raa-hot``: RAA at the hot rate. RAA anchors the rank of the query-key map; it does not bound the
   logits' growth, and at this rate it did not help (0.73 nats worse): the demo shows it as it is.
 
-The closing table, read back from the collector: each run's final held-out loss (the mean of its
-last 3 evaluations) against the safe twin's, the first alert and its step, and the step at which a
-loss-only alert on the run's own loss would have said anything (``qkwatch.monitor.outcomes.LossAlert``).
+The closing tables, read back from the collector: each run's final held-out loss (the mean of its
+last 3 evaluations) against the safe twin's, the first alert to fire and its step, and the step at
+which a loss-only alert on the run's own loss would have said anything (the one the instability
+suite tuned, ``qkwatch.monitor.loss_rules.TUNED_BASELINE``); then, per rule, the step it first fired
+on each run (a firing, not the onset of its condition), and what fired on the twin that ended well.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, commands, shown, start_run
 
 if TYPE_CHECKING:
+    from qkwatch.monitor.backtest import Firing
     from qkwatch.monitor.client import Client
 
 RECIPE = "instability_small"
@@ -186,41 +189,60 @@ def _extreme(row: list[Any], pick: Any) -> float:
 
 
 def natural_table(client: Client, runs: dict[str, str]) -> str:
-    """The closing table, every figure read back from the collector."""
-    from qkwatch.monitor.outcomes import final_heldout, loss_visible_step
+    """The closing tables, every figure read back from the collector: per run, where it ended, its first
+    alert and the step a loss-only alert would have spoken; per rule, the step it first fired on each run
+    (the collector's own evaluator replaying the stored reports: the firing, not the onset)."""
+    from qkwatch.monitor import backtest
+    from qkwatch.monitor.alerting.ruleset import RuleSet
+    from qkwatch.monitor.loss_rules import TUNED_BASELINE
+    from qkwatch.monitor.outcomes import final_heldout
 
+    rules = RuleSet.from_file(detectors(), client.collapse_threshold())
+    histories = {run: backtest.read(client, run_id) for run, run_id in runs.items()}
+    fired = {run: first_firings(backtest.replay(rules, h.reports)) for run, h in histories.items()}
+    finals = {run: final_heldout(h.val_losses, 3) for run, h in histories.items()}
     rows = []
-    finals = {}
-    for run, run_id in runs.items():
-        val = client.series(run_id, "val_loss").values
-        finals[run] = final_heldout([float(v) for v in val if v is not None], 3)
-    for run, run_id in runs.items():
-        loss = client.series(run_id, "loss", max_points=100_000)
-        last = client.run(run_id)["last_step"] or 0
-        visible = loss_visible_step(loss.steps, [float(v) for v in loss.values], last + 1)
-        alerts = sorted(client.alerts(run=run_id, limit=10_000)["data"], key=lambda a: a["onset_step"])
-        first = f"{alerts[0]['rule']} @ {alerts[0]['onset_step']}" if alerts else "none"
-        lmax = client.heatmap(run_id, "logit_max", max_steps=20_000)
+    for run, h in histories.items():
+        loss = TUNED_BASELINE.first_firing(h.loss_steps, h.losses, h.loss_steps[-1] + 1) if h.losses else None
+        first = min(fired[run].items(), key=lambda kv: (kv[1], kv[0]), default=None)
+        lmax = client.heatmap(runs[run], "logit_max", max_steps=20_000)
         peak = max((_extreme(row, max) for row in lmax["values"]), default=float("nan"))
-        diff = "" if run == TWIN else f"{finals[run] - finals[TWIN]:+.3f}"
         rows.append(
             [
                 run,
                 f"{finals[run]:.3f}",
-                diff or "(twin)",
-                first,
-                str(visible) if visible is not None else "never",
+                "(twin)" if run == TWIN else f"{finals[run] - finals[TWIN]:+.3f}",
+                f"{first[0]} @ {first[1]}" if first else "none",
+                str(loss) if loss is not None else "never",
                 f"{peak:.0f}",
             ]
         )
-    header = [
-        "run",
-        "final held-out loss",
-        "vs safe twin",
-        "first alert (rule @ step)",
-        "loss-only alert at",
-        "largest logit",
-    ]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]]
-    return "\n" + "\n".join(lines)
+    header = ["run", "final held-out loss", "vs safe twin", "first alert fired", "loss-only alert at", "largest logit"]
+    names = backtest.rule_names(rules)
+    by_rule = [[rule, *(str(fired[run].get(rule, "-")) for run in runs)] for rule in names]
+    twin = ", ".join(f"{rule} @ {step}" for rule, step in sorted(fired[TWIN].items(), key=lambda kv: kv[1]))
+    twin = f"every firing on it is a false alarm: {twin}" if twin else "nothing fired on it"
+    twin = f"on the safe twin (lr {SAFE:g}, the sweep's best rate for vanilla: a run that ends well) {twin}"
+    return "\n".join(
+        [
+            "",
+            _columns([header, *rows]),
+            f"  loss-only alert: {TUNED_BASELINE.describe()} (the instability suite's tuned one; issue 40)",
+            "",
+            _columns([["first fired at step", *runs], *by_rule]),
+            f"  {twin}",
+        ]
+    )
+
+
+def first_firings(firings: list[Firing]) -> dict[str, int]:
+    """Rule -> the step of its first firing (the report at which it fired, not where its condition began)."""
+    out: dict[str, int] = {}
+    for f in sorted(firings, key=lambda f: (f.attempt, f.step)):
+        out.setdefault(f.rule, f.step)
+    return out
+
+
+def _columns(rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)

@@ -3,9 +3,11 @@ the candidate detectors, and a closing table whose every figure is read back fro
 
 Cut to 60 steps (held-out loss every 20) from 800; nothing is induced. What the test holds is the
 demo's honesty, not a result: each row's final held-out loss is the mean of the run's last three
-evaluations as stored, the difference column is that against the safe twin, the first alert is the
-collector's earliest, the largest logit is the largest stored, and nothing in the runs' reports
-was induced (no collapse intervention, no RAA but in ``raa-hot``).
+evaluations as stored, the difference column is that against the safe twin, the per-rule steps are
+firings of alerts the collector opened (at or after their onset; every rule it alerted on is shown),
+the first alert is the earliest of them, what fired on the twin is said, the largest logit is the
+largest stored, and nothing in the runs' reports was induced (no collapse intervention, no RAA but
+in ``raa-hot``).
 """
 
 from __future__ import annotations
@@ -46,12 +48,22 @@ def test_natural_demo_table_is_what_the_collector_holds(tmp_path: Path) -> None:
     print(done.stdout, done.stderr)  # shown when the test fails
     assert done.returncode == 0
     assert "nothing induced" in done.stdout and "does not show" in done.stdout
-    table = {}
-    for line in done.stdout.splitlines():
+    table, by_rule, runs_order = {}, {}, []
+    lines = done.stdout.splitlines()
+    for i, line in enumerate(lines):
         cells = re.split(r"\s{2,}", line.strip())
         if cells and cells[0] in RUNS:
             table[cells[0]] = cells
-    assert sorted(table) == sorted(RUNS), done.stdout
+        if cells and cells[0] == "first fired at step":
+            runs_order = cells[1:]
+            for row in lines[i + 1 :]:
+                if not row.strip() or row.startswith("  on the safe twin"):
+                    break
+                rule, *steps = re.split(r"\s{2,}", row.strip())
+                by_rule[rule] = dict(zip(runs_order, steps, strict=True))
+    assert sorted(table) == sorted(RUNS) and sorted(runs_order) == sorted(RUNS), done.stdout
+    assert set(by_rule) >= {"qkai_high", "attn_one_hot", "logit_growth"}, done.stdout
+    twin_line = next(line for line in lines if line.startswith("  on the safe twin (lr 0.003"))
 
     collector = LiveCollector(tmp_path / "natural")
     collector.start()
@@ -77,8 +89,18 @@ def test_natural_demo_table_is_what_the_collector_holds(tmp_path: Path) -> None:
                     assert diff == "(twin)"
                 else:
                     assert float(diff) == pytest.approx(finals[run] - finals["vanilla-safe"], abs=1.1e-3)
-                alerts = sorted(client.alerts(run=runs[run]["id"], limit=1000)["data"], key=lambda a: a["onset_step"])
-                assert first == (f"{alerts[0]['rule']} @ {alerts[0]['onset_step']}" if alerts else "none")
+                # every rule shown firing opened an alert in the collector, at or after its condition's onset,
+                # and no rule the collector alerted on is shown as silent
+                alerts = client.alerts(run=runs[run]["id"], limit=1000)["data"]
+                shown = {rule: int(steps[run]) for rule, steps in by_rule.items() if steps[run] != "-"}
+                assert set(shown) == {a["rule"] for a in alerts}
+                for rule, step in shown.items():
+                    assert min(a["onset_step"] for a in alerts if a["rule"] == rule) <= step <= 59
+                earliest = min(shown.items(), key=lambda kv: (kv[1], kv[0]), default=None)
+                assert first == (f"{earliest[0]} @ {earliest[1]}" if earliest else "none")
+                if run == "vanilla-safe":
+                    assert ("nothing fired on it" in twin_line) == (not shown)
+                    assert all(f"{rule} @ {step}" in twin_line for rule, step in shown.items())
                 stored = client.heatmap(runs[run]["id"], "logit_max", max_steps=20_000)["values"]
                 largest = max(v for row in stored for v in row if v is not None and math.isfinite(v))
                 assert float(peak) == pytest.approx(largest, abs=0.51)
