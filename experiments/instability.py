@@ -586,7 +586,7 @@ def parse(argv: list[str] | None) -> Options:
 
 def sweep_main(opts: Options, runs: Sequence[SuiteRun]) -> int:
     """The sweep: train (resumable), read every step into the npz, score from the committed files, write the page."""
-    from experiments import sweep_analysis, sweep_report
+    from experiments import sweep_analysis, sweep_report, yardstick
 
     if not opts.report_only:
         kept = set(instability_data.names(sweep_analysis.data_path()))
@@ -602,8 +602,12 @@ def sweep_main(opts: Options, runs: Sequence[SuiteRun]) -> int:
         )
     results = sweep_analysis.score_sweep()
     sweep_analysis.save_json(results, sweep_analysis.results_path())
-    path = sweep_report.write(results, opts.docs or sweep_report.DOCS)
-    log(f"wrote {sweep_analysis.results_path()} and {path}")
+    board = None
+    if yardstick.ready():  # issue 40: the held-out recipes, their outcome and the tuning all committed
+        board = yardstick.results()
+        yardstick.save_json(board, yardstick.scores_path())
+    path = sweep_report.write(results, opts.docs or sweep_report.DOCS, board)
+    log(f"wrote {sweep_analysis.results_path()}{' and ' + str(yardstick.scores_path()) if board else ''} and {path}")
     return 0
 
 

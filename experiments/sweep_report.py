@@ -23,32 +23,70 @@ SHORT = {"diverged": "div", "degraded": "deg", "spiked": "spk", "healthy": "ok"}
 ORDER = ("tune", "test", "holdout")
 
 
-def page(r: Mapping[str, Any]) -> str:
+def page(r: Mapping[str, Any], yardstick: Mapping[str, Any] | None = None) -> str:
+    """The page: with issue 40's results, they come first and the tune recipe's sweep follows as its
+    detail (its own scoreboard, against issue 31's loss alert, superseded); without them, the sweep alone."""
+    if yardstick is None:
+        return "\n".join(
+            [
+                intro(r),
+                judged_section(r),
+                ended_section(r),
+                sensitivity_section(r),
+                scoreboard_section(r),
+                forecast_section(r.get("forecast_baseline")),
+                limits_section(r),
+            ]
+        )
+    from experiments import yardstick_report
+
     return "\n".join(
         [
-            intro(r),
-            judged_section(r),
-            ended_section(r),
-            sensitivity_section(r),
-            scoreboard_section(r),
-            forecast_section(r.get("forecast_baseline")),
-            limits_section(r),
+            yardstick_report.section(yardstick),
+            intro(r, title="## The tune recipe: the learning-rate sweep of issue 31"),
+            judged_section(r, level="###"),
+            ended_section(r, level="###"),
+            sensitivity_section(r, level="###"),
+            superseded_section(r, yardstick),
+            forecast_section(r.get("forecast_baseline"), level="###"),
+            limits_section(r, level="###"),
         ]
     )
 
 
-def write(results: Mapping[str, Any], docs: Path = DOCS) -> Path:
+def write(results: Mapping[str, Any], docs: Path = DOCS, yardstick: Mapping[str, Any] | None = None) -> Path:
     path = docs / "instability.md"
-    path.write_text(page(results))
+    path.write_text(page(results, yardstick))
     return path
 
 
-def intro(r: Mapping[str, Any]) -> str:
+def superseded_section(r: Mapping[str, Any], y: Mapping[str, Any]) -> str:
+    """Issue 31's scoreboard, named for what it was: leads against a loss alert that is a near-clock."""
+    from experiments.yardstick import OLD_ALERT
+
+    alarms = [y["parts"][p]["rows"][OLD_ALERT]["hot"] for p in ("tune", "tune_seed3")]
+    fired, healthy = sum(a["false_alarms"] for a in alarms), sum(a["healthy"] for a in alarms)
+    steps = sorted(s for a in alarms for s in a["false_alarm_steps"])
+    span = f"at steps {steps[0]}-{steps[-1]}" if steps else ""
+    return f"""### Issue 31's scoreboard, superseded
+
+Issue 31 scored its rules against its own loss-only alert (`LossAlert`: a rise of 0.5 nats, or a fall of
+less than 0.02 nats in 100 steps between step 100 and three quarters of the run). That alert fired on
+{fired} of the {healthy} healthy runs of this sweep (counted as above) {span}, where the cosine schedule
+flattens every run: a near-clock, not a yardstick. Its scoreboard stays in
+`experiments/results/instability_sweep.json`; the scoreboard that counts is the one at the top of this
+page, against a loss-only baseline tuned like the rules, on recipes nothing was tuned on.
+"""
+
+
+def intro(
+    r: Mapping[str, Any], title: str = "# Instabilities qkwatch did not make, judged by where each run ends"
+) -> str:
     runs = r["runs"]
     variants = sorted({x["variant"] for x in runs})
     rates = sorted({x["lr"] for x in runs})
     seeds = Counter(x["split"] for x in runs)
-    return f"""# Instabilities qkwatch did not make, judged by where each run ends
+    return f"""{title}
 
 A learning-rate sweep in the style of Wortsman et al. 2023 ("Small-scale proxies for large-scale
 Transformer training instabilities", arXiv 2309.14322): {len(runs)} runs of `instability_small`
@@ -70,13 +108,13 @@ python -m experiments.instability --report           # this page, from the commi
 """
 
 
-def judged_section(r: Mapping[str, Any]) -> str:
+def judged_section(r: Mapping[str, Any], level: str = "##") -> str:
     o = r["outcome"]
     best = o["best_rates"]
     groups = o["finals_at_best"]
     rows = [[v, f"{best[v]:g}", ", ".join(f"{x:.3f}" for x in groups[v])] for v in sorted(best)]
     n = sum(len(g) for g in groups.values())
-    return f"""## How a run is judged
+    return f"""{level} How a run is judged
 
 Fixed before any detector was scored (`qkwatch/monitor/outcomes.py`, and the commit of
 `instability_sweep_outcome.json` comes before the commit of any score):
@@ -104,7 +142,7 @@ alert on a healthy run) in {round(1 / r["bar"]["false_alarm_rate"])} runs. A rul
 """
 
 
-def ended_section(r: Mapping[str, Any]) -> str:
+def ended_section(r: Mapping[str, Any], level: str = "##") -> str:
     runs = r["runs"]
     variants = sorted({x["variant"] for x in runs})
     rates = sorted({x["lr"] for x in runs})
@@ -122,7 +160,7 @@ def ended_section(r: Mapping[str, Any]) -> str:
             cells.append(f"{mean}{sd} ({mark})")
         rows.append(cells)
     total = Counter(x["outcome"] for x in runs)
-    return f"""## Where the runs ended
+    return f"""{level} Where the runs ended
 
 The final held-out loss, mean ± standard deviation over the four seeds, and the outcomes counted over
 the four seeds (div: diverged, deg: degraded, spk: spiked, ok: healthy). In all: {", ".join(f"{total[k]} {k}" for k in LABELS)}.
@@ -131,7 +169,7 @@ the four seeds (div: diverged, deg: degraded, spk: spiked, ok: healthy). In all:
 """
 
 
-def sensitivity_section(r: Mapping[str, Any]) -> str:
+def sensitivity_section(r: Mapping[str, Any], level: str = "##") -> str:
     s = r["lr_sensitivity"]
     rows = [
         [
@@ -142,7 +180,7 @@ def sensitivity_section(r: Mapping[str, Any]) -> str:
         ]
         for v, x in sorted(s.items(), key=lambda kv: kv[1]["mean"])
     ]
-    return f"""## Learning-rate sensitivity
+    return f"""{level} Learning-rate sensitivity
 
 Wortsman et al.'s measure per variant and seed: the mean over the swept rates of min(final held-out
 loss, loss at initialisation) minus the best final, in nats; then the mean and standard deviation
@@ -227,9 +265,9 @@ def verdict(r: Mapping[str, Any]) -> str:
     return " ".join(lines) + "\n"
 
 
-def forecast_section(f: Mapping[str, Any] | None) -> str:
+def forecast_section(f: Mapping[str, Any] | None, level: str = "##") -> str:
     if f is None:
-        return "## The QKAI forecast against the constant guess\n\nNot measured yet (`python -m experiments.forecast_baseline`).\n"
+        return f"{level} The QKAI forecast against the constant guess\n\nNot measured yet (`python -m experiments.forecast_baseline`).\n"
     rule = {k: v for k, v in f["rule"].items() if k != "name"}
     lo_hi = f["difference_interval"]
     interval = (
@@ -243,7 +281,7 @@ def forecast_section(f: Mapping[str, Any] | None) -> str:
         else "**The forecast does not beat the constant guess on the held-out seeds**, so it is not a default and "
         "its line in `detectors.yml` says so."
     )
-    return f"""## The QKAI forecast against the constant guess (**induced** collapse band)
+    return f"""{level} The QKAI forecast against the constant guess (**induced** collapse band)
 
 No run of the sweep raised QKAI to the collapse threshold ({f["threshold"]:g}) on its own, so the forecast
 is scored where QKAI does cross: the demo's **induced** collapse band (`collapse_cpu`, seeds 0-7 tune,
@@ -277,7 +315,7 @@ The forecast was closer on {f["forecast_wins"]} of {f["scored"]}; {interval}. It
 """
 
 
-def limits_section(r: Mapping[str, Any]) -> str:
+def limits_section(r: Mapping[str, Any], level: str = "##") -> str:
     runs = r["runs"]
     qkai = [x["peaks"]["qkai"] for x in runs if x["peaks"]["qkai"] is not None]
     top = max(qkai) if qkai else None
@@ -294,7 +332,7 @@ def limits_section(r: Mapping[str, Any]) -> str:
             f"and report: {top:.3f}), so the QKAI rules are scored only on trouble of another kind (a rule that "
             "never fires flags nothing)."
         )
-    return f"""## What this does not show
+    return f"""{level} What this does not show
 
 * Nothing at scale: a 6-layer model of width 96 on byte-level text for 800 steps, on a CPU. The
   variants' order, the rates and the detectors' parameters may all differ on a real model.

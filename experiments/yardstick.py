@@ -289,6 +289,7 @@ def tune(judged: Sequence[Judged]) -> dict[str, Any]:
 
 OLD_ALERT = "loss-only alert (issue 31)"
 ANY = "any chosen attention rule"
+ANY_LOSS = "any chosen loss rule"
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> list[float] | None:
@@ -311,10 +312,15 @@ def median_interval(values: Sequence[float], rounds: int = 2000, seed: int = 0) 
 
 
 def score(
-    part: Sequence[Judged], side: str, fired: Mapping[str, int], baseline: Mapping[str, int], old: Mapping[str, int]
+    part: Sequence[Judged],
+    side: str,
+    fired: Mapping[str, int],
+    baseline: Mapping[str, int],
+    old: Mapping[str, int],
+    any_loss: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """One rule on one side of ``part``: bad runs flagged, leads over the tuned loss-only baseline (and over
-    issue 31's loss-only alert), and alarms per healthy run."""
+    issue 31's loss-only alert, and over the earliest of the chosen loss rules), and alarms per healthy run."""
     runs = counted(part)
     bad = [j for j in runs if j.bad and j.side == side]
     healthy = [j for j in runs if not j.bad]
@@ -325,6 +331,7 @@ def score(
 
     leads = [lead(j, baseline) for j in flagged]
     old_leads = [lead(j, old) for j in flagged]
+    any_leads = [lead(j, any_loss) for j in flagged] if any_loss is not None else []
     alarms = sorted(j.run.name for j in healthy if j.run.name in fired)
     return {
         "bad": len(bad),
@@ -335,6 +342,7 @@ def score(
         "lead_interval": median_interval(leads),
         "leads": sorted(leads),
         "median_lead_old_alert": statistics.median(old_leads) if old_leads else None,
+        "median_lead_any_loss": statistics.median(any_leads) if any_leads else None,
         "healthy": len(healthy),
         "false_alarms": len(alarms),
         "false_alarm_rate": len(alarms) / len(healthy) if healthy else None,
@@ -350,8 +358,9 @@ def verdict(s: Mapping[str, Any]) -> dict[str, Any]:
     if s["flagged_fraction"] is None or s["flagged_fraction"] < BAR["flagged"]:
         missed.append(f"flagged {s['flagged']}/{s['bad']}, needs {math.ceil(BAR['flagged'] * s['bad'])}")
     if s["median_lead_steps"] is None or s["median_lead_steps"] < BAR["median_lead_steps"]:
-        lead = "none" if s["median_lead_steps"] is None else f"{s['median_lead_steps']:g}"
-        missed.append(f"median lead {lead} steps, needs {BAR['median_lead_steps']}")
+        none = s["median_lead_steps"] is None
+        lead = "no lead (nothing flagged)" if none else f"median lead {s['median_lead_steps']:g} steps"
+        missed.append(f"{lead}, needs {BAR['median_lead_steps']}")
     if s["false_alarm_rate"] is None or s["false_alarm_rate"] > BAR["false_alarm_rate"]:
         allowed = math.floor(BAR["false_alarm_rate"] * s["healthy"])
         missed.append(f"{s['false_alarms']}/{s['healthy']} healthy runs alarmed, at most {allowed} allowed")
@@ -395,14 +404,10 @@ def scoreboard(judged: Sequence[Judged], tuned: Mapping[str, Any], collapse: flo
             diff = sorted(set(mine.items()) ^ set(fired[rule["name"]].items()))[:3]
             raise RuntimeError(f"{rule['name']}: the replica and the collector's evaluator differ: {diff}")
     fired[ANY] = _union([fired[r["name"]] for r in detectors])
-    for family, c in chosen.items():
-        if "loss_rule" in c:
-            rule = LossRule(
-                c["loss_rule"]["kind"],
-                {k: v for k, v in c["loss_rule"].items() if k not in ("kind", "window", "text")},
-                c["loss_rule"]["window"],
-            )
-            (fired[family],) = loss_firings([rule], judged)
+    losses = [family for family, c in chosen.items() if "loss_rule" in c]
+    for family in losses:
+        (fired[family],) = loss_firings([LossRule.parse(chosen[family]["loss_rule"]["text"])], judged)
+    fired[ANY_LOSS] = _union([fired[f] for f in losses])
     old = {j.run.name: s for j in judged if (s := _old_alert(j)) is not None}
     fired[OLD_ALERT] = old
     threshold = rate_threshold([j for j in judged if j.run.recipe == TUNE_RECIPE and j.run.seed in TUNE_SEEDS])
@@ -411,7 +416,7 @@ def scoreboard(judged: Sequence[Judged], tuned: Mapping[str, Any], collapse: flo
     board: dict[str, Any] = {}
     for name, part in parts(judged).items():
         rows = {
-            rule: {side: score(part, side, steps, baseline, old) for side in ("hot", "cold")}
+            rule: {side: score(part, side, steps, baseline, old, fired[ANY_LOSS]) for side in ("hot", "cold")}
             for rule, steps in fired.items()
         }
         for row in rows.values():
@@ -525,6 +530,15 @@ def results() -> dict[str, Any]:
     return {"tuned": tuned, "outcomes": outcomes(), "collapse_threshold": COLLAPSE_THRESHOLD, **board}
 
 
+def ready() -> bool:
+    """Whether every stage's file is committed: the held-out runs, their outcome and the tuning."""
+    return HELDOUT_DATA.exists() and HELDOUT_OUTCOME.exists() and TUNED.exists()
+
+
+def scores_path() -> Path:
+    return SCORES
+
+
 def export() -> Path:
     """The held-out runs the campaign's collector holds finished, added to their npz (kept runs stay)."""
     from experiments import instability_data
@@ -560,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         save_json(fixed, HELDOUT_OUTCOME)
         print(json.dumps(fixed, indent=1))
     if args.score:
-        print(f"wrote {save_json(results(), SCORES)}")
+        print(f"wrote {save_json(results(), scores_path())}")
     return 0
 
 
