@@ -34,9 +34,10 @@ from experiments.common import RESULTS, ROOT, Campaign, load, log, save
 from experiments.suite import SuiteRun, load_runs
 from qkwatch.monitor import backtest
 from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.backtest import RuleScore, RunHistory, summarize
+from qkwatch.monitor.backtest import RuleScore, summarize
 from qkwatch.monitor.client import Client
 from qkwatch.monitor.outcomes import Outcome, OutcomeRule, label
+from qkwatch.monitor.run_history import RunHistory, read
 
 DEFAULT_RUNS = ROOT / "instability_sweep.yml"
 """The suite: issue 31's learning-rate sweep, judged by where each run ends (``experiments.sweep_analysis``)."""
@@ -122,7 +123,7 @@ def _curve(steps: Sequence[int], values: Sequence[float], points: int = 100) -> 
 def read_back(client: Client, campaign: str, runs: Sequence[SuiteRun], outcome: OutcomeRule) -> list[RunData]:
     out = []
     for r in runs:
-        history = backtest.read(client, f"{campaign}/{r.name}")
+        history = read(client, f"{campaign}/{r.name}")
         if not history.losses:
             raise RuntimeError(f"{r.name}: no loss was logged; the suite needs every run's loss")
         val = client.series(f"{campaign}/{r.name}", "val_loss").values
@@ -212,7 +213,12 @@ def ruleset(rules: Sequence[dict[str, Any]], collapse: float) -> RuleSet:
 
 
 def score(data: Sequence[RunData], rules: RuleSet, outcome: OutcomeRule) -> list[RuleScore]:
-    return summarize([backtest.backtest(d.history, rules, outcome) for d in data])
+    return summarize([backtest.backtest(d.history, rules, judging=_spikes_only(outcome)) for d in data])
+
+
+def _spikes_only(outcome: OutcomeRule) -> backtest.Judging:
+    """The earlier suite's judging: spikes and divergence from the loss, no reference, no loss-only row."""
+    return backtest.Judging(outcome, loss_alert=None)
 
 
 def choose(tune: Sequence[RunData], collapse: float, outcome: OutcomeRule) -> dict[str, dict[str, Any]]:
@@ -242,7 +248,7 @@ def detector_table(
 ) -> dict[str, Any]:
     """The default rules (the user's, plus every chosen family) over ``data``: per rule and any rule."""
     rules = ruleset([*FIXED, *(c["rule"] for c in chosen.values())], collapse)
-    results = [backtest.backtest(d.history, rules, outcome) for d in data]
+    results = [backtest.backtest(d.history, rules, judging=_spikes_only(outcome)) for d in data]
     return {
         "scores": [s.to_json() for s in summarize(results)],
         "runs": [r.to_json() for r in results],

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from qkwatch.monitor.alerting.transitions import ReportValues
-from qkwatch.monitor.backtest import RunHistory, read
 from qkwatch.monitor.client import Client
+from qkwatch.monitor.run_history import RunHistory, read
 
 SCALARS = ("loss", "grad_norm", "lr")
 """Run-level scalars kept at every logged step."""
@@ -36,7 +36,7 @@ class RunRecord:
 
     name: str
     history: RunHistory
-    """Its reports and training loss, as :func:`qkwatch.monitor.backtest.read` gives them."""
+    """Its reports and training loss, as :func:`qkwatch.monitor.run_history.read` gives them."""
     val_steps: list[int] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
     scalars: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)

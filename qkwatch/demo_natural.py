@@ -192,13 +192,13 @@ def natural_table(client: Client, runs: dict[str, str]) -> str:
     """The closing tables, every figure read back from the collector: per run, where it ended, its first
     alert and the step a loss-only alert would have spoken; per rule, the step it first fired on each run
     (the collector's own evaluator replaying the stored reports: the firing, not the onset)."""
-    from qkwatch.monitor import backtest
+    from qkwatch.monitor import backtest, run_history
     from qkwatch.monitor.alerting.ruleset import RuleSet
     from qkwatch.monitor.loss_rules import TUNED_BASELINE
     from qkwatch.monitor.outcomes import final_heldout
 
     rules = RuleSet.from_file(detectors(), client.collapse_threshold())
-    histories = {run: backtest.read(client, run_id) for run, run_id in runs.items()}
+    histories = {run: run_history.read(client, run_id) for run, run_id in runs.items()}
     fired = {run: first_firings(backtest.replay(rules, h.reports)) for run, h in histories.items()}
     finals = {run: final_heldout(h.val_losses, 3) for run, h in histories.items()}
     rows = []

@@ -174,7 +174,7 @@ def _check_backtest(client: Client, run: str) -> None:
     """The backtest reproduces the live collector on the demo's run: every alert the collector
     opened (rule, onset step, and the layer of a per-layer rule: a band's layers may move after it
     opens) is the replay's, read back over REST and run through the same evaluator and rules."""
-    from qkwatch.monitor import backtest
+    from qkwatch.monitor import backtest, run_history
     from qkwatch.monitor.alerting.ruleset import RuleSet
 
     rules = RuleSet.default(client.thresholds().collapse)
@@ -184,5 +184,5 @@ def _check_backtest(client: Client, run: str) -> None:
         return rule, () if rule in bands else layers, onset
 
     live = sorted(key(a["rule"], tuple(a["layers"]), a["onset_step"]) for a in client.alerts(run=run)["data"])
-    replay = backtest.replay(rules, backtest.read(client, run).reports)
+    replay = backtest.replay(rules, run_history.read(client, run).reports)
     assert live and sorted(key(f.rule, f.layers, f.onset_step) for f in replay) == live, (live, replay)

@@ -7,7 +7,7 @@ import pytest
 from experiments.forecast_baseline import compare, constant_guess, crossings
 from experiments.instability_data import RunRecord
 from qkwatch.monitor.alerting.transitions import ReportValues
-from qkwatch.monitor.backtest import RunHistory
+from qkwatch.monitor.run_history import RunHistory
 
 RULE = {
     "name": "f",

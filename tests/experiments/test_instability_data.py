@@ -14,7 +14,7 @@ import numpy as np
 
 from experiments.instability_data import RunRecord, load, save
 from qkwatch.monitor.alerting.transitions import ReportValues
-from qkwatch.monitor.backtest import RunHistory
+from qkwatch.monitor.run_history import RunHistory
 
 
 def _f32(x: float) -> float:

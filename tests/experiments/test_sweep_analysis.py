@@ -19,8 +19,8 @@ from experiments.sweep_analysis import (
     meets_bar,
     score,
 )
-from qkwatch.monitor.backtest import RunHistory
 from qkwatch.monitor.outcomes import Outcome
+from qkwatch.monitor.run_history import RunHistory
 
 
 def falling(n: int = 800, end: float = 1.5) -> list[float]:

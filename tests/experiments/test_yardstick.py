@@ -15,9 +15,9 @@ from experiments.instability_data import RunRecord
 from experiments.rule_search import Pick, choose, criterion_key
 from experiments.yardstick import Judged, Run, coincide, fix_outcome, judge_runs, score, wilson
 from qkwatch.monitor import outcomes
-from qkwatch.monitor.backtest import RunHistory
 from qkwatch.monitor.cli import backtest as cli_backtest
 from qkwatch.monitor.loss_rules import TUNED_BASELINE
+from qkwatch.monitor.run_history import RunHistory
 
 
 def record(name: str, final: float, bump: float = 0.0) -> RunRecord:

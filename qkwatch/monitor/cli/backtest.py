@@ -93,7 +93,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 @one_line_errors("alerts backtest")
 def cmd_alerts_backtest(args: argparse.Namespace) -> int:
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
-    from qkwatch.monitor import backtest
+    from qkwatch.monitor import backtest, run_history
     from qkwatch.monitor.client import CollectorError
     from qkwatch.monitor.loss_rules import LossRule
     from qkwatch.monitor.outcomes import OutcomeRule
@@ -123,9 +123,9 @@ def cmd_alerts_backtest(args: argparse.Namespace) -> int:
             except ValueError as exc:
                 print(f"qkwatch alerts backtest: rules file {args.rules}: {exc}", file=sys.stderr)
                 return 2
-            histories = [backtest.read(c, run) for run in args.runs]
+            histories = [run_history.read(c, run) for run in args.runs]
             if args.reference:
-                judging = dataclasses.replace(judging, reference=backtest.read(c, args.reference))
+                judging = dataclasses.replace(judging, reference=run_history.read(c, args.reference))
                 if not math.isfinite(judging.reference_final() or math.inf):
                     print(
                         f"qkwatch alerts backtest: --reference {args.reference}: no finite val_loss logged "
