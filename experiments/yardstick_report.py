@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments.yardstick import ANY_LOSS, BAR, HELDOUT_RECIPES, OLD_ALERT
+from experiments.yardstick import ANY, ANY_LOSS, BAR, FIXED_RULES, HELDOUT_RECIPES, OLD_ALERT
+
+FIXED = {r["name"] for r in FIXED_RULES}
 
 
 def section(r: Mapping[str, Any]) -> str:
     return "\n".join(
         [
             intro(r),
+            carried(r),
             judged(r),
             search(r),
             *(board(r, part) for part in HELDOUT_RECIPES),
@@ -34,6 +37,12 @@ def intro(r: Mapping[str, Any]) -> str:
         f"**{', '.join(f'`{d}`' for d in defaults)} met the bar on every held-out recipe and ship as defaults.**"
         if defaults
         else "**No qkwatch rule met the bar on every held-out recipe: none ships as a default (paging).**"
+    )
+    base = [r["parts"][p]["rows"][r["baseline"]]["hot"] for p in HELDOUT_RECIPES]
+    alarmed = " and ".join(f"{b['false_alarms']} of {b['healthy']}" for b in base)
+    carries = all(b["false_alarm_rate"] is not None and b["false_alarm_rate"] <= BAR["false_alarm_rate"] for b in base)
+    headline += f" The tuned loss-only baseline alarmed on {alarmed} healthy runs there: " + (
+        "it carried over." if carries else "it did not carry over either (a loss level belongs to its recipe)."
     )
     return f"""# Early warnings, judged on recipes nobody tuned them on
 
@@ -58,6 +67,42 @@ python -m experiments.yardstick --tune          # once, on the tune recipe only:
 python -m experiments.yardstick --fix-outcome   # once, from the held-out losses alone: heldout_sweep_outcome.json
 python -m experiments.instability --report      # this page and yardstick.json, from the committed files alone
 ```
+"""
+
+
+def carried(r: Mapping[str, Any]) -> str:
+    """The held-out recipes side by side: every chosen rule, the tuned baseline and the earliest loss rule."""
+    chosen = r["tuned"]["chosen"]
+    rules = [k for k, c in chosen.items() if "rule" in c] + [ANY, r["baseline"], ANY_LOSS, OLD_ALERT]
+    rows = []
+    for rule in rules:
+        cells = [name(r, rule)]
+        for part in HELDOUT_RECIPES:
+            h = r["parts"][part]["rows"][rule]["hot"]
+            cells += [
+                f"{h['flagged']}/{h['bad']}",
+                lead(h["median_lead_steps"], None),
+                lead(h["median_lead_any_loss"], None),
+                f"{h['false_alarms']}/{h['healthy']}",
+            ]
+        rows.append(cells)
+    header = ["rule"]
+    for part in HELDOUT_RECIPES:
+        short = part.removeprefix("heldout_")
+        header += [
+            f"{short}: flagged",
+            f"{short}: lead over baseline",
+            f"{short}: over earliest loss rule",
+            f"{short}: healthy alarmed",
+        ]
+    return f"""## What carried over
+
+The held-out recipes side by side, hot side (details, intervals and every other rule below): hot-side bad runs
+flagged, the median lead in steps over the tuned loss-only baseline and over the earliest of the five chosen
+loss rules on each run (a stricter yardstick), and the healthy runs alarmed. The bar asks, per recipe, 80 % of
+the bad runs flagged, a lead of 50 steps over the baseline and at most 10 % of the healthy runs alarmed.
+
+{table(header, rows)}
 """
 
 
@@ -155,7 +200,7 @@ def board(r: Mapping[str, Any], part: str) -> str:
     qk = "-" if s["qkai_max"] is None else f"{s['qkai_max']:.3f}"
     return f"""## {p["label"]}
 
-{s["runs"]} runs, {s["counted"]} counted ({s["twins"]} raa runs counted as their vanilla twins): {labels};
+{s["runs"]} runs, {s["counted"]} counted ({s["twins"]} raa {"run" if s["twins"] == 1 else "runs"} counted as {"its vanilla twin" if s["twins"] == 1 else "their vanilla twins"}): {labels};
 {s["hot_bad"]} bad on the hot side, {s["cold_bad"]} on the cold side, {s["healthy"]} healthy. Largest QKAI
 of any run, layer and report: {qk}. Intervals: 95 % (Wilson for shares, bootstrap for medians).
 
@@ -182,7 +227,10 @@ def verdicts(r: Mapping[str, Any]) -> str:
         for part in HELDOUT_RECIPES:
             v = r["parts"][part]["rows"][rule]["bar"]
             per.append(f"{part}: {'met' if v['met'] else 'missed (' + '; '.join(v['missed']) + ')'}")
-        status = "**ships as a default**" if rule in r["defaults"] else "stays a candidate"
+        if rule in FIXED:
+            status = "stays what it is, the built-in collapse rule (never tuned; it speaks of QKAI above 0.70)"
+        else:
+            status = "**ships as a default**" if rule in r["defaults"] else "stays a candidate"
         lines.append(f"* `{rule}` {status}. {'; '.join(per)}.")
     return "\n".join(lines) + "\n"
 
