@@ -46,8 +46,8 @@ RUNS: dict[str, list[str]] = {
 TWIN = "vanilla-safe"
 NOT_SHOWN = (
     "Nothing here is induced. What the demo does not show: how often the attention signal leads the loss, "
-    "and whether any rule is good enough to page on; one seed of one rate cannot say. That is the sweep's "
-    "scoreboard, on held-out seeds (docs/instability.md)."
+    "and whether any rule is good enough to page on; one seed of one rate cannot say. That is the scoreboard "
+    "on recipes nothing was tuned on, where no rule was (docs/instability.md)."
 )
 
 
