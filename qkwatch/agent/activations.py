@@ -15,6 +15,10 @@ layers stacked on a leading dim:
 * ``pr_q``, ``pr_k``: every position of the micro-batch, evenly strided down to ``pr_rows`` rows
   (the participation ratio reads low from few rows: see ``participation_ratio``).
 
+The logits are the model's own (``agent.metrics.scored_logits``): its scale and soft-cap as the tap
+gives them (``Scoring``; by default ``1 / sqrt(d_head)``, no cap), and the finite values of an
+additive mask as a bias (ALiBi, T5's position bias).
+
 The mask: a row counts only the keys the model let it see (causal and padding), and a padding
 token is left out everywhere: as a query row, as a key of ``qk_erank``, as a row of the spectrum
 and as a position of the participation ratios. A token is padding when the mask hides its own
@@ -30,8 +34,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from qkwatch.agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank, visible_keys
-from qkwatch.agent.sites import Site
+from qkwatch.agent.metrics import (
+    attention_spectrum,
+    attention_stats,
+    mask_values,
+    participation_ratio,
+    qk_erank,
+    visible_keys,
+)
+from qkwatch.agent.sites import Scoring, Site
 
 ACTIVATION_HEAD_METRICS = ("attn_entropy", "attn_entropy_nats", "attn_top1", "logit_std", "qk_erank")
 
@@ -52,12 +63,20 @@ class Sampler:
     _positions: dict[tuple[int, int, str], Tensor] = field(default_factory=dict, repr=False)
 
     def inputs(
-        self, site: Site, q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, *, copy: bool
+        self,
+        site: Site,
+        q: Tensor,
+        k: Tensor,
+        mask: Tensor | None,
+        causal: bool | None,
+        scoring: Scoring | None = None,
+        *,
+        copy: bool,
     ) -> Inputs:
         """The rows the metrics read (own copies with ``copy``: the model may reuse its buffers).
 
-        ``q (B, H, T_q, hs)``, ``k (B, G, T_k, hs)``; ``mask`` and ``causal`` as the tap gave them
-        (``agent.sites.TapFn``; ``causal`` None: the site's).
+        ``q (B, H, T_q, hs)``, ``k (B, G, T_k, hs)``; ``mask``, ``causal`` and ``scoring`` as the tap
+        gave them (``agent.sites.TapFn``; ``causal`` None: the site's).
         """
         q, k = q.detach(), k.detach()
         t_q, t_k = q.shape[-2], k.shape[-2]
@@ -83,6 +102,9 @@ class Sampler:
         if seen is not None:
             inputs.update(self._masks(seen, pos, rows, w, len(seqs_q), square=t_q == t_k))
             inputs["erank_q"] = inputs["erank_q"] * inputs.pop("erank_q_rows")[:, None]  # padding rows: zero
+        if seen is not None and mask is not None and mask.is_floating_point():
+            inputs.update(self._biases(mask, seen, pos, w, len(seqs_q), square=t_q == t_k))
+        inputs.update(_scoring(scoring))
         if q.shape[0] * t_q >= 2 and k.shape[0] * t_k >= 2:
             inputs["pr_q"], inputs["pr_k"] = self._strided(q), self._strided(k)  # copies (advanced indexing)
             if seen is not None:
@@ -95,7 +117,18 @@ class Sampler:
         several layers stacked on a leading dim, a value per layer along it."""
         seqs_k, mask = inputs["seqs_k"], inputs.get("stats_mask")
         q_pos = inputs["pos"] if site.causal and mask is None else None
-        stats = attention_stats(inputs["stats_q"], seqs_k, causal=site.causal, q_pos=q_pos, mask=mask, erank=False)
+        scale, softcap = inputs.get("scale"), inputs.get("softcap")
+        stats = attention_stats(
+            inputs["stats_q"],
+            seqs_k,
+            causal=site.causal,
+            q_pos=q_pos,
+            mask=mask,
+            erank=False,
+            bias=inputs.get("stats_bias"),
+            scale=scale,
+            softcap=softcap,
+        )
         # (..., H): the sequences averaged, a sequence with no row to measure (all padding) left out
         stats = {name: value.nanmean(-2) for name, value in stats.items()}
         seq_k = seqs_k.select(-4, 0)  # the first sequence: (..., G, T, hs)
@@ -110,6 +143,9 @@ class Sampler:
                 causal=site.causal,
                 remove_outlier=site.remove_outlier,
                 mask=inputs.get("spectrum_mask"),
+                bias=inputs.get("spectrum_bias"),
+                scale=scale,
+                softcap=softcap,
             )
             stats.update(spectrum)
         per_layer = {name: value.float().mean(-1) for name, value in stats.items()}
@@ -145,6 +181,16 @@ class Sampler:
             out["spectrum_mask"] = seen[0, :, :w, :w].clone()  # (H|1, W, W)
         return out
 
+    def _biases(self, mask: Tensor, seen: Tensor, pos: Tensor, w: int, n_seqs: int, *, square: bool) -> Inputs:
+        """The finite values of an additive mask where keys are seen (ALiBi, a position bias), zero elsewhere."""
+        t_q, t_k = seen.shape[-2:]
+        bias = mask_values(mask, t_q, t_k)  # (B|1, H|1, Tq, Tk)
+        bias = bias.expand(seen.shape[0], *bias.shape[1:]).masked_fill(~seen, 0.0)
+        out = {"stats_bias": bias[:n_seqs][:, :, pos]}  # (S, H|1, n, Tk): a copy (advanced indexing)
+        if square:
+            out["spectrum_bias"] = bias[0, :, :w, :w].clone()  # (H|1, W, W)
+        return out
+
     def _strided(self, x: Tensor) -> Tensor:
         """Up to ``pr_rows`` rows of ``x (B, heads, T, hs)``, evenly spaced over its B*T positions."""
         b, _, t, _ = x.shape
@@ -164,6 +210,16 @@ class Sampler:
         if key not in self._positions:
             self._positions[key] = torch.unique(torch.linspace(0, t - 1, n).round().long()).to(device)
         return self._positions[key]
+
+
+def _scoring(scoring: Scoring | None) -> Inputs:
+    """The model's scale and soft-cap as 0-d tensors (stacked per layer by the worker thread); none: defaults."""
+    out: Inputs = {}
+    if scoring is not None and scoring.scale is not None:
+        out["scale"] = torch.tensor(float(scoring.scale), dtype=torch.float64)
+    if scoring is not None and scoring.softcap is not None:
+        out["softcap"] = torch.tensor(float(scoring.softcap), dtype=torch.float64)
+    return out
 
 
 def _own_key(seen: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkwatch.agent.sites import TapFn
+from qkwatch.agent.sites import Scoring, TapFn
 
 _TAPS: dict[int, TapFn] = {}
 _SINKS: dict[str, Tensor] = {}
@@ -31,14 +31,32 @@ def sink(device: torch.device) -> Tensor:
 
 
 @torch.library.custom_op("qkwatch::tap", mutates_args=("sink",))
-def tap_op(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink: Tensor, token: int) -> None:
+def tap_op(
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    causal: bool | None,
+    scale: float | None,
+    softcap: float | None,
+    sink: Tensor,
+    token: int,
+) -> None:
     fn = _TAPS.get(token)
     if fn is not None:
-        fn(q, k, mask, causal)
+        fn(q, k, mask, causal, Scoring(scale, softcap) if scale is not None or softcap is not None else None)
 
 
 @tap_op.register_fake
-def _(q: Tensor, k: Tensor, mask: Tensor | None, causal: bool | None, sink: Tensor, token: int) -> None:
+def _(
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    causal: bool | None,
+    scale: float | None,
+    softcap: float | None,
+    sink: Tensor,
+    token: int,
+) -> None:
     return None
 
 

@@ -10,6 +10,13 @@ will call under its own name, so the model's config, its mask building and every
 k and the mask to the probe and returns the original's result untouched. Wrappers are counted
 and the originals put back when the last tap is removed.
 
+The tap takes what the function is called with, not what a textbook attention would do: the
+``scaling`` the model passes (OPT and Whisper pre-scale their queries and pass 1; Gemma 2 scales by
+``query_pre_attn_scalar``; a muP model by ``1 / d_head``), its ``softcap`` (Gemma 2), the additive
+mask as it is (ALiBi lives there in Falcon), T5's ``position_bias``, and a ``sliding_window`` that a
+kernel applies itself (flash attention, with a padding mask only). Nothing is recomputed as
+``q . k / sqrt(d)`` unless the model does that.
+
 (qkwatch once registered a wrapper under a new name, ``qkwatch_<impl>``: transformers then built
 no mask for a name it did not know, and attached eager models stopped being causal.)
 """
@@ -18,15 +25,27 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from qkwatch.agent.sites import AdapterError, Projections, Site, TapFn, is_projection, numbered, projection_site
+from qkwatch.agent.metrics import mask_values, visible_keys
+from qkwatch.agent.sites import (
+    AdapterError,
+    Projections,
+    Scoring,
+    Site,
+    TapFn,
+    is_projection,
+    numbered,
+    projection_site,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +231,11 @@ def _wrapper(original: Callable[..., Any], kind: str) -> Callable[..., Any]:
             t_q, seen = query.shape[-2], key
             if kind == "sdpa" and tap_mask is None and causal and 1 < t_q < key.shape[-2]:
                 seen = key[..., :t_q, :]  # what sdpa_attention_forward attends (a prefill into an empty static cache)
-            tap(query, seen, tap_mask, causal)
+            tap_mask, causal = _windowed(tap_mask, causal, kwargs.get("sliding_window"), t_q, seen.shape[-2])
+            bias = kwargs.get("position_bias")
+            if isinstance(bias, Tensor):
+                tap_mask, causal = _biased(tap_mask, causal, bias, t_q, seen.shape[-2])
+            tap(query, seen, tap_mask, causal, _scoring(kwargs))
         return original(module, query, key, value, *args, **kwargs)
 
     attention.__wrapped__ = original  # type: ignore[attr-defined]
@@ -238,6 +261,44 @@ def _visibility(kind: str, module: nn.Module, mask: Any, kwargs: dict[str, Any])
         _warn_once(kind, type(mask).__name__)
         return None, causal
     return mask, causal if mask.ndim == 2 else False
+
+
+def _scoring(kwargs: dict[str, Any]) -> Scoring | None:
+    """The scale and soft-cap the model called its attention with (None: the defaults)."""
+    scale, softcap = kwargs.get("scaling"), kwargs.get("softcap")
+    scale = float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None
+    softcap = (
+        float(softcap) if isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap else None
+    )
+    return None if scale is None and softcap is None else Scoring(scale, softcap)
+
+
+def _windowed(mask: Tensor | None, causal: bool, window: Any, t_q: int, t_k: int) -> tuple[Tensor | None, bool]:
+    """A sliding window the kernel applies itself (a 4D mask already holds it): as a boolean mask,
+    ``(B|1, 1, T_q, T_k)``, a query at position i seeing keys j with ``i - window < j <= i``."""
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or (mask is not None and mask.ndim == 4):
+        return mask, causal
+    device = mask.device if mask is not None else None
+    rows = torch.arange(t_k - t_q, t_k, device=device)[:, None]
+    cols = torch.arange(t_k, device=device)[None, :]
+    near = (cols > rows - window) & (cols <= rows)  # (Tq, Tk): causal within the window
+    seen = visible_keys(mask, False, t_q, t_k)
+    return (near[None, None] if seen is None else seen & near), False
+
+
+def _biased(mask: Tensor | None, causal: bool, bias: Tensor, t_q: int, t_k: int) -> tuple[Tensor, bool]:
+    """T5's ``position_bias`` folded into the mask the way the model's eager attention adds it: an
+    additive ``(B|1, H, T_q, T_k)`` mask, the bias where a key is seen and -inf where it is not."""
+    bias = bias[..., -t_q:, :t_k].float()
+    seen = visible_keys(mask, causal, t_q, t_k) if mask is not None else None
+    if seen is None and causal:
+        rows = torch.arange(t_k - t_q, t_k, device=bias.device)[:, None]
+        seen = torch.arange(t_k, device=bias.device)[None, :] <= rows
+    if seen is None:
+        return bias, False
+    if mask is not None and mask.is_floating_point():
+        bias = bias + mask_values(mask, t_q, t_k)
+    return bias.masked_fill(~seen, -math.inf), False
 
 
 _WARNED: set[str] = set()

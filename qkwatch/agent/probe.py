@@ -40,7 +40,7 @@ from qkwatch.agent.activations import ACTIVATION_HEAD_METRICS, Inputs, Sampler
 from qkwatch.agent.checks import SettingError, positive_ints
 from qkwatch.agent.compiled_tap import register_tap, sink, unregister_tap
 from qkwatch.agent.metrics.summary import weight_metrics
-from qkwatch.agent.sites import Site, TapFn
+from qkwatch.agent.sites import Scoring, Site, TapFn
 from qkwatch.agent.weight_versions import version_key
 
 logger = logging.getLogger(__name__)
@@ -235,11 +235,17 @@ class Probe:
             plan = self.plan
             return plan is not None and plan.activations and site.layer not in self.capture.activations_seen
 
-        def measure(q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool | None = None) -> None:
+        def measure(
+            q: Tensor,
+            k: Tensor,
+            mask: Tensor | None = None,
+            causal: bool | None = None,
+            scoring: Scoring | None = None,
+        ) -> None:
             if not wanted():
                 return
             submit = self.measure_thread and q.device.type == "cpu"
-            inputs = partial(self.sampler.inputs, site, q, k, mask, causal, copy=submit)
+            inputs = partial(self.sampler.inputs, site, q, k, mask, causal, scoring, copy=submit)
             if submit:
                 self._guarded(site, "activations", lambda: self._submit_activations(site, inputs()))
             else:
@@ -248,14 +254,21 @@ class Probe:
         token = register_tap(measure)
         self._removers.append(lambda: unregister_tap(token))
 
-        def tap(q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool | None = None) -> None:
+        def tap(
+            q: Tensor,
+            k: Tensor,
+            mask: Tensor | None = None,
+            causal: bool | None = None,
+            scoring: Scoring | None = None,
+        ) -> None:
             if torch.compiler.is_compiling():
                 # one opaque op in the graph: no graph break, no guard on the plan; at run time it
                 # calls ``measure`` with the real tensors, which returns at once off report steps
                 mask = mask.detach() if isinstance(mask, Tensor) else None
-                torch.ops.qkwatch.tap(q.detach(), k.detach(), mask, causal, sink(q.device), token)
+                scale, cap = (scoring.scale, scoring.softcap) if scoring is not None else (None, None)
+                torch.ops.qkwatch.tap(q.detach(), k.detach(), mask, causal, scale, cap, sink(q.device), token)
                 return
-            measure(q, k, mask, causal)
+            measure(q, k, mask, causal, scoring)
 
         tap.wanted = wanted  # type: ignore[attr-defined]  # see adapters.TapFn
         return tap

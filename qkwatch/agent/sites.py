@@ -19,20 +19,39 @@ from torch import Tensor, nn
 from qkwatch.agent.metrics import split_heads, split_qkv
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How a model turns ``q . k`` into the logits it softmaxes, besides the mask (``agent.metrics.scored_logits``)."""
+
+    scale: float | None = None
+    """The factor on ``q . k``; None: ``1 / sqrt(d_head)``."""
+    softcap: float | None = None
+    """Logits soft-capped as ``softcap * tanh(x / softcap)`` (Gemma 2); None: not capped."""
+
+
 class TapFn(Protocol):
     """Receives what one attention layer attends with.
 
     ``q (B, n_heads, T_q, d_head)`` and ``k (B, n_kv_heads, T_k, d_head)``; ``mask`` the mask the
     model's attention was given (None, a boolean or additive ``(B|1, 1|H, T_q, T_k)`` tensor, or a
     ``(B, T_k)`` key-padding mask), and ``causal`` whether the attention applies the causal mask on
-    top of it (``agent.metrics.visible_keys`` turns the two into the keys each row sees).
+    top of it (``agent.metrics.visible_keys`` turns the two into the keys each row sees). The finite
+    values of an additive mask are a bias the model adds to its logits (ALiBi, T5's position bias);
+    ``scoring`` the model's own scale and soft-cap (None: ``1 / sqrt(d_head)``, no cap).
 
     A tap function may carry ``wanted``, a callable that says whether it would use the tensors now
     (the probe's: a report is armed and the layer not measured yet): a tap that must first cut q and
     k out of a fused output skips that work when it says no (:func:`wanted`).
     """
 
-    def __call__(self, q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool | None = None) -> None: ...
+    def __call__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        mask: Tensor | None = None,
+        causal: bool | None = None,
+        scoring: Scoring | None = None,
+    ) -> None: ...
 
 
 class AdapterError(Exception):

@@ -10,7 +10,9 @@ from qkwatch.agent.metrics.attention import (
     STAT_NAMES,
     attention_spectrum,
     attention_stats,
+    mask_values,
     qk_erank,
+    scored_logits,
     visible_keys,
 )
 from qkwatch.agent.metrics.heads import effective_key_map, group_heads, householder, split_heads, split_qkv
@@ -37,11 +39,13 @@ __all__ = [
     "geometry",
     "group_heads",
     "householder",
+    "mask_values",
     "participation_ratio",
     "principal_overlap",
     "projection_norms",
     "qk_erank",
     "qkai",
+    "scored_logits",
     "split_heads",
     "split_qkv",
     "stable_rank",

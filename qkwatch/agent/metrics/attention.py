@@ -8,6 +8,11 @@ rows (after RoPE, as the model uses them) and the keys of the same sequence.
 Which keys a row sees is the causal mask by default, or a boolean ``mask`` (``visible_keys``
 turns a model's attention mask, padding included, into one). Only visible keys count; a row that
 sees no key at all (a padding token's query) is left out.
+
+The logits are the ones the model softmaxes: ``q . k`` times the model's own ``scale`` (by default
+``1 / sqrt(d_head)``; OPT and Whisper pre-scale their queries and pass 1, a muP model ``1 / d_head``),
+soft-capped where the model caps them (Gemma 2: ``c tanh(x / c)``), plus any additive ``bias`` it
+adds (ALiBi, T5's relative position bias). :func:`scored_logits` is that one formula.
 """
 
 from __future__ import annotations
@@ -77,6 +82,19 @@ def visible_keys(mask: Tensor | None, causal: bool, t_q: int, t_k: int) -> Tenso
     return seen
 
 
+def mask_values(mask: Tensor, t_q: int, t_k: int) -> Tensor:
+    """The finite values of an additive mask, the bias a model adds to its logits (ALiBi, a position
+    bias), as ``(B|1, H|1, T_q, T_k)`` float32 with its hidden keys at 0. A boolean or integer mask
+    adds nothing: zeros. ``mask`` takes :func:`visible_keys`' shapes."""
+    m = mask.float() if mask.is_floating_point() else torch.zeros(mask.shape, device=mask.device)
+    if m.ndim == 2:
+        m = m[:, None, None, :]
+    elif m.ndim == 3:
+        m = m[:, None]
+    m = m[..., :t_k].expand(*m.shape[:2], t_q, t_k)
+    return m.masked_fill(m <= torch.finfo(m.dtype).min / 2, 0.0)
+
+
 def attention_stats(
     q: Tensor,
     k: Tensor,
@@ -86,10 +104,14 @@ def attention_stats(
     mask: Tensor | None = None,
     dtype: torch.dtype | None = None,
     erank: bool = True,
+    scale: float | Tensor | None = None,
+    softcap: float | Tensor | None = None,
+    bias: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Per-head statistics of the softmax attention of sampled queries.
 
-    Logits are ``q . k / sqrt(d_head)``; row ``i`` may see ``n_i`` keys (causal: the keys up to its
+    Logits are :func:`scored_logits` (``q . k / sqrt(d_head)`` unless the model scales, caps or
+    biases them otherwise); row ``i`` may see ``n_i`` keys (causal: the keys up to its
     own position, ``n_i = pos_i + 1``; otherwise all ``T_k``; with ``mask``: the keys it marks).
     Rows with ``n_i = 0`` (padding queries) are left out of every statistic; a statistic with no
     row to average is NaN.
@@ -114,6 +136,7 @@ def attention_stats(
         dtype: compute dtype, float32 by default (float64 on request or for float64 inputs).
         erank: also ``qk_erank``, the one statistic that needs a factorisation (a Gram
             eigendecomposition per head); without it the rest is elementwise and cheap.
+        scale, softcap, bias: as the model scores (:func:`scored_logits`).
 
     Returns:
         name -> ``(...)`` tensor, one value per head (``qk_erank`` only with ``erank``).
@@ -123,7 +146,8 @@ def attention_stats(
     qg, kg, shape = group_heads(q.to(dt), k.to(dt))
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     raw = qg @ kg.mT  # (..., Tq, Tk)
-    logits = raw * (1.0 / math.sqrt(d))
+    grouped_bias = None if bias is None else _grouped(bias.to(dt), q, k, "bias")
+    logits = scored_logits(raw, d, scale, softcap, grouped_bias)
     if mask is None:
         allowed, n_keys = _visible(t_q, t_k, causal, q_pos, q.device)  # (Tq, Tk), (Tq,)
     else:
@@ -163,10 +187,14 @@ def attention_spectrum(
     *,
     mask: Tensor | None = None,
     dtype: torch.dtype | None = None,
+    scale: float | Tensor | None = None,
+    softcap: float | Tensor | None = None,
+    bias: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Seed 003's stable rank and spectral gap of the square ``T x T`` attention matrix, per head.
 
-    ``A = softmax(q k^T / sqrt(d_head))`` row by row (causal: row ``i`` sees keys ``j <= i``), a
+    ``A = softmax(logits)`` (:func:`scored_logits`: ``q k^T / sqrt(d_head)`` unless the model scales,
+    caps or biases otherwise) row by row (causal: row ``i`` sees keys ``j <= i``), a
     row-stochastic ``T x T`` matrix, or ``A - U`` with ``remove_outlier`` (seed 003's ``A - 1 1^T / T``
     as the model applies it: ``U_ij = 1 / n_i`` on the ``n_i`` keys row ``i`` sees, i.e.
     ``1 / (i + 1)`` for ``j <= i`` when causal, ``1 / T`` everywhere otherwise).
@@ -198,6 +226,7 @@ def attention_spectrum(
         causal: apply the causal mask.
         remove_outlier: measure ``A - U`` instead of ``A``.
         dtype: compute dtype, float32 by default (float64 on request or for float64 inputs).
+        scale, softcap, bias: as the model scores (:func:`scored_logits`).
 
     Returns:
         ``{"attn_srank", "attn_gap1"}`` -> ``(...)`` tensors, one value per head.
@@ -210,7 +239,8 @@ def attention_spectrum(
     dt = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     qg, kg, shape = group_heads(q.to(dt), k.to(dt))
     t = q.shape[-2]
-    logits = (qg @ kg.mT) * (1.0 / math.sqrt(q.shape[-1]))  # (..., T, T)
+    grouped_bias = None if bias is None else _grouped(bias.to(dt), q, k, "bias")
+    logits = scored_logits(qg @ kg.mT, q.shape[-1], scale, softcap, grouped_bias)  # (..., T, T)
     if mask is None:
         allowed, n_keys = _visible(t, t, causal, None, q.device)  # (T, T), (T,)
     else:
@@ -225,6 +255,41 @@ def attention_spectrum(
     out = {"attn_srank": fro2 / sv[..., 0].square(), "attn_gap1": sv[..., 0] - second}
     empty = sv[..., 0] == 0  # A = U exactly: no spectrum to speak of
     return {name: torch.where(empty, torch.full_like(v, math.nan), v).reshape(shape) for name, v in out.items()}
+
+
+def scored_logits(
+    raw: Tensor,
+    d_head: int,
+    scale: float | Tensor | None = None,
+    softcap: float | Tensor | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """The logits a model softmaxes, from the raw ``q . k`` (transformers' ``eager_attention_forward``):
+
+    ``x = raw * scale`` (``scale`` None: ``1 / sqrt(d_head)``), then ``x = softcap * tanh(x / softcap)``
+    where there is a soft-cap, then ``x + bias``.
+
+    ``scale`` and ``softcap`` are numbers, or tensors over the leading dims of ``raw`` (a value per
+    layer of a stacked batch: their shape is a prefix of ``raw``'s); a soft-cap of NaN, or None, caps
+    nothing. ``bias`` broadcasts against ``raw``.
+    """
+    x = raw * _leading(1.0 / math.sqrt(d_head) if scale is None else scale, raw)
+    if softcap is not None:
+        c = _leading(softcap, raw)
+        capped = torch.tanh(x / c) * c
+        x = torch.where(torch.isnan(c), x, capped) if isinstance(c, Tensor) else capped
+    return x if bias is None else x + bias
+
+
+def _leading(value: float | Tensor, like: Tensor) -> float | Tensor:
+    """A number as it is; a tensor over ``like``'s leading dims, shaped to broadcast against it."""
+    if not isinstance(value, Tensor):
+        return value
+    if like.shape[: value.ndim] != value.shape:
+        raise ValueError(
+            f"a scale or soft-cap of shape {tuple(value.shape)} is not over the leading dims of {tuple(like.shape)}"
+        )
+    return value.to(like.dtype).reshape(*value.shape, *(1,) * (like.ndim - value.ndim))
 
 
 def _softmax(logits: Tensor, allowed: Tensor, n_keys: Tensor) -> Tensor:
@@ -286,11 +351,18 @@ def _singular_values(m: Tensor) -> Tensor:
 
 def _grouped_mask(mask: Tensor, q: Tensor, k: Tensor) -> Tensor:
     """``mask (..., H|1, Tq, Tk)`` lined up with :func:`group_heads`' views of ``q`` and ``k``."""
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be boolean (..., H|1, T_q, T_k); got {mask.dtype} {tuple(mask.shape)}")
+    return _grouped(mask, q, k, "mask")
+
+
+def _grouped(mask: Tensor, q: Tensor, k: Tensor, what: str) -> Tensor:
+    """A ``(..., H|1, Tq, Tk)`` mask or bias lined up with :func:`group_heads`' views of ``q`` and ``k``."""
     h, g = (q.shape[-3], k.shape[-3]) if q.ndim >= 3 and k.ndim >= 3 else (1, 1)
     shape_ok = mask.ndim == q.ndim and mask.shape[-2:] == (q.shape[-2], k.shape[-2])
-    if mask.dtype != torch.bool or not shape_ok or (q.ndim >= 3 and mask.shape[-3] not in (1, h)):
+    if not shape_ok or (q.ndim >= 3 and mask.shape[-3] not in (1, h)):
         raise ValueError(
-            f"mask must be boolean (..., H|1, T_q, T_k) with the leading dims of q; got {mask.dtype} "
+            f"{what} must be (..., H|1, T_q, T_k) with the leading dims of q; got "
             f"{tuple(mask.shape)} for q {tuple(q.shape)} and k {tuple(k.shape)}"
         )
     if q.ndim < 3 or h == g or g == 1:
