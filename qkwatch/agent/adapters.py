@@ -21,13 +21,13 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
 from qkwatch.agent.hf_models import find as _huggingface
 from qkwatch.agent.layouts import Layout
-from qkwatch.agent.metrics import split_heads
+from qkwatch.agent.metrics import SPLITS, split_heads
 from qkwatch.agent.sites import (
     AdapterError,
     Projections,
@@ -36,8 +36,9 @@ from qkwatch.agent.sites import (
     module_tap,
     numbered,
     projection_site,
+    wanted,
 )
-from qkwatch.agent.unknown import skipped, suggest_layout
+from qkwatch.agent.unknown import rotary_module, skipped, suggest_layout
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -51,8 +52,8 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
     """Every attention layer of ``model``, in layer order; where ``layout`` says, if given.
 
     Raises:
-        AdapterError: nothing found (the message lists the module types seen), or a layout that
-            does not fit the model.
+        AdapterError: nothing found, or a layout that does not fit the model: one line, the fix first
+            (the ``layout=qkwatch.Layout(...)`` to pass, with the model's own paths and head counts).
     """
     if layout is not None:
         return _laid_out(model, layout)
@@ -68,21 +69,19 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
                     ", ".join(left_out[:20]) + (" ..." if len(left_out) > 20 else ""),
                 )
             return sites
-    kinds = sorted({type(m).__name__ for m in model.modules()})
     attention = skipped(model, [])
     suggested = suggest_layout(model)
-    hint = (
-        f"Pass {suggested} (check n_heads; add tap='...' naming a module called as tap(q, k) after "
-        "RoPE, if the model rotates them)"
-        if suggested
-        else "Pass layout=qkwatch.Layout(q='layers.{i}.wq', k='layers.{i}.wk', n_heads=...) naming its "
-        "query and key projections"
-    )
+    seen = ", ".join(attention[:3]) + (f" and {len(attention) - 3} more" if len(attention) > 3 else "")
+    if suggested:
+        raise AdapterError(
+            f"pass {suggested} to qkwatch.attach: no adapter knows {type(model).__name__}'s attention ({seen})"
+        )
+    kinds = sorted({type(m).__name__ for m in model.modules()})
     raise AdapterError(
-        "found no attention layers the agent knows (qkwatch GPT, HuggingFace Llama/Mistral/Qwen/BERT/GPT-2, "
-        f"nanoGPT). Attention-like modules here: {', '.join(attention[:10]) or 'none'}"
-        f"{' ...' if len(attention) > 10 else ''}; module types: {', '.join(kinds[:40])}"
-        f"{' ...' if len(kinds) > 40 else ''}. {hint}."
+        "pass layout=qkwatch.Layout naming its query and key projections' paths and n_heads: "
+        f"qkwatch found no attention layer in {type(model).__name__} "
+        f"(attention-like modules: {seen or 'none'}; module types: {', '.join(kinds[:12])}"
+        f"{' ...' if len(kinds) > 12 else ''})"
     )
 
 
@@ -160,11 +159,23 @@ def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
         raise AdapterError("a layout needs n_heads")
     if bool(layout.qkv) == bool(layout.q or layout.k) or (not layout.qkv and not (layout.q and layout.k)):
         raise AdapterError("a layout needs either qkv, or both q and k")
+    if layout.qkv and layout.split not in SPLITS:
+        raise AdapterError(
+            f"add split='qkv', 'per_head' or 'per_kv_head' to Layout(qkv={layout.qkv!r}): the order of its rows "
+            "([q; k; v], per head, or per key/value head) cannot be told from its shape"
+            + (f"; {layout.split!r} is none of them" if layout.split is not None else "")
+        )
     for pattern in (layout.q, layout.k, layout.qkv, layout.tap):
         if pattern and "{i}" not in pattern:
             raise AdapterError(f"layout path {pattern!r} must contain {{i}} where the layer index goes")
     modules = dict(model.named_modules())
     h, g = layout.n_heads, layout.n_kv_heads or layout.n_heads
+    rotary = rotary_module(model)
+    if layout.activations and not layout.tap and rotary:
+        raise AdapterError(
+            f"add tap= (the module called with q and k after RoPE) or activations=False to the Layout: {rotary} "
+            "rotates queries and keys after their projections, so the projections' outputs are not what it attends"
+        )
     sites: list[Site] = []
     for i in itertools.count():
         paths = layout.module_paths(i)
@@ -172,15 +183,61 @@ def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
             break
         owner = modules[paths[0].rsplit(".", 1)[0]] if "." in paths[0] else model
         found = [modules[p] for p in paths]
-        projections = Projections(qkv=found[0], conv1d=layout.conv1d) if layout.qkv else Projections(*found)
+        projections = (
+            Projections(qkv=found[0], conv1d=layout.conv1d, split=layout.split or "qkv")
+            if layout.qkv
+            else Projections(*found)
+        )
         tap_path = layout.tap_path(i)
         if tap_path is not None and tap_path not in modules:
             raise AdapterError(f"layout.tap: no module named {tap_path!r}")
-        install = module_tap(modules[tap_path]) if tap_path else None
+        if not layout.activations:
+            install: Callable[[TapFn], Callable[[], None]] | None = _no_tap
+        elif tap_path:
+            install = module_tap(modules[tap_path])
+        else:
+            install = _with_padding(owner, projections.tap(h, g))
         sites.append(projection_site(i, paths[0], owner, projections, h, g, causal=layout.causal, install_tap=install))
     if not sites:
         raise AdapterError(f"layout matched no module for layer 0 ({layout.q or layout.qkv!r})")
     return sites
+
+
+def _no_tap(fn: TapFn) -> Callable[[], None]:
+    return lambda: None
+
+
+def _with_padding(
+    owner: nn.Module, install: Callable[[TapFn], Callable[[], None]]
+) -> Callable[[TapFn], Callable[[], None]]:
+    """A tap on the projections' outputs that also hands on the ``attention_mask=`` the attention
+    module was called with (transformers' convention: 1 a real token, or an additive mask)."""
+
+    def installed(fn: TapFn) -> Callable[[], None]:
+        held: dict[str, Tensor] = {}
+
+        def before(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            mask = kwargs.get("attention_mask")
+            held.clear()
+            if isinstance(mask, Tensor):
+                held["mask"] = mask
+
+        def tapped(
+            q: Tensor, k: Tensor, mask: Tensor | None = None, causal: bool | None = None, scoring: Any = None
+        ) -> None:
+            fn(q, k, held.get("mask", mask), causal, scoring)
+
+        tapped.wanted = wanted(fn)  # type: ignore[attr-defined]
+        handle = owner.register_forward_pre_hook(before, with_kwargs=True)
+        remove = install(tapped)
+
+        def undo() -> None:
+            handle.remove()
+            remove()
+
+        return undo
+
+    return installed
 
 
 FINDERS: tuple[Callable[[nn.Module], list[Site]], ...] = (_qkwatch_gpt, _huggingface, _nanogpt)

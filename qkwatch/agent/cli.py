@@ -35,6 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.add_argument("--q-key", metavar="PATTERN", help="query weight key, e.g. 'blocks.{i}.attn.wq.weight'")
     m.add_argument("--k-key", metavar="PATTERN", help="key weight key")
     m.add_argument("--qkv-key", metavar="PATTERN", help="fused QKV weight key")
+    m.add_argument(
+        "--split",
+        choices=("qkv", "per_head", "per_kv_head"),
+        help="row order of the fused QKV weight: [q; k; v] (nanoGPT, GPT-2), per_head (GPT-NeoX), "
+        "per_kv_head (Megatron)",
+    )
     m.add_argument("--conv1d", action="store_true", help="the fused weight is stored (d_model, 3*d_model)")
     m.add_argument("--n-heads", type=int, help="number of query heads")
     m.add_argument("--n-kv-heads", type=int, help="number of key/value heads (GQA)")
@@ -85,7 +91,13 @@ def run_analyze(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         layout = custom(
-            args.q_key, args.k_key, args.qkv_key, args.conv1d, n_heads=args.n_heads, n_kv_heads=args.n_kv_heads
+            args.q_key,
+            args.k_key,
+            args.qkv_key,
+            args.conv1d,
+            n_heads=args.n_heads,
+            n_kv_heads=args.n_kv_heads,
+            split=args.split,
         )
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
             task = bar.add_task("analyzing layers", total=None)

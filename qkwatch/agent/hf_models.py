@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkwatch.agent.metrics import mask_values, visible_keys
+from qkwatch.agent.metrics import mask_values, split_qkv_output, visible_keys
 from qkwatch.agent.sites import (
     AdapterError,
     Projections,
@@ -45,6 +45,7 @@ from qkwatch.agent.sites import (
     is_projection,
     numbered,
     projection_site,
+    wanted,
 )
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def find(model: nn.Module) -> list[Site]:
     for name, module in numbered(model):
         config = configs.get(name)
         cross = CROSS.search(name.rsplit(".", 1)[-1]) is not None
-        projections = _projections(module) if config is not None and not cross else None
+        projections = _projections(module, config) if config is not None and not cross else None
         if config is None or projections is None:
             continue
         heads = _heads(module, config)
@@ -82,7 +83,10 @@ def find(model: nn.Module) -> list[Site]:
             continue
         n_heads, n_kv, d_head = heads
         causal = bool(getattr(module, "is_causal", True))
-        install = partial(_install_tap, config, module)
+        if _model_type(config) == "bloom":
+            install = partial(_install_bloom_tap, module, projections, n_heads)
+        else:
+            install = partial(_install_tap, config, module)
         sites.append(
             projection_site(
                 len(sites), name, module, projections, n_heads, n_kv, d_head=d_head, causal=causal, install_tap=install
@@ -132,15 +136,56 @@ def _attr(module: nn.Module, *names: str) -> int | None:
     return None
 
 
-def _projections(module: nn.Module) -> Projections | None:
-    for q, k in (("q_proj", "k_proj"), ("query", "key")):
+FUSED_SPLITS: dict[str, str] = {
+    "gpt_neox": "per_head",  # query_key_value viewed (..., H, 3 hs)
+    "bloom": "per_head",  # query_key_value viewed (..., H, 3, hs)
+    "phi3": "qkv",  # qkv_proj: [q; k; v] with GQA
+    "modernbert": "qkv",  # Wqkv viewed (..., 3, H, hs)
+    "gpt2": "qkv",  # c_attn, a Conv1D
+}
+"""How each architecture with a fused QKV projection orders its rows (``agent.metrics.SPLITS``), read off
+its modeling code; Falcon and GPT-BigCode depend on their config (:func:`_fused_split`). A fused
+projection of any other architecture is not guessed at: the module is skipped, and named."""
+
+FUSED_NAMES = ("query_key_value", "qkv_proj", "Wqkv", "c_attn")
+
+
+def _projections(module: nn.Module, config: Any) -> Projections | None:
+    for q, k in (("q_proj", "k_proj"), ("query", "key"), ("q", "k")):
         q_mod, k_mod = getattr(module, q, None), getattr(module, k, None)
         if is_projection(q_mod) and is_projection(k_mod):
             return Projections(q=q_mod, k=k_mod)
-    c_attn = getattr(module, "c_attn", None)
-    if c_attn is not None and type(c_attn).__name__ == "Conv1D" and not getattr(module, "is_cross_attention", False):
-        return Projections(qkv=c_attn, conv1d=True)
+    if getattr(module, "is_cross_attention", False):
+        return None
+    for name in FUSED_NAMES:
+        fused = getattr(module, name, None)
+        if fused is None:
+            continue
+        conv1d = type(fused).__name__ == "Conv1D"
+        if not (conv1d or is_projection(fused)):
+            return None
+        split = _fused_split(module, config, conv1d)
+        return None if split is None else Projections(qkv=fused, conv1d=conv1d, split=split)
     return None
+
+
+def _fused_split(module: nn.Module, config: Any, conv1d: bool) -> str | None:
+    """The row order of ``module``'s fused projection, or None where qkwatch does not know it."""
+    kind = _model_type(config)
+    if conv1d:
+        return "qkv"  # GPT-2's Conv1D c_attn and its descendants
+    if kind == "falcon":
+        if getattr(module, "new_decoder_architecture", False):
+            return "per_kv_head"  # (..., G, H/G + 2, hs): each group's queries, then its key and value
+        return "qkv" if getattr(module, "multi_query", False) else "per_head"
+    if kind == "gpt_bigcode":
+        return "qkv" if getattr(module, "multi_query", False) else "per_head"
+    return FUSED_SPLITS.get(kind)
+
+
+def _model_type(config: Any) -> str:
+    kind = getattr(config, "model_type", "")
+    return kind if isinstance(kind, str) else ""
 
 
 def _cfg(config: Any, *names: str) -> int | None:
@@ -165,8 +210,9 @@ def _install_tap(config: Any, module: nn.Module, fn: TapFn) -> Callable[[], None
         interface = namespace.get("ALL_ATTENTION_FUNCTIONS")
         if interface is None or impl not in interface:
             raise AdapterError(
-                f"{type(module).__name__} attends through {impl!r}, which transformers' AttentionInterface "
-                f"does not know here; pass layout=qkwatch.Layout(...) to name the layers"
+                f"register {impl!r} with transformers' AttentionInterface, or load the model with "
+                f"attn_implementation='sdpa': {type(module).__name__} attends through {impl!r}, which "
+                f"{namespace.get('__name__', 'its module')} cannot look up"
             )
         patches.append(_Patch.of(interface, impl, impl, namespace))
     for patch in patches:
@@ -275,13 +321,14 @@ def _scoring(kwargs: dict[str, Any]) -> Scoring | None:
 
 def _windowed(mask: Tensor | None, causal: bool, window: Any, t_q: int, t_k: int) -> tuple[Tensor | None, bool]:
     """A sliding window the kernel applies itself (a 4D mask already holds it): as a boolean mask,
-    ``(B|1, 1, T_q, T_k)``, a query at position i seeing keys j with ``i - window < j <= i``."""
+    ``(B|1, 1, T_q, T_k)``, a query at position i seeing keys j with ``i - window < j <= i`` (causal),
+    or ``|i - j| < window`` (a bidirectional encoder's local attention, ModernBERT's)."""
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or (mask is not None and mask.ndim == 4):
         return mask, causal
     device = mask.device if mask is not None else None
     rows = torch.arange(t_k - t_q, t_k, device=device)[:, None]
     cols = torch.arange(t_k, device=device)[None, :]
-    near = (cols > rows - window) & (cols <= rows)  # (Tq, Tk): causal within the window
+    near = (cols > rows - window) & ((cols <= rows) if causal else (cols < rows + window))  # (Tq, Tk)
     seen = visible_keys(mask, False, t_q, t_k)
     return (near[None, None] if seen is None else seen & near), False
 
@@ -299,6 +346,61 @@ def _biased(mask: Tensor | None, causal: bool, bias: Tensor, t_q: int, t_k: int)
     if mask is not None and mask.is_floating_point():
         bias = bias + mask_values(mask, t_q, t_k)
     return bias.masked_fill(~seen, -math.inf), False
+
+
+def _install_bloom_tap(module: nn.Module, projections: Projections, n_heads: int, fn: TapFn) -> Callable[[], None]:
+    """Bloom computes its attention inline (no attention function to wrap): the queries and keys come off
+    its fused projection, per head (no rotary embedding), and the ALiBi bias and additive causal mask
+    it adds are read from its call (``alibi (B H, 1, T_k)``, ``attention_mask (B, 1, T_q, T_k)``). A
+    call with a key cache (generation) is not measured: the new keys alone are not what it attends."""
+    fused = projections.qkv
+    assert fused is not None, "Bloom's projections are fused"
+    held: dict[str, Any] = {}
+    asked = wanted(fn)
+
+    def before(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        held.clear()
+        past = kwargs.get("layer_past")
+        if asked() and (past is None or not _cached_len(past, getattr(mod, "layer_idx", None))):
+            held["alibi"], held["mask"] = kwargs.get("alibi"), kwargs.get("attention_mask")
+            held["on"] = True
+
+    def on_qkv(mod: nn.Module, args: tuple[Any, ...], out: Tensor) -> None:
+        if not held.pop("on", False):
+            return
+        q, k = split_qkv_output(out, n_heads, n_heads, split="per_head")
+        b, _, t, _ = q.shape
+        alibi, mask = held.get("alibi"), held.get("mask")
+        bias = None
+        if isinstance(alibi, Tensor):
+            bias = alibi.float().view(b, n_heads, 1, -1)[..., :t]
+        if isinstance(mask, Tensor):
+            mask = (
+                mask.float()
+                if mask.is_floating_point()
+                else torch.zeros_like(mask, dtype=torch.float).masked_fill(~mask, -math.inf)
+            )
+            bias = mask if bias is None else mask + bias
+        fn(q, k, bias, bias is None, None)
+
+    handles = [
+        module.register_forward_pre_hook(before, with_kwargs=True),
+        fused.register_forward_hook(on_qkv),
+    ]
+
+    def remove() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return remove
+
+
+def _cached_len(past: Any, layer: Any) -> int:
+    get = getattr(past, "get_seq_length", None)
+    try:
+        return int(get(layer if isinstance(layer, int) else 0)) if callable(get) else 0
+    except Exception:
+        return 1  # unknown: treat as cached, measure nothing rather than the wrong thing
 
 
 _WARNED: set[str] = set()

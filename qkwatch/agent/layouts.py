@@ -32,7 +32,13 @@ class Layout:
     k: str | None = None
     """Key projection module path."""
     qkv: str | None = None
-    """Fused QKV projection module path, rows ``[q; k; v]`` (nanoGPT's ``c_attn``, GPT-2's Conv1D)."""
+    """Fused QKV projection module path (nanoGPT's ``c_attn``, GPT-2's Conv1D); ``split`` says how its
+    rows are ordered."""
+    split: str | None = None
+    """A fused projection's row order, which its shape cannot tell: ``"qkv"`` (``[q; k; v]``: nanoGPT,
+    GPT-2), ``"per_head"`` (``[q_0; k_0; v_0; q_1; ...]``: GPT-NeoX) or ``"per_kv_head"`` (each key/value
+    head's group of queries, then its key and value: Megatron-core, torchtitan); see
+    ``qkwatch.agent.metrics.SPLITS``. Required with ``qkv``."""
     conv1d: bool = False
     """The fused weight is stored transposed, ``(d_model, 3 d_model)`` (GPT-2 ``Conv1D``)."""
     rotation: str | None = None
@@ -41,7 +47,10 @@ class Layout:
     """Live models: a module called as ``tap(q, k)`` with the tensors the model attends with (after
     RoPE); without it q and k are the projections' outputs (right for models without rotary embeddings)."""
     causal: bool = True
-    """Live models: each query attends to the keys up to its own position."""
+    """Live models: each query attends to the keys up to its own position (False for an encoder)."""
+    activations: bool = True
+    """Live models: measure the activation metrics too. A model with rotary embeddings needs ``tap``
+    for them (its projections' outputs are not what it attends); ``False`` measures its weights alone."""
     n_heads: int | None = None
     """Query heads; None: from the checkpoint's config (offline). A live model needs it."""
     n_kv_heads: int | None = None
@@ -83,13 +92,14 @@ LAYOUTS = (
         rotation="blocks.{i}.attn.key_rotation.vectors",
     ),
     Layout("bert", q="encoder.layer.{i}.attention.self.query", k="encoder.layer.{i}.attention.self.key"),
-    Layout("gpt2", qkv="h.{i}.attn.c_attn", conv1d=True),
-    Layout("nanogpt", qkv="transformer.h.{i}.attn.c_attn"),
+    Layout("gpt2", qkv="h.{i}.attn.c_attn", split="qkv", conv1d=True),
+    Layout("nanogpt", qkv="transformer.h.{i}.attn.c_attn", split="qkv"),
+    Layout("gpt_neox", qkv="layers.{i}.attention.query_key_value", split="per_head"),
     Layout("llama", q="layers.{i}.self_attn.q_proj", k="layers.{i}.self_attn.k_proj"),
 )
 """Known layouts; ``llama`` covers Llama, Mistral, Qwen2/3 and their GQA (``num_key_value_heads``)."""
 
-_PREFIXES = ("", "model.", "bert.", "transformer.", "module.", "model.model.")
+_PREFIXES = ("", "model.", "bert.", "transformer.", "module.", "model.model.", "gpt_neox.")
 
 
 def detect(keys: Iterable[str], config: Mapping[str, Any]) -> Layout:
@@ -117,6 +127,7 @@ def custom(
     *,
     n_heads: int | None = None,
     n_kv_heads: int | None = None,
+    split: str | None = None,
 ) -> Layout:
     """A layout from user-supplied weight key patterns (``--q-key``/``--k-key`` or ``--qkv-key``).
 
@@ -128,6 +139,11 @@ def custom(
         raise LayoutError("give either --qkv-key or both --q-key and --k-key, not both")
     if not qkv and not (q and k):
         raise LayoutError("give both --q-key and --k-key (or --qkv-key for a fused projection)")
+    if qkv and split is None:
+        raise LayoutError(
+            "add --split qkv|per_head|per_kv_head to --qkv-key: the order of its rows ([q; k; v], per head, "
+            "or per key/value head) cannot be told from its shape"
+        )
     for pattern in (q, k, qkv):
         if pattern and "{i}" not in pattern:
             raise LayoutError(f"key pattern {pattern!r} must contain {{i}} where the layer index goes")
@@ -136,6 +152,7 @@ def custom(
         q=_module_path(q),
         k=_module_path(k),
         qkv=_module_path(qkv),
+        split=split,
         conv1d=conv1d,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,

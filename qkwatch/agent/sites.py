@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from qkwatch.agent.metrics import split_heads, split_qkv
+from qkwatch.agent.metrics import split_heads, split_qkv, split_qkv_output
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,16 @@ class Projections:
     q: nn.Module | None = None
     k: nn.Module | None = None
     qkv: nn.Module | None = None
-    """Rows ``[q; k; v]`` (an ``nn.Linear``), or columns (``conv1d``: GPT-2's ``Conv1D``)."""
+    """Rows ``[q; k; v]`` (an ``nn.Linear``), or columns (``conv1d``: GPT-2's ``Conv1D``), in the
+    order ``split`` names (``agent.metrics.SPLITS``)."""
     conv1d: bool = False
+    split: str = "qkv"
 
     def weights(self, h: int, g: int) -> Callable[[], tuple[Tensor, Tensor, None]]:
         """Per-head ``wq (H, D, hs)`` and ``wk (G, D, hs)``, read when called."""
         qkv, q, k = self.qkv, self.q, self.k
         if qkv is not None:
-            return lambda: _fused(weight_of(qkv), h, g, conv1d=self.conv1d)
+            return lambda: _fused(weight_of(qkv), h, g, conv1d=self.conv1d, split=self.split)
         if q is None or k is None:
             raise AdapterError("projections need either qkv, or both q and k")
         return lambda: (split_heads(weight_of(q), h), split_heads(weight_of(k), g), None)
@@ -100,7 +102,7 @@ class Projections:
         """Installs a tap on the projections' outputs (q and k before any rotary embedding)."""
         qkv, q, k = self.qkv, self.q, self.k
         if qkv is not None:
-            return lambda fn: forward_hook_tap(qkv, _split_output(fn, h, g), output=True)
+            return lambda fn: forward_hook_tap(qkv, _split_output(fn, h, g, self.split), output=True)
         if q is None or k is None:
             raise AdapterError("projections need either qkv, or both q and k")
         return lambda fn: _pair_tap(q, k, fn, h, g)
@@ -152,21 +154,37 @@ def forward_hook_tap(module: nn.Module, fn: Callable[[Any], None], *, output: bo
     return handle.remove
 
 
-def module_tap(module: nn.Module) -> Callable[[TapFn], Callable[[], None]]:
-    """Installs a tap on a module called as ``module(q, k)`` with the tensors the model attends with."""
-    return lambda fn: forward_hook_tap(module, lambda args: fn(args[0], args[1]))
+def module_tap(module: nn.Module, causal: bool | None = None) -> Callable[[TapFn], Callable[[], None]]:
+    """Installs a tap on a module called as ``module(q, k, ...)`` with the tensors the model attends
+    with. A mask it is called with (SDPA's order, ``(q, k, v, mask)``, or ``attn_mask=``,
+    ``attention_mask=``, ``mask=``) and its ``is_causal=`` are handed on; else ``causal`` (None: the site's)."""
+
+    def install(fn: TapFn) -> Callable[[], None]:
+        def hook(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if len(args) < 2:
+                return
+            mask = args[3] if len(args) > 3 and isinstance(args[3], Tensor) else None  # (q, k, v, mask)
+            for name in ("attn_mask", "attention_mask", "mask"):
+                if mask is None and isinstance(kwargs.get(name), Tensor):
+                    mask = kwargs[name]
+            told = kwargs.get("is_causal")
+            seen_causal = told if isinstance(told, bool) else causal
+            if mask is not None and not isinstance(told, bool):
+                seen_causal = False  # a mask given alone is the whole mask (SDPA's convention)
+            fn(args[0], args[1], mask, seen_causal)
+
+        return module.register_forward_pre_hook(hook, with_kwargs=True).remove
+
+    return install
 
 
-def _split_output(fn: TapFn, h: int, g: int) -> Callable[[Tensor], None]:
+def _split_output(fn: TapFn, h: int, g: int, split: str) -> Callable[[Tensor], None]:
     asked = wanted(fn)
 
     def tap(out: Tensor) -> None:
         if not asked():
             return  # no report armed: no split, views or transposes on this forward
-        b, t, width = out.shape  # (B, T, (H + 2G) hs)
-        hs = width // (h + 2 * g)
-        q, k, _ = torch.split(out, [h * hs, g * hs, g * hs], dim=-1)
-        fn(q.view(b, t, h, hs).transpose(1, 2), k.view(b, t, g, hs).transpose(1, 2))
+        fn(*split_qkv_output(out, h, g, split=split))  # out: (B, T, (H + 2G) hs)
 
     return tap
 
@@ -194,8 +212,8 @@ def _pair_tap(q_mod: nn.Module, k_mod: nn.Module, fn: TapFn, h: int, g: int) -> 
     return remove
 
 
-def _fused(weight: Tensor, h: int, g: int, *, conv1d: bool = False) -> tuple[Tensor, Tensor, None]:
-    wq, wk, _ = split_qkv(weight, h, g, conv1d=conv1d)
+def _fused(weight: Tensor, h: int, g: int, *, conv1d: bool = False, split: str = "qkv") -> tuple[Tensor, Tensor, None]:
+    wq, wk, _ = split_qkv(weight, h, g, conv1d=conv1d, split=split)
     return wq, wk, None
 
 

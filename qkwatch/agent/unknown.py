@@ -19,28 +19,76 @@ from qkwatch.agent.sites import Site
 
 QUERY = ("q_proj", "query", "to_q", "wq", "q_lin", "query_proj", "q")
 KEY = ("k_proj", "key", "to_k", "wk", "k_lin", "key_proj", "k")
-FUSED = ("qkv", "qkv_proj", "Wqkv", "query_key_value", "in_proj", "to_qkv", "c_attn", "att_proj")
+FUSED = {
+    "qkv": "qkv",
+    "qkv_proj": "qkv",
+    "Wqkv": "qkv",
+    "in_proj": "qkv",
+    "to_qkv": "qkv",
+    "c_attn": "qkv",
+    "att_proj": "qkv",
+    "query_key_value": "per_head",
+    "wqkv": "per_kv_head",
+    "linear_qkv": "per_kv_head",
+}
+"""Fused projections by name, with the row order that name usually has (GPT-NeoX's ``query_key_value``
+is per head; Megatron's ``linear_qkv`` and torchtitan's ``wqkv`` per key/value head); the line says so."""
 HEAD_COUNTS = ("num_heads", "n_heads", "n_head", "num_attention_heads", "heads", "nhead")
+KV_COUNTS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "num_query_groups", "n_query_groups")
+INNER = ("inner_attention", "core_attention", "attn_fn", "attention_fn", "sdpa", "attn_op", "qk_tap")
+"""Names of a module called with q and k after RoPE, when a model has one (torchtitan, Megatron-core)."""
 ATTENTION = re.compile(r"attention|attn", re.IGNORECASE)
+ROTARY = re.compile(r"rotary|rope", re.IGNORECASE)
 
 
 def suggest_layout(model: nn.Module) -> str | None:
-    """``layout=qkwatch.Layout(...)`` for the attention projections found in ``model``, or None."""
+    """``layout=qkwatch.Layout(...)`` for the attention projections found in ``model``, or None: the
+    real module paths, the head counts the model's modules or config hold, ``causal=False`` for an
+    attention that says it is not causal, and ``tap=`` (or ``activations=False``) for a rotary model."""
     linears = {name: m for name, m in model.named_modules() if _linear(m)}
-    for fused in FUSED:
+    for fused, split in FUSED.items():
         found = [n for n in linears if n.rsplit(".", 1)[-1] == fused]
         pattern = _pattern(found)
         if pattern:
-            return f"layout=qkwatch.Layout(qkv={pattern!r}, n_heads={_heads(model, found[0])})"
+            return _line(model, found[0], pattern, f"qkv={pattern!r}, split={split!r}")
     for q_name, k_name in zip(QUERY, KEY, strict=True):
         qs = [n for n in linears if n.rsplit(".", 1)[-1] == q_name]
         ks = {n for n in linears if n.rsplit(".", 1)[-1] == k_name}
         pairs = [q for q in qs if _sibling(q, k_name) in ks]
         pattern = _pattern(pairs)
         if pattern:
-            k_pattern = _sibling(pattern, k_name)
-            return f"layout=qkwatch.Layout(q={pattern!r}, k={k_pattern!r}, n_heads={_heads(model, pairs[0])})"
+            return _line(model, pairs[0], pattern, f"q={pattern!r}, k={_sibling(pattern, k_name)!r}")
     return None
+
+
+def _line(model: nn.Module, projection: str, pattern: str, where: str) -> str:
+    """The line for layer paths ``pattern`` (``projection`` its layer-0 path)."""
+    owner = model.get_submodule(projection.rsplit(".", 1)[0]) if "." in projection else model
+    n_heads, n_kv = _count(model, owner, HEAD_COUNTS), _count(model, owner, KV_COUNTS)
+    parts = [where, f"n_heads={n_heads}" if n_heads else "n_heads=<its head count: none found on the model>"]
+    if n_kv and n_kv != n_heads:
+        parts.append(f"n_kv_heads={n_kv}")
+    if getattr(owner, "is_causal", None) is False:
+        parts.append("causal=False")
+    if rotary_module(model):
+        inner = next((name for name in INNER if isinstance(getattr(owner, name, None), nn.Module)), None)
+        owner_pattern = pattern.rsplit(".", 1)[0]
+        parts.append(f"tap={owner_pattern + '.' + inner!r}" if inner else "activations=False")
+    return f"layout=qkwatch.Layout({', '.join(parts)})"
+
+
+def rotary_module(model: nn.Module) -> str | None:
+    """The path of a rotary position embedding in ``model`` (a module named or typed ``rotary``/``rope``,
+    or holding RoPE's ``inv_freq``/``freqs_cis`` buffer), or None."""
+    for name, module in model.named_modules():
+        buffers = {b for b, _ in module.named_buffers(recurse=False)}
+        named = bool(name) and (ROTARY.search(type(module).__name__) or ROTARY.search(name.rsplit(".", 1)[-1]))
+        if named or buffers & ROPE_BUFFERS:
+            return f"{name or 'the model'} ({type(module).__name__})"
+    return None
+
+
+ROPE_BUFFERS = {"inv_freq", "freqs_cis", "cos_cached", "sin_cached", "rope_cache"}
 
 
 def skipped(model: nn.Module, sites: Sequence[Site]) -> list[str]:
@@ -87,11 +135,15 @@ def _pattern(paths: Sequence[str]) -> str | None:
     return "".join(parts)
 
 
-def _heads(model: nn.Module, projection: str) -> str:
-    """The head count of the module above a projection, when it says; else ``...`` for the user."""
-    owner = model.get_submodule(projection.rsplit(".", 1)[0]) if "." in projection else model
-    for name in HEAD_COUNTS:
-        value = getattr(owner, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return str(value)
-    return "..."
+def _count(model: nn.Module, owner: nn.Module, names: tuple[str, ...]) -> int | None:
+    """A head count from the attention module, else from a config the model carries (``config``,
+    ``args``, ``model_args``, ``cfg``; a dataclass or a transformers config)."""
+    holders: list[object] = [owner]
+    for module in model.modules():
+        holders += [getattr(module, a) for a in ("config", "args", "model_args", "cfg") if hasattr(module, a)]
+    for holder in holders:
+        for name in names:
+            value = getattr(holder, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None

@@ -15,7 +15,15 @@ from qkwatch.agent.metrics.attention import (
     scored_logits,
     visible_keys,
 )
-from qkwatch.agent.metrics.heads import effective_key_map, group_heads, householder, split_heads, split_qkv
+from qkwatch.agent.metrics.heads import (
+    SPLITS,
+    effective_key_map,
+    group_heads,
+    householder,
+    split_heads,
+    split_qkv,
+    split_qkv_output,
+)
 from qkwatch.agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
 from qkwatch.agent.metrics.subspace import (
     ACCURACY,
@@ -30,6 +38,7 @@ __all__ = [
     "ACCURACY",
     "RANDOMIZED_TOLERANCE",
     "SPECTRUM_NAMES",
+    "SPLITS",
     "STAT_NAMES",
     "attention_spectrum",
     "attention_stats",
@@ -48,6 +57,7 @@ __all__ = [
     "scored_logits",
     "split_heads",
     "split_qkv",
+    "split_qkv_output",
     "stable_rank",
     "visible_keys",
 ]

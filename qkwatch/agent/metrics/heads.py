@@ -33,23 +33,50 @@ def split_heads(weight: Tensor, n_heads: int) -> Tensor:
     return heads.transpose(-1, -2)  # (..., nh, D, hs)
 
 
+SPLITS = ("qkv", "per_head", "per_kv_head")
+"""How a fused QKV projection orders its output rows (``split_qkv``'s ``split``):
+
+* ``"qkv"``: ``[q; k; v]``, each block its heads in order (nanoGPT, GPT-2, Phi-3's ``qkv_proj``,
+  ModernBERT's ``Wqkv``, multi-query Falcon and GPT-BigCode, where k and v are one head each);
+* ``"per_head"``: ``[q_0; k_0; v_0; q_1; ...]``, one head at a time (GPT-NeoX/Pythia, Bloom, the
+  first Falcon, GPT-BigCode without multi-query); needs as many key heads as query heads;
+* ``"per_kv_head"``: per key/value head, its group of query heads then its key and value
+  (``[q_0 .. q_{r-1}; k_0; v_0; q_r ...]``, r = n_heads / n_kv_heads: Falcon's
+  ``new_decoder_architecture``, Megatron-core's ``linear_qkv``).
+"""
+
+
 def split_qkv(
-    weight: Tensor, n_heads: int, n_kv_heads: int | None = None, *, conv1d: bool = False
+    weight: Tensor,
+    n_heads: int,
+    n_kv_heads: int | None = None,
+    *,
+    conv1d: bool = False,
+    split: str = "qkv",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-head query, key and value factors of a fused QKV projection.
 
     nanoGPT's ``c_attn`` is an ``nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * d_head)`` whose
     output rows are ``[q; k; v]``. GPT-2's ``Conv1D`` stores the same matrix transposed,
-    ``(d_model, 3 * d_model)``: pass ``conv1d=True``.
+    ``(d_model, 3 * d_model)``: pass ``conv1d=True``. Other models order the rows per head or per
+    key/value head: ``split`` names the order (:data:`SPLITS`).
 
     Returns:
         ``wq (..., n_heads, d_model, d_head)``, ``wk`` and ``wv`` ``(..., n_kv_heads, d_model, d_head)``.
     """
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    if split not in SPLITS:
+        raise ValueError(f"split_qkv: split={split!r} is none of {', '.join(SPLITS)}")
     if weight.ndim < 2:
         raise ValueError(f"split_qkv expects a matrix, got shape {tuple(weight.shape)}")
+    if n_kv_heads <= 0 or n_heads % n_kv_heads:
+        raise ValueError(f"split_qkv: {n_heads} query heads do not group over {n_kv_heads} key/value heads")
+    if split == "per_head" and n_kv_heads != n_heads:
+        raise ValueError(
+            f"split_qkv: split='per_head' needs as many key/value heads as query heads, not {n_kv_heads} of {n_heads}"
+        )
     linear = weight.transpose(-1, -2) if conv1d else weight  # (..., (nh + 2 nkv) hs, D)
-    rows = linear.shape[-2]
+    rows, d_model = linear.shape[-2:]
     total_heads = n_heads + 2 * n_kv_heads
     if rows % total_heads:
         layout = "Conv1D (d_model, 3*d_model)" if conv1d else "Linear (3*d_model, d_model)"
@@ -58,8 +85,33 @@ def split_qkv(
             f"{n_heads} query + 2 x {n_kv_heads} key/value heads"
         )
     d_head = rows // total_heads
-    wq, wk, wv = torch.split(linear, [n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head], dim=-2)
-    return split_heads(wq, n_heads), split_heads(wk, n_kv_heads), split_heads(wv, n_kv_heads)
+    lead = linear.shape[:-2]
+    if split == "qkv":
+        wq, wk, wv = torch.split(linear, [n_heads * d_head, n_kv_heads * d_head, n_kv_heads * d_head], dim=-2)
+        return split_heads(wq, n_heads), split_heads(wk, n_kv_heads), split_heads(wv, n_kv_heads)
+    ratio = n_heads // n_kv_heads
+    grouped = linear.reshape(*lead, n_kv_heads, ratio + 2, d_head, d_model)  # per_head: ratio == 1
+    wq = grouped[..., :ratio, :, :].reshape(*lead, n_heads, d_head, d_model)
+    wk, wv = grouped[..., ratio, :, :], grouped[..., ratio + 1, :, :]
+    return wq.transpose(-1, -2), wk.transpose(-1, -2), wv.transpose(-1, -2)
+
+
+def split_qkv_output(out: Tensor, n_heads: int, n_kv_heads: int, *, split: str = "qkv") -> tuple[Tensor, Tensor]:
+    """Queries ``(B, n_heads, T, d_head)`` and keys ``(B, n_kv_heads, T, d_head)`` out of a fused
+    projection's output ``(B, T, (n_heads + 2 n_kv_heads) d_head)``, its features ordered as
+    :func:`split_qkv`'s ``split`` says."""
+    b, t, width = out.shape
+    total = n_heads + 2 * n_kv_heads
+    if width % total:
+        raise ValueError(f"fused output of width {width} does not split into {n_heads} + 2 x {n_kv_heads} heads")
+    hs = width // total
+    if split == "qkv":
+        q, k, _ = torch.split(out, [n_heads * hs, n_kv_heads * hs, n_kv_heads * hs], dim=-1)
+        return q.view(b, t, n_heads, hs).transpose(1, 2), k.view(b, t, n_kv_heads, hs).transpose(1, 2)
+    ratio = n_heads // n_kv_heads
+    grouped = out.view(b, t, n_kv_heads, ratio + 2, hs)
+    q = grouped[:, :, :, :ratio].reshape(b, t, n_heads, hs)
+    return q.transpose(1, 2), grouped[:, :, :, ratio].transpose(1, 2)
 
 
 def householder(vectors: Tensor) -> Tensor:

@@ -149,7 +149,7 @@ def _layer_qk(ckpt: Checkpoint, layout: Layout, shape: Shape, i: int) -> tuple[T
             conv1d = True
         else:
             raise AnalyzeError(_shape_message(key, weight, (rows, d), shape, "a fused QKV projection"))
-        wq, wk, _ = split_qkv(weight.float(), h, g, conv1d=conv1d)
+        wq, wk, _ = split_qkv(weight.float(), h, g, conv1d=conv1d, split=layout.split or "qkv")
         return wq, wk
     q_key, k_key = layout.weight_keys(i)
     q, k = ckpt.get(q_key), ckpt.get(k_key)
