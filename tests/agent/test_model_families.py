@@ -353,3 +353,68 @@ def test_whisper_encoder_and_decoder_self_attention(tmp_path: Path, caplog: pyte
     for i in (0, 1):
         _check(layers, i, out.decoder_attentions[i], y_mask.numpy())
         _check(layers, 2 + i, out.encoder_attentions[i], np.ones((B, 16)))
+
+
+def _logits_spy(monkeypatch: pytest.MonkeyPatch, module: object, seen: list[torch.Tensor]) -> None:
+    """Record, per call of ``module``'s eager attention, the logits it softmaxes: ``q k^T scaling``
+    plus its ``position_bias`` (T5) and additive mask (ALiBi lives there in Falcon), as that function adds them."""
+    original = module.eager_attention_forward  # type: ignore[attr-defined]
+
+    def spy(mod, query, key, value, attention_mask, *args, **kwargs):  # type: ignore[no-untyped-def]
+        scaling = kwargs.get("scaling")
+        logits = (query.double() @ key.double().repeat_interleave(query.shape[1] // key.shape[1], 1).mT) * (
+            query.shape[-1] ** -0.5 if scaling is None else scaling
+        )
+        bias = kwargs.get("position_bias")
+        if bias is not None:
+            logits = logits + bias.double()
+        if attention_mask is not None:
+            visible = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+            logits = (logits + attention_mask.double().masked_fill(~visible, 0)).masked_fill(~visible, -torch.inf)
+        seen.append(logits)
+        return original(mod, query, key, value, attention_mask, *args, **kwargs)
+
+    monkeypatch.setattr(module, "eager_attention_forward", spy)
+
+
+def _logit_max(logits: torch.Tensor, real: torch.Tensor) -> float:
+    """The agent's ``logit_max``: per sequence and head the largest logit of a real row over the keys
+    it sees, averaged over sequences, then heads."""
+    top = logits.masked_fill(~real.bool()[:, None, :, None], -torch.inf).amax((-2, -1))  # (B, H)
+    return top.mean(0).mean().item()
+
+
+def test_logit_max_carries_alibi_and_the_relative_bias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``logit_max`` of Falcon with ALiBi and of T5's decoder, recomputed from the q, k, scaling, bias and
+    mask each model passes its eager attention (a row's logits are known from its probabilities only up
+    to a constant)."""
+    from transformers.models.falcon import modeling_falcon
+    from transformers.models.t5 import modeling_t5
+
+    torch.manual_seed(0)
+    falcon = _sharpen_fused(_falcon_alibi(), 10.0).eval()
+    x, mask = _padded()
+    seen: list[torch.Tensor] = []
+    _logits_spy(monkeypatch, modeling_falcon, seen)
+    layers = _measured(falcon, tmp_path / "falcon", lambda: falcon(input_ids=x, attention_mask=mask))
+    assert len(seen) == 2
+    for i, logits in enumerate(seen):
+        assert layers["logit_max"][i] == pytest.approx(_logit_max(logits, mask), abs=1e-4)
+
+    t5 = sharpen(_t5(), 1.5).eval()
+    y = torch.randint(1, V, (B, 7), generator=torch.Generator().manual_seed(6))
+    y_mask = torch.ones_like(y)
+    y_mask[2, 5:] = 0
+    seen.clear()
+    _logits_spy(monkeypatch, modeling_t5, seen)
+    layers = _measured(
+        t5,
+        tmp_path / "t5",
+        lambda: t5(input_ids=x, attention_mask=mask, decoder_input_ids=y, decoder_attention_mask=y_mask),
+    )
+    # calls: encoder 0, 1; then per decoder block self, cross: decoder self-attention is calls 2 and 4
+    decoder = [seen[2], seen[4]]
+    for i, logits in enumerate(decoder):
+        assert layers["logit_max"][i] == pytest.approx(_logit_max(logits, y_mask), abs=1e-4)
+    for i, logits in enumerate(seen[:2]):
+        assert layers["logit_max"][2 + i] == pytest.approx(_logit_max(logits, mask), abs=1e-4)
