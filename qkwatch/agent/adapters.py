@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
+from qkwatch.agent import frameworks
 from qkwatch.agent.hf_models import find as _huggingface
 from qkwatch.agent.layouts import Layout
 from qkwatch.agent.metrics import SPLITS, split_heads
@@ -240,5 +241,13 @@ def _with_padding(
     return installed
 
 
-FINDERS: tuple[Callable[[nn.Module], list[Site]], ...] = (_qkwatch_gpt, _huggingface, _nanogpt)
+FINDERS: tuple[Callable[[nn.Module], list[Site]], ...] = (
+    _qkwatch_gpt,
+    _huggingface,
+    frameworks.deepseek_mla,
+    _nanogpt,
+    frameworks.torchtitan,
+    frameworks.litgpt,
+    frameworks.megatron,
+)
 """The adapters :func:`find_sites` tries, in order; the first that finds a layer wins."""
