@@ -1,15 +1,17 @@
-"""Training frameworks' own models, attached with no hint (issue 41, part 3): litgpt's GPT,
-Megatron-core's GPTModel, and DeepSeek's multi-head latent attention (transformers' ``deepseek_v3``).
+"""Training frameworks' own models, attached with no hint (issue 41, part 3): torchtitan's Llama 3
+(sdpa, and FlexAttention over packed documents), litgpt's GPT, Megatron-core's GPTModel, and
+DeepSeek's multi-head latent attention (transformers' ``deepseek_v3``).
 
 Tiny random configs on the CPU, nothing downloaded. For each model:
 
 * the weights: the report's ``qkai``, ``qkai_max``, ``stable_rank`` and ``qk_cos`` per layer equal
   ``weight_metrics`` of per-head factors sliced here by hand, following the framework's own forward
-  code;
+  code (torchtitan: its own ``FusedQKVLinear`` state-dict split into ``wq``/``wk``);
 * the activations: ``attn_entropy``, ``attn_top1``, ``attn_top5`` and ``logit_max`` per layer equal
   those of the framework's own attention probabilities (Megatron's and DeepSeek's, read where the
   model computes them) or of probabilities recomputed from the q and k a spy captured where the model
-  attends, after RoPE, with the model's scale and the mask it attends under (causal);
+  attends, after RoPE, with the model's scale and the mask it attends under (causal; torchtitan's
+  FlexAttention: causal within each packed document, built here from the positions);
 * attaching changes nothing: the logits bit for bit.
 
 The query and key weights are multiplied (by 30 where the framework initialises them with std 0.02)
@@ -132,6 +134,106 @@ def _unchanged(model: nn.Module, tmp_path: Path, forward: Callable[[], torch.Ten
     report, after = _report(model, tmp_path, "unchanged", forward)
     assert "events" not in report and len(report["layers"]["attn_entropy"]) == 2
     assert torch.equal(before, after)
+
+
+# --- torchtitan -------------------------------------------------------------------------------
+
+
+def _titan(backend: str, fused: bool) -> nn.Module:
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+
+    layers = _build_llama3_layers(
+        n_layers=2,
+        dim=DIM,
+        n_heads=H,
+        n_kv_heads=G,
+        hidden_dim=64,
+        rope=ComplexRoPE.Config(dim=HS, max_seq_len=64, theta=10000, scaling="none"),
+        fuse_qkv=fused,
+        attn_backend="flex",
+    )
+    if backend == "sdpa":  # torchtitan's ScaledDotProductAttention module (causal, no masks)
+        for layer in layers:
+            layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    init = {"weight": torch.nn.init.normal_}
+    config = Llama3Model.Config(
+        dim=DIM,
+        vocab_size=V,
+        tok_embeddings=Embedding.Config(num_embeddings=V, embedding_dim=DIM, param_init=init),
+        norm=RMSNorm.Config(normalized_shape=DIM, param_init={"weight": torch.nn.init.ones_}),
+        lm_head=Linear.Config(in_features=DIM, out_features=V, param_init=init),
+        layers=layers,
+    )
+    torch.manual_seed(0)
+    model = config.build()
+    model.init_weights()
+    for layer in model.layers.values():
+        qkv = layer.attention.qkv_linear
+        _sharpen(*([qkv.wqkv.weight] if fused else [qkv.wq.weight, qkv.wk.weight]), factor=30.0)  # init std 0.02
+    return model.eval()
+
+
+def _titan_reference_weights(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """torchtitan's own split: its state dict holds ``wq``/``wk`` even for a fused ``wqkv``."""
+    state = model.state_dict()
+    out = []
+    for i in range(len(model.layers)):
+        wq = state[f"layers.{i}.attention.qkv_linear.wq.weight"]  # (H hs, D): row h*hs + j
+        wk = state[f"layers.{i}.attention.qkv_linear.wk.weight"]
+        out.append((wq.view(H, HS, DIM).mT, wk.view(G, HS, DIM).mT))
+    return out
+
+
+def _packed_positions() -> torch.Tensor:
+    """Sequence 0 one document; sequence 1 two packed documents (positions restart at 0)."""
+    positions = torch.arange(T).repeat(B, 1)
+    positions[1, 5:] = torch.arange(T - 5)
+    return positions
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["wqkv", "wq-wk"])
+def test_torchtitan_sdpa(fused: bool, tmp_path: Path) -> None:
+    model = _titan("sdpa", fused)
+    x = _tokens()
+    assert [s.name for s in find_sites(model)] == ["layers.0.attention", "layers.1.attention"]
+    _unchanged(model, tmp_path, lambda: model(x))
+    with _spy_sdpa() as calls:
+        report, _ = _report(model, tmp_path, "titan", lambda: model(x))
+    _check_weights(report, _titan_reference_weights(model))
+    assert len(calls) == 2
+    for layer, call in enumerate(calls):
+        assert call["is_causal"] and call.get("scale") is None  # torchtitan's sdpa: causal, 1/sqrt(hs)
+        probs, top = _probs_and_top(call["q"], call["k"], _causal(T), 1 / math.sqrt(HS))
+        _check_rows(report, layer, probs, top)
+
+
+def test_torchtitan_flex_attention_over_packed_documents(tmp_path: Path) -> None:
+    """FlexAttention's BlockMask read as the model applies it: causal, and no key across the
+    boundary of sequence 1's two packed documents (blocks of 128 would not say so)."""
+    model = _titan("flex", True)
+    x, positions = _tokens(), _packed_positions()
+    masks = model.get_attention_masks(positions)
+    _unchanged(model, tmp_path, lambda: model(x, positions, masks))
+    captured: list[tuple[torch.Tensor, torch.Tensor]] = []
+    hooks = [
+        layer.attention.rope.register_forward_hook(lambda mod, args, out: captured.append(out))
+        for layer in model.layers.values()
+    ]
+    report, _ = _report(model, tmp_path, "flex", lambda: model(x, positions, masks))
+    for hook in hooks:
+        hook.remove()
+    _check_weights(report, _titan_reference_weights(model))
+    doc = torch.cumsum((positions == 0).int(), dim=1)  # (B, T) document ids
+    seen = _causal(T) & (doc[:, None, :, None] == doc[:, None, None, :])
+    for layer, (q, k) in enumerate(captured):  # after RoPE, (B, L, N, H)
+        probs, top = _probs_and_top(q.transpose(1, 2), k.transpose(1, 2), seen, 1 / math.sqrt(HS))
+        want = _check_rows(report, layer, probs, top)
+        causal_only, _ = _probs_and_top(q.transpose(1, 2), k.transpose(1, 2), _causal(T), 1 / math.sqrt(HS))
+        assert reference(causal_only, np.ones((B, T), dtype=int))["attn_top1"] != pytest.approx(
+            want["attn_top1"], abs=1e-4
+        )  # the documents matter: a causal-only reading would differ
 
 
 # --- litgpt -----------------------------------------------------------------------------------
