@@ -96,8 +96,8 @@ def torchtitan(model: nn.Module) -> list[Site]:
             projections = Projections(q=wq, k=wk)
         else:
             raise AdapterError(
-                f"pass layout=qkwatch.Layout(...) for {name}: its qkv_linear ({type(qkv_linear).__name__}) has "
-                "neither wqkv nor wq and wk"
+                f"pass layout=qkwatch.Layout naming {name}.qkv_linear's query and key projections, n_heads={h}, "
+                f"n_kv_heads={g}: its {type(qkv_linear).__name__} has neither wqkv nor wq and wk"
             )
         install = partial(_titan_tap, inner)
         sites.append(projection_site(len(sites), name, module, projections, h, g, d_head=hs, install_tap=install))
@@ -208,8 +208,8 @@ def megatron(model: nn.Module) -> list[Site]:
         config = getattr(module, "config", None)
         if getattr(config, "attention_output_gate", False):
             raise AdapterError(
-                f"pass layout=qkwatch.Layout(...) for {name}.linear_qkv: with attention_output_gate its rows per "
-                f"query group are {h // g} q, {h // g} gate, 1 k and 1 v heads of {hs}, which qkwatch does not split"
+                f"set attention_output_gate=False to monitor {name}: qkwatch does not split its gated linear_qkv "
+                f"({h // g} q, {h // g} gate, 1 k and 1 v heads of {hs} per query group, {g} groups)"
             )
         projections = Projections(qkv=linear_qkv, split="per_kv_head")
         install = partial(_megatron_tap, core)
