@@ -64,7 +64,7 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
             left_out = skipped(model, sites)
             if left_out:
                 logger.warning(
-                    "qkwatch monitors %d attention layers and skips %d it does not know: %s",
+                    "qkwatch monitors %d attention layers and skips %d it does not measure: %s",
                     len(sites),
                     len(left_out),
                     ", ".join(left_out[:20]) + (" ..." if len(left_out) > 20 else ""),

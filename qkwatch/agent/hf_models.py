@@ -26,7 +26,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import re
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from functools import partial
@@ -47,13 +46,10 @@ from qkwatch.agent.sites import (
     projection_site,
     wanted,
 )
+from qkwatch.agent.unknown import CROSS
 
 logger = logging.getLogger(__name__)
 
-CROSS = re.compile(r"^(encoder_attn|crossattention|cross_attn|EncDecAttention)$")
-"""Cross-attention modules (BART's, Whisper's, GPT-2's with ``add_cross_attention``): queries from one
-sequence, keys from another, so a query has no key of its own to tell padding by; left out, and named
-among the skipped modules."""
 EAGER = "eager_attention_forward"
 """The name a modeling module's forward calls its eager attention by (a global of that module)."""
 

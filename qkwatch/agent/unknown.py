@@ -38,6 +38,10 @@ KV_COUNTS = ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "n_kv_head", "
 INNER = ("inner_attention", "core_attention", "attn_fn", "attention_fn", "sdpa", "attn_op", "qk_tap")
 """Names of a module called with q and k after RoPE, when a model has one (torchtitan, Megatron-core)."""
 ATTENTION = re.compile(r"attention|attn", re.IGNORECASE)
+CROSS = re.compile(r"^(encoder_attn|crossattention|cross_attn|EncDecAttention)$")
+"""Cross-attention modules (BART's, Whisper's, T5's, GPT-2's with ``add_cross_attention``): queries from one
+sequence, keys from another, so a query has no key of its own to tell padding by; left out, and named
+among the skipped modules as cross-attention."""
 ROTARY = re.compile(r"rotary|rope", re.IGNORECASE)
 
 
@@ -101,7 +105,8 @@ def skipped(model: nn.Module, sites: Sequence[Site]) -> list[str]:
             continue
         related = any(name == f or name.startswith(f + ".") or f.startswith(name + ".") for f in found)
         if not related:
-            out.append(f"{name} ({type(module).__name__})")
+            cross = ", cross-attention" if CROSS.search(name.rsplit(".", 1)[-1]) else ""
+            out.append(f"{name} ({type(module).__name__}{cross})")
     return out
 
 

@@ -347,7 +347,7 @@ def test_whisper_encoder_and_decoder_self_attention(tmp_path: Path, caplog: pyte
     assert names == [f"model.{stack}.layers.{i}.self_attn" for stack in ("decoder", "encoder") for i in (0, 1)]
     with caplog.at_level("WARNING"):
         layers = _measured(model, tmp_path, run)
-    assert "model.decoder.layers.0.encoder_attn" in caplog.text
+    assert "model.decoder.layers.0.encoder_attn (WhisperAttention, cross-attention)" in caplog.text
     with torch.no_grad():
         out = model(input_features=features, decoder_input_ids=y, decoder_attention_mask=y_mask, output_attentions=True)
     for i in (0, 1):

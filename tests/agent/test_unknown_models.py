@@ -226,6 +226,4 @@ def test_a_fused_layout_must_say_its_split(tmp_path: Path) -> None:
     with pytest.raises(AdapterError, match=r"^add split='qkv', 'per_head' or 'per_kv_head' to Layout\(qkv="):
         agent.attach(model, layout=agent.Layout(qkv="blocks.{i}.attn.qkv", n_heads=4), **OFFLINE)
     with pytest.raises(AdapterError, match=r"'interleaved' is none of them$"):
-        agent.attach(
-            model, layout=agent.Layout(qkv="blocks.{i}.attn.qkv", split="interleaved", n_heads=4), **OFFLINE
-        )
+        agent.attach(model, layout=agent.Layout(qkv="blocks.{i}.attn.qkv", split="interleaved", n_heads=4), **OFFLINE)
