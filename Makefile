@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH)
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	# The frameworks tests/agent/test_frameworks.py checks, without the dependencies they pin for
+	# training (litgpt would downgrade huggingface_hub; torchtitan pulls ~35 packages). torchtitan
+	# imports triton even on the CPU.
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps litgpt==0.5.13 torchtitan==0.3.0 \
+		spmd_types==0.2.3 tyro==1.0.17 docstring_parser==0.18.0 triton==3.9.0
 	touch $(STAMP)
 
 demo: $(STAMP)

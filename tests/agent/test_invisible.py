@@ -50,6 +50,10 @@ class Case:
     """Takes an ``attention_mask`` (HuggingFace models)."""
     generates: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    fixtures: tuple[str, ...] = ()
+    """Fixtures the model needs (Megatron-core's process group and CPU shims, ``tests/agent/conftest.py``)."""
+    call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
+    """How to call the model on token ids, when not ``model(x)``."""
 
 
 def _gpt(attention: str) -> Callable[[], nn.Module]:
@@ -143,6 +147,26 @@ def _layout_gpt() -> nn.Module:
     return _gpt("sdpa")()
 
 
+def _framework(builder: str, *args: Any) -> Callable[[], nn.Module]:
+    """A model of ``tests/agent/test_frameworks.py`` (imported when built: that module imports this one)."""
+
+    def build() -> nn.Module:
+        from tests.agent import test_frameworks
+
+        model: nn.Module = getattr(test_frameworks, builder)(*args)
+        return model
+
+    return build
+
+
+def _megatron_call(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Megatron's GPTModel takes positions and its mask (True: hidden) explicitly."""
+    t = x.shape[1]
+    hidden = ~torch.ones(1, 1, t, t, dtype=torch.bool).tril()  # [b, 1, s, s], as Megatron documents it
+    out: torch.Tensor = model(x, torch.arange(t).repeat(x.shape[0], 1), hidden)
+    return out
+
+
 CASES: dict[str, Case] = {
     "gpt-sdpa": Case("adapters._qkwatch_gpt", _gpt("sdpa"), padded=False),
     "gpt-explicit": Case("adapters._qkwatch_gpt", _gpt("explicit"), padded=False),
@@ -159,6 +183,16 @@ CASES: dict[str, Case] = {
         ),
         padded=False,
     ),
+    "torchtitan-sdpa": Case("frameworks.torchtitan", _framework("_titan", "sdpa", True), padded=False),
+    "litgpt": Case("frameworks.litgpt", _framework("_litgpt"), padded=False),
+    "megatron": Case(
+        "frameworks.megatron",
+        _framework("_megatron"),
+        padded=False,
+        fixtures=("megatron_on_cpu",),
+        call=_megatron_call,
+    ),
+    "deepseek-mla": Case("frameworks.deepseek_mla", _framework("_deepseek", 16)),
     **{
         f"{kind}-{attn}": Case("hf_models.find", _hf(kind, attn), generates=kind in ("gpt2", "llama"))
         for kind in ("gpt2", "llama", "bert", "bart")
@@ -181,17 +215,29 @@ def _batch(padding: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x.masked_fill(mask == 0, 0), mask
 
 
-def _forward(model: nn.Module, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def _forward(
+    model: nn.Module,
+    x: torch.Tensor,
+    mask: torch.Tensor | None,
+    call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    if call is not None:
+        return call(model, x)
     out = model(x) if mask is None else model(input_ids=x, attention_mask=mask)
     if isinstance(out, torch.Tensor):
         return out
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-def _logits_and_grads(model: nn.Module, x: torch.Tensor, mask: torch.Tensor | None) -> list[torch.Tensor]:
+def _logits_and_grads(
+    model: nn.Module,
+    x: torch.Tensor,
+    mask: torch.Tensor | None,
+    call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
     """The outputs, and the gradient of a fixed random projection of them for every parameter."""
     model.zero_grad(set_to_none=True)
-    out = _forward(model, x, mask)
+    out = _forward(model, x, mask, call)
     weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out.device, out.dtype)
     (out * weights).sum().backward()
     grads = [p.grad.clone() if p.grad is not None else torch.zeros(0) for p in model.parameters()]
@@ -227,7 +273,7 @@ def test_every_adapter_is_covered() -> None:
     case's model is found by the finder it names."""
     assert {c.adapter for c in CASES.values()} == {_name(f) for f in FINDERS} | {"layout"}
     for name, case in CASES.items():
-        if case.layout is None:
+        if case.layout is None and not case.fixtures:  # Megatron's is checked where its fixtures run
             assert _found_by(case.build()) == case.adapter, name
 
 
@@ -235,19 +281,23 @@ def test_every_adapter_is_covered() -> None:
     ("name", "padding"),
     [(n, p) for n, c in CASES.items() for p in BATCHES if c.padded or p == "unpadded"],  # only HF models take masks
 )
-def test_attach_leaves_logits_and_gradients_bit_identical(name: str, padding: str, tmp_path: Path) -> None:
+def test_attach_leaves_logits_and_gradients_bit_identical(
+    name: str, padding: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     case = CASES[name]
+    for fixture in case.fixtures:
+        request.getfixturevalue(fixture)
     model = case.build().eval()  # eval: no dropout between the two forwards
     x, mask = _batch(padding)
     use_mask = mask if case.padded else None
-    before = _logits_and_grads(model, x, use_mask)
+    before = _logits_and_grads(model, x, use_mask, case.call)
     a = _attached(case, model, tmp_path, name)
-    after = _logits_and_grads(model, x, use_mask)
+    after = _logits_and_grads(model, x, use_mask, case.call)
     _measured_every_layer(a)
     assert len(before) == len(after)
     for i, (b, c) in enumerate(zip(before, after, strict=True)):
         assert torch.equal(b, c), (name, padding, "logits" if i == 0 else f"grad {i - 1}", (b - c).abs().max().item())
-    again = _logits_and_grads(model, x, use_mask)  # closed: the model's own functions back in place
+    again = _logits_and_grads(model, x, use_mask, case.call)  # closed: the model's own functions back in place
     assert all(torch.equal(b, c) for b, c in zip(before, again, strict=True))
 
 
