@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from qkwatch.agent.hf_models import _configs, _install_tap
 from qkwatch.agent.metrics import split_heads
+from qkwatch.agent.qk_norm import with_qk_norm
 from qkwatch.agent.sites import (
     AdapterError,
     Projections,
@@ -100,7 +101,8 @@ def torchtitan(model: nn.Module) -> list[Site]:
                 f"n_kv_heads={g}: its {type(qkv_linear).__name__} has neither wqkv nor wq and wk"
             )
         install = partial(_titan_tap, inner)
-        sites.append(projection_site(len(sites), name, module, projections, h, g, d_head=hs, install_tap=install))
+        site = projection_site(len(sites), name, module, projections, h, g, d_head=hs, install_tap=install)
+        sites.append(with_qk_norm(site, module, "q_norm", "k_norm"))
     return sites
 
 
@@ -162,9 +164,8 @@ def litgpt(model: nn.Module) -> list[Site]:
             continue
         assert isinstance(qkv, nn.Module)
         install = partial(_litgpt_tap, module, config, h, g)
-        sites.append(
-            projection_site(len(sites), name, module, Projections(qkv=qkv), h, g, d_head=hs, install_tap=install)
-        )
+        site = projection_site(len(sites), name, module, Projections(qkv=qkv), h, g, d_head=hs, install_tap=install)
+        sites.append(with_qk_norm(site, module, "norm_q", "norm_k"))
     return sites
 
 
@@ -213,7 +214,8 @@ def megatron(model: nn.Module) -> list[Site]:
             )
         projections = Projections(qkv=linear_qkv, split="per_kv_head")
         install = partial(_megatron_tap, core)
-        sites.append(projection_site(len(sites), name, module, projections, h, g, d_head=hs, install_tap=install))
+        site = projection_site(len(sites), name, module, projections, h, g, d_head=hs, install_tap=install)
+        sites.append(with_qk_norm(site, module, "q_layernorm", "k_layernorm"))
     return sites
 
 

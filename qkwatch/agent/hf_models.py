@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from qkwatch.agent.metrics import mask_values, split_qkv_output, visible_keys
+from qkwatch.agent.qk_norm import with_qk_norm
 from qkwatch.agent.sites import (
     AdapterError,
     Projections,
@@ -86,10 +87,7 @@ def find(model: nn.Module) -> list[Site]:
         site = projection_site(
             len(sites), name, module, projections, n_heads, n_kv, d_head=d_head, causal=causal, install_tap=install
         )
-        norms = _qk_norms(module, name)
-        if norms is not None:
-            site.weights = _normed(site.weights, *norms)
-        sites.append(site)
+        sites.append(with_qk_norm(site, module, "q_norm", "k_norm"))
     return sites
 
 
@@ -184,56 +182,6 @@ def _fused_split(module: nn.Module, config: Any, conv1d: bool) -> str | None:
 def _model_type(config: Any) -> str:
     kind = getattr(config, "model_type", "")
     return kind if isinstance(kind, str) else ""
-
-
-def _qk_norms(module: nn.Module, name: str) -> tuple[nn.Module, nn.Module] | None:
-    """The RMS norms a model applies to its queries and keys (Qwen3, Gemma 3, OLMo 2), or None.
-
-    Their gains are part of the bilinear form the model attends with, ``x^T Wq^T diag(g_q) diag(g_k) Wk x'``
-    (the normalisation itself scales each token's query by one positive number, which turns no
-    direction): the site's weights carry them (:func:`_normed`). A q/k norm that is not an RMS norm
-    (a LayerNorm subtracts a mean, which no bilinear form holds) is left out, and said once.
-    """
-    q_norm, k_norm = getattr(module, "q_norm", None), getattr(module, "k_norm", None)
-    if not (isinstance(q_norm, nn.Module) and isinstance(k_norm, nn.Module)):
-        return None
-    if all("RMSNorm" in type(n).__name__ and isinstance(getattr(n, "weight", None), Tensor) for n in (q_norm, k_norm)):
-        return q_norm, k_norm
-    if "qk_norm" not in _WARNED:
-        _WARNED.add("qk_norm")
-        logger.warning(
-            "qkwatch leaves %s's q/k norms (%s) out of its weight metrics: only RMS norms' gains are a bilinear form",
-            name,
-            type(q_norm).__name__,
-        )
-    return None
-
-
-def _normed(
-    weights: Callable[[], tuple[Tensor, Tensor, Tensor | None]], q_norm: nn.Module, k_norm: nn.Module
-) -> Callable[[], tuple[Tensor, Tensor, Tensor | None]]:
-    """``weights`` with each head's columns scaled by its norm's gain: ``Wq_h diag(g_q)``, ``Wk_h diag(g_k)``."""
-
-    def read() -> tuple[Tensor, Tensor, Tensor | None]:
-        wq, wk, rotation = weights()
-        return wq * _gain(q_norm, wq), wk * _gain(k_norm, wk), rotation
-
-    return read
-
-
-def _gain(norm: nn.Module, w: Tensor) -> Tensor:
-    """An RMS norm's gain, as the model applies it (``weight``, Gemma's ``1 + weight``): the norm of a
-    constant vector, whose RMS is that constant (1e3: the epsilon moves the result by 1e-12 of
-    itself), shaped to scale ``w (heads, D, hs)``'s columns: per head (a norm over one head's
-    features, Qwen3, Gemma 3) or per head and feature (over all heads', OLMo 2)."""
-    weight = norm.weight
-    assert isinstance(weight, Tensor), "_qk_norms checked it"
-    probe = torch.full((weight.shape[-1],), 1e3, dtype=weight.dtype, device=weight.device)
-    gain: Tensor = norm.forward(probe).to(w.dtype)  # forward, not __call__: no hooks run
-    heads, _, hs = w.shape[-3:]
-    if gain.numel() == hs:
-        return gain.view(1, 1, hs)
-    return gain.view(heads, 1, hs)
 
 
 def _cfg(config: Any, *names: str) -> int | None:

@@ -141,3 +141,88 @@ def test_qk_norm_gains_are_in_the_measured_weights(name: str, tmp_path: Path) ->
         for metric in ("stable_rank", "qk_cos", "qkai"):
             assert report["layers"][metric][i] == pytest.approx(scaled[metric].item(), rel=1e-5, abs=1e-6), metric
         assert abs(report["layers"]["stable_rank"][i] - plain["stable_rank"].item()) > 0.05
+
+
+# --- the frameworks' q/k norms (tests/agent/test_frameworks.py builds the models) -----------------
+
+
+def _titan_qk_norm() -> tuple[nn.Module, list[tuple[nn.Module, nn.Module, nn.Module, nn.Module]]]:
+    from torchtitan.models.common import RMSNorm
+
+    from tests.agent import test_frameworks as f
+
+    model = f._titan("sdpa", False)  # its attention's forward applies q_norm and k_norm when they are set
+    for layer in model.layers.values():
+        attention = layer.attention
+        attention.q_norm = RMSNorm.Config(normalized_shape=f.HS).build()
+        attention.k_norm = RMSNorm.Config(normalized_shape=f.HS).build()
+    return model, [
+        (a.qkv_linear.wq, a.qkv_linear.wk, a.q_norm, a.k_norm) for a in (x.attention for x in model.layers.values())
+    ]
+
+
+def _litgpt_qk_norm() -> tuple[nn.Module, list[tuple[nn.Module, nn.Module, nn.Module, nn.Module]]]:
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
+    from tests.agent import test_frameworks as f
+
+    config = Config(
+        n_layer=2,
+        n_head=f.H,
+        n_query_groups=f.G,
+        n_embd=f.DIM,
+        block_size=64,
+        vocab_size=f.V,
+        padded_vocab_size=f.V,
+        rotary_percentage=1.0,
+        bias=False,
+        norm_class_name="RMSNorm",
+        mlp_class_name="LLaMAMLP",
+        intermediate_size=64,
+        norm_qk=True,
+    )
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    out = []
+    for block in model.transformer.h:
+        q, k, _ = block.attn.qkv.weight.detach().split([f.H * f.HS, f.G * f.HS, f.G * f.HS])
+        out.append((_Weight(q), _Weight(k), block.attn.norm_q, block.attn.norm_k))
+    return model, out
+
+
+class _Weight(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+
+
+FRAMEWORKS = {"torchtitan": _titan_qk_norm, "litgpt": _litgpt_qk_norm}
+
+
+@pytest.mark.parametrize("name", list(FRAMEWORKS))
+def test_the_frameworks_qk_norm_gains_are_in_the_measured_weights(name: str, tmp_path: Path) -> None:
+    """torchtitan's ``q_norm``/``k_norm`` and litgpt's ``norm_q``/``norm_k`` (per head): the reported
+    weight metrics are those of ``Wq_h diag(g_q)``, ``Wk_h diag(g_k)`` with the gains read off the
+    parameters, and not those of the bare projections."""
+    from tests.agent import test_frameworks as f
+
+    model, layers = FRAMEWORKS[name]()
+    with torch.no_grad():
+        for *_, q_norm, k_norm in layers:
+            for norm in (q_norm, k_norm):
+                norm.weight.copy_(torch.exp(1.2 * torch.randn(norm.weight.shape)))
+    a = agent.attach(model, spool=str(tmp_path), run="qknorm", every=1, **OFFLINE)
+    a.step(0)
+    with torch.no_grad():
+        model(f._tokens())
+    (report,) = spooled(a)
+    for i, (wq_mod, wk_mod, q_norm, k_norm) in enumerate(layers):
+        wq = wq_mod.weight.detach().view(f.H, f.HS, -1).transpose(-1, -2)
+        wk = wk_mod.weight.detach().view(f.G, f.HS, -1).transpose(-1, -2)
+        gq, gk = q_norm.weight.detach().view(1, 1, -1), k_norm.weight.detach().view(1, 1, -1)
+        scaled = weight_metrics((wq * gq)[None], (wk * gk)[None], None)[0]
+        plain = weight_metrics(wq[None], wk[None], None)[0]
+        for metric in ("stable_rank", "qk_cos", "qkai"):
+            assert report["layers"][metric][i] == pytest.approx(scaled[metric].item(), rel=1e-5, abs=1e-6), metric
+        assert abs(report["layers"]["stable_rank"][i] - plain["stable_rank"].item()) > 0.05
