@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkwatch.agent.hf_models import _configs, _install_tap
+from qkwatch.agent.hf_models import configs_by_path, install_attention_tap
 from qkwatch.agent.metrics import split_heads
 from qkwatch.agent.qk_norm import with_qk_norm
 from qkwatch.agent.sites import (
@@ -263,7 +263,7 @@ def _megatron_scoring(core: nn.Module) -> Scoring | None:
 def deepseek_mla(model: nn.Module) -> list[Site]:
     """transformers' multi-head latent attention (``DeepseekV3Attention``, DeepSeek-V2's): the
     effective per-head query and key factors of the compressed projections."""
-    configs = _configs(model)
+    configs = configs_by_path(model)
     sites: list[Site] = []
     for name, module in numbered(model):
         config = configs.get(name)
@@ -282,7 +282,7 @@ def deepseek_mla(model: nn.Module) -> list[Site]:
                 d_head=nope + rope,
                 causal=bool(getattr(module, "is_causal", True)),
                 weights=partial(_mla_weights, module, name, h, nope, rope),
-                install_tap=partial(_install_tap, config, module),
+                install_tap=partial(install_attention_tap, config, module),
             )
         )
     return sites

@@ -67,7 +67,7 @@ def find(model: nn.Module) -> list[Site]:
     several models side by side): an attention module counts when it, or a module above it, carries
     a transformers config (``config._attn_implementation``). Each site is named by its path in ``model``.
     """
-    configs = _configs(model)
+    configs = configs_by_path(model)
     sites: list[Site] = []
     for name, module in numbered(model):
         config = configs.get(name)
@@ -83,7 +83,7 @@ def find(model: nn.Module) -> list[Site]:
         if _model_type(config) == "bloom":
             install = partial(_install_bloom_tap, module, projections, n_heads)
         else:
-            install = partial(_install_tap, config, module)
+            install = partial(install_attention_tap, config, module)
         site = projection_site(
             len(sites), name, module, projections, n_heads, n_kv, d_head=d_head, causal=causal, install_tap=install
         )
@@ -91,7 +91,7 @@ def find(model: nn.Module) -> list[Site]:
     return sites
 
 
-def _configs(model: nn.Module) -> dict[str, Any]:
+def configs_by_path(model: nn.Module) -> dict[str, Any]:
     """Module path -> the transformers config that governs it: its own, else the nearest above it."""
     out: dict[str, Any] = {}
     for name, module in model.named_modules():
@@ -195,7 +195,7 @@ def _cfg(config: Any, *names: str) -> int | None:
 # --- the tap: the model's own attention function, wrapped where the model looks it up ------------
 
 
-def _install_tap(config: Any, module: nn.Module, fn: TapFn) -> Callable[[], None]:
+def install_attention_tap(config: Any, module: nn.Module, fn: TapFn) -> Callable[[], None]:
     """Wrap the attention functions ``module``'s forward can call (its eager one, and the one its
     config names), and route ``module``'s calls to ``fn``; returns the function that undoes it."""
     # where the forward looks its functions up (under any decorator, e.g. the ``kernels`` package's)
