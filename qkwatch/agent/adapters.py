@@ -39,7 +39,7 @@ from qkwatch.agent.sites import (
     projection_site,
     wanted,
 )
-from qkwatch.agent.unknown import rotary_module, skipped, suggest_layout
+from qkwatch.agent.unknown import head_count, rotary_module, skipped, suggest_layout
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -157,9 +157,14 @@ def _nanogpt(model: nn.Module) -> list[Site]:
 def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
     """Layers 0, 1, ... for as long as the layout's projection modules exist."""
     if not layout.n_heads:
-        raise AdapterError("a layout needs n_heads")
+        n = head_count(model)
+        raise AdapterError(
+            f"add n_heads={n} to the Layout (the count {type(model).__name__}'s config holds)"
+            if n
+            else "add n_heads= (the model's query head count) to the Layout: qkwatch found none on the model"
+        )
     if bool(layout.qkv) == bool(layout.q or layout.k) or (not layout.qkv and not (layout.q and layout.k)):
-        raise AdapterError("a layout needs either qkv, or both q and k")
+        raise AdapterError("give the Layout either qkv=, or both q= and k= (the projections' paths, {i} for the layer)")
     if layout.qkv and layout.split not in SPLITS:
         raise AdapterError(
             f"add split='qkv', 'per_head' or 'per_kv_head' to Layout(qkv={layout.qkv!r}): the order of its rows "
@@ -168,7 +173,7 @@ def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
         )
     for pattern in (layout.q, layout.k, layout.qkv, layout.tap):
         if pattern and "{i}" not in pattern:
-            raise AdapterError(f"layout path {pattern!r} must contain {{i}} where the layer index goes")
+            raise AdapterError(f"put {{i}} where the layer index goes in the Layout's path {pattern!r}")
     modules = dict(model.named_modules())
     h, g = layout.n_heads, layout.n_kv_heads or layout.n_heads
     rotary = rotary_module(model)
@@ -191,7 +196,7 @@ def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
         )
         tap_path = layout.tap_path(i)
         if tap_path is not None and tap_path not in modules:
-            raise AdapterError(f"layout.tap: no module named {tap_path!r}")
+            raise AdapterError(f"fix the Layout's tap=: {type(model).__name__} has no module {tap_path!r}")
         if not layout.activations:
             install: Callable[[TapFn], Callable[[], None]] | None = _no_tap
         elif tap_path:
@@ -200,7 +205,10 @@ def _laid_out(model: nn.Module, layout: Layout) -> list[Site]:
             install = _with_padding(owner, projections.tap(h, g))
         sites.append(projection_site(i, paths[0], owner, projections, h, g, causal=layout.causal, install_tap=install))
     if not sites:
-        raise AdapterError(f"layout matched no module for layer 0 ({layout.q or layout.qkv!r})")
+        missing = [p for p in layout.module_paths(0) if p not in modules]
+        raise AdapterError(
+            f"fix the Layout's paths: {type(model).__name__} has no module {', '.join(map(repr, missing))} for layer 0"
+        )
     return sites
 
 

@@ -140,6 +140,11 @@ def _pattern(paths: Sequence[str]) -> str | None:
     return "".join(parts)
 
 
+def head_count(model: nn.Module) -> int | None:
+    """The query head count a config the model carries holds, or None."""
+    return _count(model, model, HEAD_COUNTS)
+
+
 def _count(model: nn.Module, owner: nn.Module, names: tuple[str, ...]) -> int | None:
     """A head count from the attention module, else from a config the model carries (``config``,
     ``args``, ``model_args``, ``cfg``; a dataclass or a transformers config)."""
