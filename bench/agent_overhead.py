@@ -233,11 +233,9 @@ def parts(args: argparse.Namespace) -> None:
     weights = [s.weights() for s in probe.sites]
     wq, wk = torch.stack([w_[0] for w_ in weights]).detach(), torch.stack([w_[1] for w_ in weights]).detach()
 
-    def weights_at_report() -> None:
+    def weights_at_step() -> None:
         probe._weights_cache.clear()  # measure, as after an optimizer step
-        plan = Plan(0, weights=True)
-        probe.arm(plan)
-        probe.measure_weights_now(plan)
+        probe.arm(Plan(0, weights=True))  # reads the weights (CPU: copies them for the measure thread)
         probe.disarm()
 
     n_heads = args.layers * args.heads
@@ -247,7 +245,7 @@ def parts(args: argparse.Namespace) -> None:
         (f"activation metrics of {args.layers} layers, layer by layer in the hook (`measure_thread=False`)", inline),
         ("copies of the sampled rows, all layers (training thread, `measure_thread=True`)", copies),
         ("activation metrics of all layers in one batch (the measure thread)", lambda: probe._activation_batch(queued)),
-        ("weight metrics of all layers, batched (training thread, at the report)", weights_at_report),
+        ("weight metrics of all layers, batched (read at `step()`, measured in the measure thread)", weights_at_step),
     ]:
         print(f"| {label} | {timed(fn)} |")
     print("\n| metric family (all layers in one call) | what it reports | best (ms) | median (ms) |")

@@ -11,12 +11,14 @@ Per optimizer step the loop calls, in this order::
     agent.close(timeout=10)     # once; idempotent; also on exit via the context manager
                                 # (status="finished"; "crashed" with a reason on an exception)
 
-On a report step, the forward fills the probe; the next ``step`` call (or ``close``) packs every
-value of the report into one tensor (``agent.assembly``, with ``agent.report``) and copies it to the
-host once. On the CPU the report is written to the spool right there (a few microseconds, one
-``write``); on a GPU a host-copy thread waits for the copy and writes it (``agent.delivery``, with
-``agent.host_copy``), so the step never waits for the device. A sender thread delivers the spool
-(``agent.shipper``); the step never waits for the network either.
+On a report step, ``step`` reads the weights (those the step's forward runs with: the optimizer
+step before it applied, its own not yet) and the forward fills the probe; the next ``step`` call
+(or ``close``) packs every value of the report into one tensor (``agent.assembly``, with
+``agent.report``) and copies it to the host once. On the CPU the report is written to the spool
+right there (a few microseconds, one ``write``); on a GPU a host-copy thread waits for the copy
+and writes it (``agent.delivery``, with ``agent.host_copy``), so the step never waits for the
+device. A sender thread delivers the spool (``agent.shipper``); the step never waits for the
+network either.
 
 The parts, each configured by its own section of :class:`qkwatch.agent.config.AgentConfig`: the probe
 (``agent.probe``), the spool (``agent.disk_spool``), the sender, the lambdas and their poller
@@ -129,6 +131,9 @@ class Agent(ReportAssembly):
 
     def step(self, step: int) -> None:
         """Tell the agent the optimizer step about to run (before its forward).
+
+        On a step whose weights are due it reads them here: the report of ``step`` carries the
+        weights its forward runs with (after ``step`` optimizer updates; at step 0, the initial ones).
 
         Calling it again with the same step does nothing, so a loop that accumulates gradients may
         call it before every micro-batch with the number of optimizer steps done (Accelerate's

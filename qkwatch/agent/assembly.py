@@ -1,6 +1,7 @@
 """Assembly of the agent's report at a step: every value of it packed into one tensor.
 
-On a report step the forward fills the probe; the next ``step`` call (or ``close``, or
+On a report step the probe reads the weights when the step is armed (before its forward: the
+weights the forward runs with) and the forward fills it with the activations; the next ``step`` call (or ``close``, or
 ``state_dict``) finishes the report on the training thread: the probe's capture, the run-level
 scalars logged at that step (and any earlier step still waiting), the per-layer values logged for
 it, the lambdas applied at it, the agent's health counters and its events (clipped or refused
@@ -51,8 +52,7 @@ class ReportAssembly(ReportDelivery):
     def _finish_report(self) -> None:
         """Pack the report of the planned step (training thread) and start its copy to the host."""
         plan = self._plan or Plan(self._step)
-        self.probe.measure_weights_now(plan)
-        capture = self.probe.disarm()
+        capture = self.probe.disarm()  # its weights were read when the step was armed, before its forward
         self._plan = None
         packer = Packer()
         packer.metrics(capture.layers, capture.heads)

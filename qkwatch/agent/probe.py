@@ -8,19 +8,23 @@ device work, no synchronisation.
 On the CPU (``measure_thread``, default on) a hook copies only the rows it samples and hands them
 to a worker thread, ``qkwatch-measure``; at the forward's last owned layer every layer's rows go
 in one batched call (one per shape), computed while the step runs on, and the report collects the
-results when it is packed. Under FSDP2 the weight hook copies the layer's unsharded W_Q, W_K for
-it the same way. The values are those the hook would compute; on a GPU the hooks only queue
-kernels and compute in place.
+results when it is packed. Weights go to the same thread as copies. The values are those the hook
+would compute; on a GPU the hooks only queue kernels and compute in place.
 
 Under ``torch.compile`` the hooks trace as no-ops except for one opaque custom op per layer
 (``qkwatch::tap``): the graph keeps it without a break or a guard, and at run time it hands the
-real queries and keys to the same measurement. Weights are then read at the report instead.
+real queries and keys to the same measurement.
 
-Weights are read in a forward pre-hook of the attention module: under FSDP2 its parameters are
-unsharded there, so no extra all-gather is needed; each rank measures only the layers it owns
-(``layer % world == rank``), so a rank pays about 1/world of the cost. Activations come from the
-site's tap, the queries and keys of the whole micro-batch and the mask the model attended under;
-which rows are read, and how padding is left out, is ``agent.activations``.
+A report's weights are those its activations ran with: they are read when the step is armed
+(``Agent.step(s)``, before step ``s``'s forward and after the optimizer step before it), never at
+the report, which is packed after the step's own optimizer step. Plain weights are read there, every
+owned layer in one batched call. Sharded ones (FSDP2's DTensors) are read in a forward pre-hook of
+the attention module, where FSDP2 has them unsharded, so no extra all-gather is needed; a layer
+whose pre-hook did not run at the last weight report (a compiled forward), and every layer at the
+first, is gathered (``full_tensor()``) when the step is armed instead. Each rank measures only the
+layers it owns (``layer % world == rank``), so a rank pays about 1/world of the cost. Activations
+come from the site's tap, the queries and keys of the whole micro-batch and the mask the model
+attended under; which rows are read, and how padding is left out, is ``agent.activations``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -40,6 +44,7 @@ from qkwatch.agent.activations import ACTIVATION_HEAD_METRICS, Inputs, Sampler
 from qkwatch.agent.checks import SettingError, positive_ints
 from qkwatch.agent.compiled_tap import register_tap, sink, unregister_tap
 from qkwatch.agent.metrics.summary import weight_metrics
+from qkwatch.agent.plan import Capture, Measured, Plan
 from qkwatch.agent.sites import Scoring, Site, TapFn
 from qkwatch.agent.weight_versions import version_key
 
@@ -72,11 +77,12 @@ class ProbeConfig:
     heads: bool = False
     """Also ship per-head values of the per-head metrics."""
     measure_thread: bool = True
-    """CPU tensors: the activation hook copies the rows it samples (a few hundred KiB a layer; under
-    FSDP2 the weight hook copies the layer's unsharded W_Q, W_K) and a worker thread
-    (``qkwatch-measure``) computes the metrics while the step runs on; the report waits for them
-    when it is packed (the next step's ``step()`` call). The values are those the hook would
-    compute. On a GPU the hooks only queue kernels and this setting changes nothing."""
+    """CPU tensors: the activation hook copies the rows it samples (a few hundred KiB a layer), the
+    step's arming copies the W_Q, W_K of the layers whose weights changed (under FSDP2 the weight
+    hook copies the layer's unsharded ones), and a worker thread (``qkwatch-measure``) computes the
+    metrics while the step runs on; the report waits for them when it is packed (the next step's
+    ``step()`` call). The values are those the training thread would compute. On a GPU the hooks
+    only queue kernels and this setting changes nothing."""
 
     def __post_init__(self) -> None:
         positive_ints(self, "sample_rows", "sample_seqs", "spectrum_window")
@@ -95,45 +101,6 @@ class ProbeConfig:
             spectrum_window=self.spectrum_window,
             measure_thread=self.measure_thread,
         )
-
-
-@dataclass
-class Plan:
-    """What this report step measures."""
-
-    step: int
-    weights: bool = False
-    spectra: bool = False
-    activations: bool = False
-
-    @classmethod
-    def at(cls, step: int, *, every: int, weight_every: int, spectra_every: int) -> Plan:
-        """What ``step`` measures at these cadences (a cadence of 0 never comes due)."""
-        return cls(
-            step,
-            weights=_due(step, weight_every),
-            spectra=_due(step, spectra_every),
-            activations=_due(step, every),
-        )
-
-    @property
-    def any(self) -> bool:
-        return self.weights or self.activations
-
-
-@dataclass
-class Capture:
-    """One report step's device-side results: layer -> metric -> 0-d tensor (and per-head)."""
-
-    layers: dict[int, dict[str, Tensor]] = field(default_factory=dict)
-    heads: dict[int, dict[str, Tensor]] = field(default_factory=dict)
-    forward_seen: set[int] = field(default_factory=set)
-    weights_seen: set[int] = field(default_factory=set)
-    activations_seen: set[int] = field(default_factory=set)
-
-
-Measured = tuple[dict[str, Tensor], dict[str, Tensor]]
-"""One layer's measurement: per-layer values (0-d) and per-head ones (``(n_heads,)``, with ``heads``)."""
 
 
 class Probe:
@@ -164,6 +131,8 @@ class Probe:
         self._warned: set[str] = set()
         # layer -> (version key of its weights when they were measured, what was measured)
         self._weights_cache: dict[int, tuple[tuple[object, ...], Measured]] = {}
+        self._weights_queued: dict[int, tuple[object, ...] | None] = {}  # layer -> its version, measuring
+        self._hooked: set[int] = set()  # layers whose weight pre-hook ran at the last weight report
         # Sharded weights (FSDP2's DTensors) are whole only inside the forward: read them there.
         # Plain ones are read at the report, every layer in one batched call.
         self.in_forward = any(_sharded(p) for site in sites for p in site.module.parameters())
@@ -177,12 +146,21 @@ class Probe:
                 self._removers.append(site.install_tap(self._activation_hook(site)))
 
     def arm(self, plan: Plan) -> None:
+        """Arm the hooks for ``plan``'s step and, when its weights are due, read them now.
+
+        Called before the step's forward (``Agent.step``): the weights are those the forward will run
+        with, the optimizer step before it applied and its own not yet.
+        """
         self.plan = plan if plan.any else None
         self.capture = Capture()
+        if plan.weights:
+            self._read_weights(plan)
 
     def disarm(self) -> Capture:
         """The capture of the armed step, with the worker thread's measurements (waited for)."""
         self._collect()
+        if self.plan is not None and self.plan.weights:
+            self._hooked = set(self.capture.forward_seen)  # the same on every rank (see _weights_hook)
         capture, self.capture, self.plan = self.capture, Capture(), None
         return capture
 
@@ -206,24 +184,27 @@ class Probe:
             except Exception as exc:
                 if what == "activations":
                     self.capture.activations_seen.difference_update(s.layer for s in sites)  # added when handed over
+                for site in sites:
+                    self._weights_queued.pop(site.layer, None)
                 self._warn(sites[0], what, exc)
                 continue
-            for site, (per_layer, heads) in zip(sites, results, strict=True):
-                self._store(site.layer, per_layer, heads)
+            for site, measured in zip(sites, results, strict=True):
                 if what == "weights":
-                    self.capture.weights_seen.add(site.layer)
+                    self._keep_weights(site, measured, self._weights_queued.pop(site.layer, None))
+                else:
+                    self._store(site.layer, *measured)
 
     # --- hooks ------------------------------------------------------------------------------
 
     def _weights_hook(self, site: Site) -> Callable[[nn.Module, tuple[Any, ...]], None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             if torch.compiler.is_compiling():
-                return  # traced as a no-op: no graph break, no guard, no recompile (see measure_weights_now)
+                return  # traced as a no-op: no graph break, no guard, no recompile (see _read_weights)
             plan = self.plan
             if plan is None or not plan.weights or site.layer in self.capture.forward_seen:
                 return  # not a report step (or a recomputation under activation checkpointing)
             self.capture.forward_seen.add(site.layer)
-            if site.layer in self.owned:
+            if site.layer in self.owned and site.layer not in self.capture.weights_seen:  # not read at arm()
                 self._guarded(site, "weights", lambda: self._measure_weights(site, plan))
 
         return hook
@@ -291,22 +272,21 @@ class Probe:
             self._warned.add(key)
             logger.warning("qkwatch could not measure %s of layer %d (%s): %s", what, site.layer, site.name, exc)
 
-    def measure_weights_now(self, plan: Plan) -> None:
-        """Weights read at the report: all owned layers batched (plain weights), or the layers whose
-        pre-hook did not run (a compiled forward of a sharded model).
+    def _read_weights(self, plan: Plan) -> None:
+        """The weights of the armed step, before its forward: all owned layers batched (plain
+        weights), or, sharded, the layers whose pre-hook did not run at the last weight report (a
+        compiled forward; every layer at the first report, before that is known).
 
         Called at a step chosen by the step number alone, on every rank: a parameter sharded by
         FSDP2 (a DTensor) is gathered with ``full_tensor()``, a collective every rank joins for
         every such layer in the same order, though each measures only its own.
         """
-        if not plan.weights:
-            return
         if not self.in_forward:
             self._guarded(self.sites[0], "weights", partial(self._weights_batched, plan))
             return
         for site in self.sites:
-            if site.layer in self.capture.forward_seen:
-                continue
+            if site.layer in self._hooked:
+                continue  # its forward pre-hook reads it, unsharded by FSDP2
             wq, wk, rotation = site.weights()
             wq, wk, rotation = _full(wq), _full(wk), None if rotation is None else _full(rotation)
             if site.layer in self.owned:
@@ -316,7 +296,9 @@ class Probe:
 
     def _weights_batched(self, plan: Plan) -> None:
         """Every owned layer whose weights changed since they were last measured, in one
-        ``weight_metrics`` call per shape (one, for a uniform model).
+        ``weight_metrics`` call per shape (one, for a uniform model); on the CPU with
+        ``measure_thread``, in the worker thread from the stacked copies, so that the optimizer step
+        may update the weights meanwhile.
 
         A layer whose query and key weights are views of parameters that nothing has changed since
         (``weight_versions.version_key``: same storage, version counter, sum and norm; frozen layers,
@@ -338,23 +320,36 @@ class Probe:
             key = (wq.shape, wk.shape, None if rotation is None else rotation.shape, wq.device, wq.dtype)
             groups.setdefault(key, []).append((site, (wq, wk, rotation)))
         for members in groups.values():
-            wq = torch.stack([w[0] for _, w in members])  # (L, H, D, hs)
+            sites = [site for site, _ in members]
+            wq = torch.stack([w[0] for _, w in members])  # (L, H, D, hs); a copy
             wk = torch.stack([w[1] for _, w in members])
             rotations = [w[2] for _, w in members if w[2] is not None]  # all or none: the key says which
             rot = torch.stack(rotations) if rotations else None
-            per_layer, per_head = weight_metrics(wq, wk, rot, spectra=plan.spectra)  # no_grad: _guarded
-            for i, (site, _) in enumerate(members):
-                measured = (
-                    {k: v[i] for k, v in per_layer.items()},
-                    {k: v[i] for k, v in per_head.items()} if self.heads else {},
-                )
-                self._store(site.layer, *measured)
-                self.capture.weights_seen.add(site.layer)
-                version = versions[site.layer]
-                if version is None:
-                    self._weights_cache.pop(site.layer, None)
-                else:
-                    self._weights_cache[site.layer] = (version, measured)
+            if self.measure_thread and wq.device.type == "cpu":
+                self._weights_queued.update((site.layer, versions[site.layer]) for site in sites)
+                self._pending.append((sites, "weights", self._submit(self._weight_batch, wq, wk, rot, plan.spectra)))
+                continue
+            for site, measured in zip(sites, self._weight_batch(wq, wk, rot, plan.spectra), strict=True):
+                self._keep_weights(site, measured, versions[site.layer])
+
+    def _weight_batch(self, wq: Tensor, wk: Tensor, rotation: Tensor | None, spectra: bool) -> list[Measured]:
+        """Stacked layers' weight metrics, layer by layer (per head only with ``heads``); the worker
+        thread's work, or the training thread's."""
+        with torch.no_grad():  # grad mode is per thread
+            per_layer, per_head = weight_metrics(wq, wk, rotation, spectra=spectra)
+        return [
+            ({k: v[i] for k, v in per_layer.items()}, {k: v[i] for k, v in per_head.items()} if self.heads else {})
+            for i in range(wq.shape[0])
+        ]
+
+    def _keep_weights(self, site: Site, measured: Measured, version: tuple[object, ...] | None) -> None:
+        """Store a layer's measured weights, remembered under their version key (None: not cached)."""
+        self._store(site.layer, *measured)
+        self.capture.weights_seen.add(site.layer)
+        if version is None:
+            self._weights_cache.pop(site.layer, None)
+        else:
+            self._weights_cache[site.layer] = (version, measured)
 
     def _measure_weights(self, site: Site, plan: Plan) -> None:
         """In the forward (FSDP2: the weights are whole only there): here, or in the worker thread
@@ -433,10 +428,6 @@ def _no_autocast() -> contextlib.ExitStack:
     for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
         stack.enter_context(torch.autocast(device, enabled=False))
     return stack
-
-
-def _due(step: int, every: int) -> bool:
-    return bool(every) and step % every == 0
 
 
 def _sharded(t: Tensor) -> bool:

@@ -2,7 +2,8 @@
 
 Rank 1's collector URL refuses connections (a collector that refuses one rank). Rank 0 also
 attaches an offline agent to an unsharded copy (the reference) for the first step and writes
-both to ``OUT/reference.json``.
+both to ``OUT``, with every layer's QKAI (the closed form) of the weights each step's forward ran
+with (gathered just before it) and of those after its update.
 
     python -m torch.distributed.run --nproc_per_node 2 -m tests.agent.fsdp_agent URL SPOOL OUT STEPS
 """
@@ -22,6 +23,7 @@ from torch.distributed.fsdp import fully_shard
 
 from qkwatch import agent
 from qkwatch.agent.disk_spool import Spool
+from tests.agent.test_weight_timing import qkai_closed_form
 from tests.agent.tiny import TinyGPT, batch
 
 
@@ -50,15 +52,17 @@ def main() -> None:
         backoff_cap=0.2,
     )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    applied = []
+    applied, before, after = [], [], []
     for step in range(steps):
         a.step(step)
         applied.append(a.lambdas())
+        before.append(qkai_now(model))  # the weights this step's forward runs with
         x = batch(step)  # the same batch on every rank: the trajectory equals the unsharded one
         loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, 64), x[:, 1:].reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad()
+        after.append(qkai_now(model))
         a.log(step, loss=loss.detach())
     a.close(timeout=20)
     every_rank = [None] * world
@@ -80,9 +84,20 @@ def main() -> None:
         ref.close(timeout=0.1, status=None)  # a measurement, not a run: no status record
         s = Spool(ref.spool_path)
         (record,) = s.pending(10)
-        out.write_text(json.dumps({"reference": record.payload["report"], "applied": every_rank}))
+        result = {"reference": record.payload["report"], "applied": every_rank, "before": before, "after": after}
+        out.write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def qkai_now(model: torch.nn.Module) -> list[float]:
+    """Every layer's QKAI now, from its gathered weights (a collective: every rank calls it)."""
+    out = []
+    for block in model.h:
+        w = block.attn.c_attn.weight.full_tensor().detach().double().numpy()  # (3 d, d): rows q, k, v
+        d = w.shape[1]
+        out.append(qkai_closed_form(w[:d].T, w[d : 2 * d].T, block.attn.n_head))
+    return out
 
 
 if __name__ == "__main__":

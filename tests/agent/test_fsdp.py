@@ -59,6 +59,11 @@ def test_fsdp2_two_ranks_one_refused_no_hang_values_equal_unsharded(tmp_path: Pa
             assert step0[(metric, layer)] == pytest.approx(ref[metric][layer], rel=1e-4, abs=1e-6), (metric, layer)
     for step in range(STEPS):  # every layer of every step, exactly once
         assert sorted(r["layer"] for r in rows if r["step"] == step and r["metric"] == "qkai") == [0, 1, 2, 3]
+    qkai = {(r["step"], r["layer"]): r["value"] for r in rows if r["metric"] == "qkai" and r["head"] == -1}
+    for step in range(STEPS):  # the weights each step's forward ran with, not those after its update
+        reported = [qkai[(step, layer)] for layer in range(4)]
+        assert reported == pytest.approx(result["before"][step], rel=1e-4, abs=1e-6), step
+        assert reported != pytest.approx(result["after"][step], rel=1e-4, abs=1e-6), step
     rank0, rank1 = result["applied"]
     assert rank0 == rank1  # every rank applies the same lambdas at the same step
     assert all(len(v) == 4 for v in rank0) and rank0[0] == [0.0] * 4  # no evidence yet: no penalty

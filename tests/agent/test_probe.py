@@ -612,9 +612,10 @@ def test_taps_cut_q_and_k_out_only_on_report_steps(tmp_path: Path, monkeypatch: 
 
 
 def test_weights_no_update_touched_are_not_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A report reads the weights as they are when it is finished (the next ``step()`` call). Layers
-    whose weights no in-place update touched since the last report keep their values without a new
-    weight pass; an update to one layer remeasures that layer alone; every value equals numpy's."""
+    """A report reads the weights as they are when its step is armed (its ``step()`` call, before its
+    forward). Layers whose weights no in-place update touched since the last report keep their values
+    without a new weight pass; an update to one layer remeasures that layer alone; every value equals
+    numpy's."""
     from qkwatch.agent import probe as probe_module
     from qkwatch.agent.metrics.summary import weight_metrics
 
@@ -636,9 +637,8 @@ def test_weights_no_update_touched_are_not_measured_again(tmp_path: Path, monkey
         return [weight_reference(x[:d], x[d : 2 * d], n_head)["qkai"] for x in w]
 
     for step in range(5):
-        a.step(step)  # finishes the report of step - 1 with the weights as they are now
-        if step:
-            expected.append(reference())
+        a.step(step)  # reads the weights of step's report as they are now, before its forward
+        expected.append(reference())
         with torch.no_grad():
             model(batch(step)[:, :-1])
             if step == 0:  # an optimizer-like in-place update of every layer
@@ -647,13 +647,14 @@ def test_weights_no_update_touched_are_not_measured_again(tmp_path: Path, monkey
             if step == 2:  # one layer only
                 model.h[2].attn.c_attn.weight[:d].add_(0.05 * torch.randn(d, d))
             if step == 3:  # through .data, which bumps no version counter (old optimizers, EMA code)
-                model.h[1].attn.c_attn.weight.data[d : 2 * d].mul_(0.9)
-    reports = [r for r in spooled(a) if r["layers"]][:4]
-    assert [r["step"] for r in reports] == [0, 1, 2, 3]
-    assert layers_measured == [4, 1, 1]  # report 0: all 4 layers; 1: none touched; 2: layer 2; 3: layer 1
+                model.h[1].attn.c_attn.weight.data[d : 2 * d].add_(0.05 * torch.randn(d, d))
+    reports = [r for r in spooled(a) if r["layers"]]
+    assert [r["step"] for r in reports] == [0, 1, 2, 3, 4]
+    # report 0: all 4 layers (initial); 1: all (updated at step 0); 2: none touched; 3: layer 2; 4: layer 1
+    assert layers_measured == [4, 4, 1, 1]
     for report, want in zip(reports, expected, strict=True):
         np.testing.assert_allclose(report["layers"]["qkai"], want, rtol=1e-4)
-    assert reports[1]["layers"]["qkai"] == reports[0]["layers"]["qkai"]  # nothing touched between them
-    assert reports[2]["layers"]["qkai"][2] != reports[1]["layers"]["qkai"][2]
-    assert reports[2]["layers"]["qkai"][:2] == reports[1]["layers"]["qkai"][:2]
-    assert reports[3]["layers"]["qkai"][1] != reports[2]["layers"]["qkai"][1]
+    assert reports[2]["layers"]["qkai"] == reports[1]["layers"]["qkai"]  # nothing touched between them
+    assert reports[3]["layers"]["qkai"][2] != reports[2]["layers"]["qkai"][2]
+    assert reports[3]["layers"]["qkai"][:2] == reports[2]["layers"]["qkai"][:2]
+    assert reports[4]["layers"]["qkai"][1] != reports[3]["layers"]["qkai"][1]
