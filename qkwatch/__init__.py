@@ -8,6 +8,7 @@
             ...
 
     runs = qkwatch.Client("http://127.0.0.1:8000").runs()           # anywhere: the collector's REST API
+    reports = qkwatch.read_reports(".qkwatch/spool/p/r1")            # a run's spool on disk, no collector
 
 The public names load on first use, so ``import qkwatch`` needs neither torch nor the collector's
 dependencies until a name that uses them is touched. The parts live under this package:
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from qkwatch.agent import Agent, AgentConfig, Layout, attach
+    from qkwatch.contract.offline_reports import SpoolReports, read_reports
     from qkwatch.contract.scheduling import ScheduleConfig
     from qkwatch.contract.thresholds import Thresholds
     from qkwatch.monitor.client import Client, CollectorError
@@ -35,9 +37,11 @@ __all__ = [
     "CollectorError",
     "Layout",
     "ScheduleConfig",
+    "SpoolReports",
     "Thresholds",
     "__version__",
     "attach",
+    "read_reports",
 ]
 
 _LAZY = {
@@ -48,6 +52,8 @@ _LAZY = {
     "Client": "qkwatch.monitor.client",
     "CollectorError": "qkwatch.monitor.client",
     "ScheduleConfig": "qkwatch.contract.scheduling",
+    "read_reports": "qkwatch.contract.offline_reports",
+    "SpoolReports": "qkwatch.contract.offline_reports",
     "Thresholds": "qkwatch.contract.thresholds",
 }
 

@@ -9,8 +9,9 @@ Layout of one spool directory (one run, one rank)::
     lock               held (flock) by the one process that owns the spool
 
 A record is ``MAGIC | u32 length | u32 crc32(payload) | payload`` (little endian; the payload is
-one report as JSON). A process killed mid-write leaves a torn tail: the reader stops at it and
-the next writer truncates it, so only that record is lost; a corrupt record in the middle is
+one report as JSON; the format is ``qkwatch.contract.spool_format``'s, which offline readers
+share). A process killed mid-write leaves a torn tail: the reader stops at it and the next writer
+truncates it, so only that record is lost; a corrupt record in the middle is
 skipped by scanning for the next ``MAGIC``. Records are written with one ``write`` call and no
 fsync: they survive the process being killed (``kill -9``), not a power cut.
 
@@ -26,22 +27,28 @@ import fcntl
 import json
 import logging
 import os
-import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qkwatch.agent.checks import positive_ints, positive_seconds
+from qkwatch.contract.spool_format import (
+    HEADER,
+    MAGIC,
+    MAX_RECORD,
+    SEGMENT_GLOB,
+    Position,
+    Record,
+    scan,
+    segment_number,
+)
+
+__all__ = ["Position", "Record", "Spool", "SpoolConfig", "SpoolLocked", "encode_record"]
 
 logger = logging.getLogger(__name__)
-
-MAGIC = b"QKW1"
-HEADER = struct.Struct("<4sII")  # magic, length, crc32
-MAX_RECORD = 64 * 2**20
 
 
 @dataclass
@@ -68,22 +75,6 @@ class SpoolConfig:
 
 class SpoolLocked(Exception):
     """Another process owns this spool (an agent still running, or a sync in progress)."""
-
-
-@dataclass(frozen=True)
-class Position:
-    segment: int
-    offset: int
-
-    def as_dict(self) -> dict[str, int]:
-        return {"segment": self.segment, "offset": self.offset}
-
-
-@dataclass(frozen=True)
-class Record:
-    start: Position
-    end: Position
-    payload: dict[str, Any]
 
 
 class Spool:
@@ -169,7 +160,7 @@ class Spool:
         self._segment = last
         file = self._segment_path(last)
         good = 0
-        for record in _scan(file, 0, number=last):
+        for record in scan(file, 0, number=last):
             good = record.end.offset
         size = file.stat().st_size
         if size > good:
@@ -191,7 +182,7 @@ class Spool:
                 if number < self._cursor.segment:
                     continue
                 start = self._cursor.offset if number == self._cursor.segment else 0
-                for record in _scan(self._segment_path(number), start, number=number):
+                for record in scan(self._segment_path(number), start, number=number):
                     out.append(record)
                     if len(out) >= limit:
                         break
@@ -235,7 +226,7 @@ class Spool:
                 if total <= self.max_bytes and not too_old:
                     break
                 start = self._cursor.offset if number == self._cursor.segment else 0
-                count = sum(1 for _ in _scan(file, start, number=number))
+                count = sum(1 for _ in scan(file, start, number=number))
                 dropped += count
                 total -= sizes[number]
                 file.unlink(missing_ok=True)
@@ -268,7 +259,7 @@ class Spool:
             fh.write(json.dumps(entry, allow_nan=False) + "\n")
 
     def segments(self) -> list[int]:
-        return sorted(int(p.stem.split("-")[1]) for p in self.path.glob("seg-*.log"))
+        return sorted(segment_number(p) for p in self.path.glob(SEGMENT_GLOB))
 
     def close(self) -> None:
         if self._closed:
@@ -290,55 +281,6 @@ class Spool:
 def encode_record(payload: dict[str, Any]) -> bytes:
     """A record's bytes as the spool stores them (compact JSON; NaN and infinities refused)."""
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _scan(file: Path, offset: int, *, number: int = 0) -> Iterator[Record]:
-    """Records of one segment from ``offset``; stops at a torn tail, resynchronises after corruption."""
-    try:
-        with open(file, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-    except FileNotFoundError:
-        return
-    pos = 0
-    while pos + HEADER.size <= len(data):
-        magic, length, crc = HEADER.unpack_from(data, pos)
-        end = pos + HEADER.size + length
-        if magic == MAGIC and length <= MAX_RECORD and end > len(data) and not _good_record_after(data, pos + 1):
-            return  # torn tail, or a record still being written (a length past good records: corruption)
-        if magic == MAGIC and length <= MAX_RECORD:
-            payload = data[pos + HEADER.size : end]
-            if zlib.crc32(payload) == crc:
-                try:
-                    value = json.loads(payload)
-                except ValueError:
-                    value = None
-                if isinstance(value, dict):
-                    yield Record(Position(number, offset + pos), Position(number, offset + end), value)
-                    pos = end
-                    continue
-        nxt = data.find(MAGIC, pos + 1)
-        skipped = (nxt if nxt >= 0 else len(data)) - pos
-        logger.warning("spool %s: skipping %d corrupt bytes at offset %d", file, skipped, offset + pos)
-        if nxt < 0:
-            return
-        pos = nxt
-
-
-def _good_record_after(data: bytes, start: int) -> bool:
-    """Whether a whole record with a good checksum begins at or after ``start``.
-
-    Appends are sequential, so a torn tail is never followed by a whole record: a header whose
-    length runs past one is a corrupted length field, not a record still being written.
-    """
-    nxt = data.find(MAGIC, start)
-    while nxt >= 0 and nxt + HEADER.size <= len(data):
-        _, length, crc = HEADER.unpack_from(data, nxt)
-        end = nxt + HEADER.size + length
-        if length <= MAX_RECORD and end <= len(data) and zlib.crc32(data[nxt + HEADER.size : end]) == crc:
-            return True
-        nxt = data.find(MAGIC, nxt + 1)
-    return False
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -9,18 +9,23 @@ last values, never "resolved"), the lambdas with their override audit trail, the
 and the run's tags and notes in its summary. Given a second run (``--vs``) every figure shows both
 runs, side by side on the same colour scale and step range.
 
-Only the collector's REST API is read, through :class:`qkwatch.monitor.client.Client`. The runs are read
-in ``monitor.report_data``, drawn in ``monitor.report_figures`` and laid out in ``monitor.report_html``
-(its table cells in ``monitor.report_cells``); this module puts them together.
+Only the collector's REST API is read, through :class:`qkwatch.monitor.client.Client`; or, with no
+collector, a run's spool on disk (``qkwatch report --spool DIR``: :func:`write_spool_report`, the
+data built in ``monitor.report_spool``). The runs are read in ``monitor.report_data``, drawn in
+``monitor.report_figures`` and laid out in ``monitor.report_html`` (its table cells in
+``monitor.report_cells``); this module puts them together.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from qkwatch.contract.offline_reports import SpoolError, read_reports
+from qkwatch.contract.thresholds import Thresholds
 from qkwatch.monitor.client import Client, CollectorError
 from qkwatch.monitor.report_data import ReportError, endpoint, explain, fetch_run, resolve_run
 from qkwatch.monitor.report_html import render
+from qkwatch.monitor.report_spool import source_text, spool_run_data
 
 
 def write_report(
@@ -50,4 +55,31 @@ def write_report(
             raise ReportError(explain(exc, url, token)) from exc
     out = Path(out)
     out.write_text(render(runs, threshold=threshold, source=url), encoding="utf-8")
+    return out
+
+
+def write_spool_report(spool_dir: str | Path, out: str | Path) -> Path:
+    """Read a run's reports from its spool (no collector) and write the same report to ``out``.
+
+    Alerts are the collector's (its rules run at ingest), so this report has none; the threshold is
+    this machine's (``QKWATCH_COLLAPSE_THRESHOLD`` or the default).
+
+    Args:
+        spool_dir: a rank's spool folder, or the run's folder above its ranks' (see
+            :func:`qkwatch.contract.offline_reports.read_reports`).
+        out: the HTML file to write.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ReportError: not a spool (named), or a folder holding several runs.
+    """
+    try:
+        spool = read_reports(spool_dir)
+        threshold = Thresholds.from_env().collapse
+    except (SpoolError, ValueError) as exc:
+        raise ReportError(str(exc)) from exc
+    out = Path(out)
+    out.write_text(render([spool_run_data(spool)], threshold=threshold, source=source_text(Path(spool_dir), spool)))
     return out
