@@ -267,7 +267,7 @@ def test_a_layout_names_every_pattern_with_the_layer_index() -> None:
     model = torch.nn.ModuleDict({"wq": torch.nn.Linear(4, 4), "wk": torch.nn.Linear(4, 4)})
     with pytest.raises(AdapterError, match=r"^put \{i\} where the layer index goes in the Layout.s path .wq.$"):
         find_sites(model, agent.Layout(q="wq", k="wk", n_heads=2))
-    with pytest.raises(AdapterError, match="^add n_heads= .* qkwatch found none on the model$"):
+    with pytest.raises(AdapterError, match=r"^add n_heads= .* qkwatch found none on the model$"):
         find_sites(model, agent.Layout(q="{i}.wq", k="{i}.wk"))
 
 
