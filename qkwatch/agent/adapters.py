@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
-from qkwatch.agent import frameworks
+import qkwatch.agent.frameworks as frameworks
 from qkwatch.agent.hf_models import find as _huggingface
 from qkwatch.agent.layouts import Layout
 from qkwatch.agent.metrics import SPLITS, split_heads

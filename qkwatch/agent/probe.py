@@ -132,7 +132,8 @@ class Probe:
         # layer -> (version key of its weights when they were measured, what was measured)
         self._weights_cache: dict[int, tuple[tuple[object, ...], Measured]] = {}
         self._weights_queued: dict[int, tuple[object, ...] | None] = {}  # layer -> its version, measuring
-        self._hooked: set[int] = set()  # layers whose weight pre-hook ran at the last weight report
+        self._hooked: set[int] | None = None
+        """Layers whose weight pre-hook ran at the last weight report (sharded); None before the first."""
         # Sharded weights (FSDP2's DTensors) are whole only inside the forward: read them there.
         # Plain ones are read at the report, every layer in one batched call.
         self.in_forward = any(_sharded(p) for site in sites for p in site.module.parameters())
@@ -158,9 +159,12 @@ class Probe:
 
     def disarm(self) -> Capture:
         """The capture of the armed step, with the worker thread's measurements (waited for)."""
-        self._collect()
-        if self.plan is not None and self.plan.weights:
+        if self.plan is not None and self.plan.weights and self.in_forward:
+            if self._hooked is None:  # the first weight report: a layer no pre-hook read (a compiled
+                # forward) is read now, after the update (once; later reports read it at arm)
+                self._read_sharded([s for s in self.sites if s.layer not in self.capture.forward_seen], self.plan)
             self._hooked = set(self.capture.forward_seen)  # the same on every rank (see _weights_hook)
+        self._collect()
         capture, self.capture, self.plan = self.capture, Capture(), None
         return capture
 
@@ -275,7 +279,7 @@ class Probe:
     def _read_weights(self, plan: Plan) -> None:
         """The weights of the armed step, before its forward: all owned layers batched (plain
         weights), or, sharded, the layers whose pre-hook did not run at the last weight report (a
-        compiled forward; every layer at the first report, before that is known).
+        compiled forward; at the first report, not known yet, ``disarm`` reads them).
 
         Called at a step chosen by the step number alone, on every rank: a parameter sharded by
         FSDP2 (a DTensor) is gathered with ``full_tensor()``, a collective every rank joins for
@@ -284,9 +288,13 @@ class Probe:
         if not self.in_forward:
             self._guarded(self.sites[0], "weights", partial(self._weights_batched, plan))
             return
-        for site in self.sites:
-            if site.layer in self._hooked:
-                continue  # its forward pre-hook reads it, unsharded by FSDP2
+        if self._hooked is None:
+            return  # the first report: the pre-hooks read them in the forward; any they miss, at disarm
+        self._read_sharded([site for site in self.sites if site.layer not in self._hooked], plan)
+
+    def _read_sharded(self, sites: list[Site], plan: Plan) -> None:
+        """Sharded layers' weights gathered whole (``full_tensor()``: every rank joins, in layer order)."""
+        for site in sites:
             wq, wk, rotation = site.weights()
             wq, wk, rotation = _full(wq), _full(wk), None if rotation is None else _full(rotation)
             if site.layer in self.owned:

@@ -83,14 +83,15 @@ def log_step(r: Run, step: int, stats: StepStats, lambdas: list[float]) -> None:
 
 
 def maybe_log_qkai(r: Run, steps_done: int) -> None:
-    """Per-layer QKAI from the weights, so that a band shows without a collector (collective under FSDP2)."""
+    """Per-layer QKAI from the weights, so that a band shows without a collector (collective under FSDP2),
+    at the step whose forward runs with them (the next one), as the agent numbers its reports."""
     every = r.cfg.train.qkai_every
     if not every or (steps_done % every and steps_done != r.total_steps and steps_done != r.start_step + 1):
         return
     values = layer_qkai(r.model).tolist()
-    if r.env.is_main:
-        logger.info("step %d  qkai by layer: %s", steps_done - 1, " ".join(f"{v:.2f}" for v in values))
-        r.metrics.append({"step": steps_done - 1, "qkai": values})
+    if r.env.is_main:  # the weights step `steps_done`'s forward runs with, as the agent reports them
+        logger.info("step %d  qkai by layer: %s", steps_done, " ".join(f"{v:.2f}" for v in values))
+        r.metrics.append({"step": steps_done, "qkai": values})
 
 
 @torch.no_grad()
