@@ -5,9 +5,13 @@
   a ``.tmp`` folder and renamed once complete, so a crash mid-save leaves the previous checkpoint
   as the latest. The learning rate and the data are functions of the step, and the initial weights
   that interventions refer to are functions of the seed, so nothing else needs saving.
+* Safety (``trainer.checkpoint_safety``): a checkpoint never runs code, carries checksums checked
+  on load, and a corrupted, foreign or crafted one raises :class:`BadCheckpoint`, one line naming
+  the file (the CLI's exit 2).
 * Analysis: :func:`export_model` writes ``{"format": "qkwatch-gpt", "config": asdict(model.config),
-  "model": full state dict, "meta": {"step", "run", "recipe", "seed"}}`` with ``torch.save`` (what
-  ``qkwatch analyze`` and ``qkwatch eval`` read); :func:`load_exported` builds the GPT back from it.
+  "model": full state dict, "sha256": {name: digest of each tensor's bytes}, "meta": {"step", "run",
+  "recipe", "seed"}}`` with ``torch.save`` (what ``qkwatch analyze`` and ``qkwatch eval`` read);
+  :func:`load_exported` checks the digests and builds the GPT back from it.
 """
 
 from __future__ import annotations
@@ -17,9 +21,6 @@ import json
 import logging
 import re
 import shutil
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,10 +35,24 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-# DCP's save and load where they are defined (``torch.distributed.checkpoint`` re-exports them
-# without marking them as exported, which a strict type checker refuses)
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+# DCP's save where it is defined (``torch.distributed.checkpoint`` re-exports it without marking it
+# as exported, which a strict type checker refuses)
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from qkwatch.trainer.checkpoint_safety import (
+    LOCAL_STATE,
+    BadCheckpoint,
+    load_dcp,
+    one_line,
+    read_checksums,
+    read_local_state,
+    tensor_sha256,
+    verify_export,
+    write_checksums,
+)
+from qkwatch.trainer.checkpoint_safety import barrier as _barrier
+from qkwatch.trainer.checkpoint_safety import is_main as _is_main
+from qkwatch.trainer.checkpoint_safety import single_process_ok as _single_process_ok
 
 if TYPE_CHECKING:
     from qkwatch.trainer.model import GPT
@@ -66,24 +81,6 @@ class CheckpointConfig:
             raise ValueError(f"checkpoint.every must be >= 0, got {self.every}")
         if self.keep < 1:
             raise ValueError(f"checkpoint.keep must be >= 1, got {self.keep}")
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-@contextmanager
-def _single_process_ok() -> Iterator[None]:
-    """DCP warns that it assumes a single process when there is no process group: that is intended."""
-    with warnings.catch_warnings():
-        if not dist.is_initialized():
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
-        yield
 
 
 class Checkpointer:
@@ -127,6 +124,7 @@ class Checkpointer:
             rank = dist.get_rank() if dist.is_initialized() else 0
             (tmp / f"local-rank{rank}.json").write_text(json.dumps(local_state))
         _barrier()
+        write_checksums(tmp)
         if _is_main():
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
@@ -140,26 +138,42 @@ class Checkpointer:
         """Load model and optimizer state in place (collective); returns the step it was saved at."""
         model_sd, optim_sd = get_state_dict(model, optimizer)
         state: dict[str, Any] = {"model": model_sd, "optim": optim_sd, "train": {"step": -1}}
-        with _single_process_ok():
-            dcp_load(state, checkpoint_id=str(path))
+        load_dcp(state, path)
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         logger.info("resumed from %s (step %d)", path, state["train"]["step"])
-        return int(state["train"]["step"])
+        return _step_of(state, path)
 
     @staticmethod
     def local_states(path: Path) -> list[dict[str, Any]]:
-        """Every rank's ``local_state`` saved in checkpoint ``path`` (none for an older checkpoint)."""
-        return [json.loads(p.read_text()) for p in sorted(Path(path).glob("local-rank*.json"))]
+        """Every rank's ``local_state`` saved in checkpoint ``path`` (none for an older checkpoint).
+
+        Only the files its checksums list are read (all ``local-rank*.json`` of an older one).
+        """
+        return [read_local_state(p) for p in Checkpointer.local_state_files(path)]
+
+    @staticmethod
+    def local_state_files(path: Path) -> list[Path]:
+        """The ``local-rank<r>.json`` files of checkpoint ``path`` that its checksums list (all, for an older one)."""
+        listed = read_checksums(Path(path))
+        if listed is None:
+            return sorted(Path(path).glob("local-rank*.json"))
+        return sorted(Path(path) / n for n in listed if LOCAL_STATE.match(n))
 
 
 def load_model_state(path: Path, model: nn.Module) -> int:
     """Load only the model weights of a DCP checkpoint into an unsharded model; returns its step."""
     model_sd = get_model_state_dict(model)
     state: dict[str, Any] = {"model": model_sd, "train": {"step": -1}}
-    with _single_process_ok():
-        dcp_load(state, checkpoint_id=str(path))
+    load_dcp(state, path)
     model.load_state_dict(state["model"])
-    return int(state["train"]["step"])
+    return _step_of(state, path)
+
+
+def _step_of(state: dict[str, Any], path: Path) -> int:
+    step = state["train"]["step"]
+    if type(step) is not int or step < 0:
+        raise BadCheckpoint(f"{path}: train.step is {step!r}, not a step number")
+    return step
 
 
 def export_model(model: GPT, path: str | Path, *, meta: dict[str, Any] | None = None) -> None:
@@ -172,7 +186,8 @@ def export_model(model: GPT, path: str | Path, *, meta: dict[str, Any] | None = 
     if _is_main():
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"format": FORMAT, "config": dataclasses.asdict(model.config), "model": state}
+        sums = {name: tensor_sha256(t) for name, t in state.items() if isinstance(t, torch.Tensor)}
+        payload = {"format": FORMAT, "config": dataclasses.asdict(model.config), "model": state, "sha256": sums}
         if meta:
             payload["meta"] = meta
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -182,13 +197,31 @@ def export_model(model: GPT, path: str | Path, *, meta: dict[str, Any] | None = 
 
 
 def load_exported(path: str | Path, device: str | torch.device = "cpu") -> GPT:
-    """The GPT of a qkwatch-gpt file, in eval mode."""
+    """The GPT of a qkwatch-gpt file, in eval mode; each tensor checked against the file's sha256 list.
+
+    Raises:
+        BadCheckpoint: one line naming the file and the fault.
+    """
     from qkwatch.trainer.model import GPT
     from qkwatch.trainer.model_config import ModelConfig
 
-    payload = torch.load(path, map_location=device, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} export (no 'format': '{FORMAT}' key)")
-    model = GPT(ModelConfig(**payload["config"])).to(device)
-    model.load_state_dict(payload["model"])
+    path = Path(path)
+    payload = read_export(path)
+    verify_export(payload, path)
+    try:
+        model = GPT(ModelConfig(**payload["config"])).to(device)
+        model.load_state_dict(payload["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise BadCheckpoint(f"{path}: not a model this version can build ({one_line(exc)})") from None
     return model.eval()
+
+
+def read_export(path: Path) -> dict[str, Any]:
+    """The payload of a qkwatch-gpt file, read with ``weights_only=True``."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # not a torch file, truncated, or objects weights_only refuses
+        raise BadCheckpoint(f"{path}: cannot be read as a {FORMAT} export ({one_line(exc)})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT or not isinstance(payload.get("model"), dict):
+        raise BadCheckpoint(f"{path} is not a {FORMAT} export (no 'format': '{FORMAT}' key with a 'model' dict)")
+    return payload

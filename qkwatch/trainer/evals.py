@@ -70,17 +70,11 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loa
     if path.is_dir() and (path / "model.pt").is_file():
         path = path / "model.pt"
     if path.is_file():
-        payload_meta = torch.load(path, map_location="cpu", weights_only=True).get("meta", {})
-        model = load_exported(path, device)
+        model, step = load_exported(path, device), exported_meta(path).get("step")
         run_dir = path.parent
-        step = payload_meta.get("step")
     elif path.is_dir():
         run_dir, step_dir = _run_and_step_dirs(path)
-        cfg = json.loads((run_dir / "config.json").read_text())
-        from qkwatch.trainer.model import GPT
-        from qkwatch.trainer.model_config import ModelConfig
-
-        model = GPT(ModelConfig(**cfg["model"]))
+        model = _model_of(run_dir / "config.json")
         step = load_model_state(step_dir, model)
         model = model.to(device).eval()
     else:
@@ -89,6 +83,28 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loa
     config = _read_json(run_dir / "config.json")
     corpus = config.get("data", {}).get("corpus", "pydoc")
     return Loaded(model, step, info.get("run"), info.get("project"), corpus, config)
+
+
+def exported_meta(path: Path) -> dict[str, Any]:
+    """The ``meta`` of a qkwatch-gpt export (read with ``weights_only=True``, as :func:`load_exported` does)."""
+    from qkwatch.trainer.checkpoint import read_export
+
+    meta = read_export(path).get("meta", {})
+    return meta if isinstance(meta, dict) else {}
+
+
+def _model_of(config_file: Path) -> GPT:
+    """An untrained GPT of the run's ``config.json``; a config that does not describe one is a BadCheckpoint."""
+    from qkwatch.trainer.checkpoint_safety import BadCheckpoint
+    from qkwatch.trainer.model import GPT
+    from qkwatch.trainer.model_config import ModelConfig
+
+    try:
+        return GPT(ModelConfig(**_read_json(config_file)["model"]))
+    except BadCheckpoint:
+        raise
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadCheckpoint(f"{config_file}: no model this version can build ({type(exc).__name__}: {exc})") from None
 
 
 def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:
@@ -103,7 +119,18 @@ def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """A JSON object file of the run folder ({} when absent); anything else is a BadCheckpoint naming it."""
+    from qkwatch.trainer.checkpoint_safety import BadCheckpoint
+
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadCheckpoint(f"{path}: not readable JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(value, dict):
+        raise BadCheckpoint(f"{path}: holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 # --- scoring -------------------------------------------------------------------------------------------

@@ -10,11 +10,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from qkwatch.trainer.checkpoint import Checkpointer
+from qkwatch.trainer.checkpoint_safety import BadCheckpoint
 from qkwatch.trainer.config import RunConfig
 from qkwatch.trainer.data import TrainData
 from qkwatch.trainer.init import build_model
@@ -76,6 +78,7 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
     data = TrainData(cfg.data, cfg.seq_len, cfg.train.global_batch_size, cfg.seed)
     interventions = Interventions(cfg.intervention, model, data.steps_per_epoch, cfg.seed)
     start = checkpointer.load(latest, model, optimizer) if latest is not None else 0
+    local_states = checkpointer.local_states(latest) if latest is not None else []
     total = cfg.train.steps if cfg.train.epochs is None else math.ceil(cfg.train.epochs * data.steps_per_epoch)
     micro, accum = cfg.train.accumulation(env.world_size)
     run_name = resolve_run_name(cfg, out_dir, env, resumed=latest is not None)
@@ -90,7 +93,7 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
         offline_spool=out_dir / "spool" if cfg.raa.uses_schedule else None,
     )
     if latest is not None:
-        monitor.load_state_dict(checkpointer.local_states(latest))
+        restore_monitor(monitor, local_states, checkpointer.local_state_files(latest))
     raa = RAAController(cfg.raa, model.attentions())
     logger.info(
         "%s: %s params, %d layers, variant %s, RAA %s, %d steps of %d x %d tokens on %d rank(s), out %s",
@@ -124,6 +127,19 @@ def setup(cfg: RunConfig, env: Env, out_dir: Path, resume: bool, monitor: Monito
         start_step=start,
         tick_step=start,
     )
+
+
+def restore_monitor(monitor: Monitor, states: list[dict[str, Any]], files: list[Path]) -> None:
+    """The monitor's state from the checkpoint; one that does not fit closes the monitor and names its files."""
+    try:
+        monitor.load_state_dict(states)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        monitor.close(10.0, status="crashed", reason="a bad checkpoint")
+        named = ", ".join(map(str, files)) if len(files) <= 2 else f"{files[0].parent}/local-rank*.json"
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise BadCheckpoint(
+            f"{named}: not a monitor state this run can restore ({type(exc).__name__}: {text})"
+        ) from None
 
 
 # --- run identity and files ------------------------------------------------------------------------
