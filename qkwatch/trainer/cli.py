@@ -113,7 +113,11 @@ def train_command(args: argparse.Namespace) -> int:
     try:
         result = run(cfg, out, resume=args.resume)
     except ValueError as exc:
-        print(f"qkwatch train: {exc}", file=sys.stderr)
+        from qkwatch.trainer.checkpoint_safety import BadCheckpoint
+
+        # every rank finds the same fault in a checkpoint (the ranks check it together): rank 0 says it
+        if not isinstance(exc, BadCheckpoint) or os.environ.get("RANK", "0") == "0":
+            print(f"qkwatch train: {exc}", file=sys.stderr)
         return 2
     logger.info(
         "done: %d steps, loss %.4f, val_loss %s, run %s, out %s",

@@ -254,3 +254,22 @@ def test_analyze_reads_a_crafted_pytorch_model_bin_without_running_it(tmp_path, 
         torch.save(Evil(marker), tmp_path / "evil.pt")
         open_checkpoint(tmp_path / "evil.pt")
     assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_a_damaged_shard_of_a_two_rank_checkpoint_is_one_line_from_rank_0(tmp_path):
+    """Under torchrun the ranks check the files together: every rank stops with exit 2, and rank 0 alone says why."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    env.pop("QKWATCH_URL", None)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    train = [*launch, "-m", "qkwatch.trainer", "--recipe", "debug_cpu", "--out", str(tmp_path / "run")]
+    train += [x for s in SETS for x in ("--set", s)]
+    first = subprocess.run([*train, "--set", "train.steps=2"], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    shard = tmp_path / "run" / "checkpoints" / STEP / "__1_0.distcp"
+    _flip(shard)
+    resumed = subprocess.run([*train, "--resume"], env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode != 0
+    said = [line for line in resumed.stderr.splitlines() if line.startswith("qkwatch train:")]
+    assert said == [f"qkwatch train: {shard}: sha256 differs from {CHECKSUMS} (the file is corrupted or was changed)"]
+    assert "exitcode: 2" in resumed.stderr
