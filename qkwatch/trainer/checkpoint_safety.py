@@ -278,7 +278,9 @@ def read_checksums(folder: Path) -> dict[str, str] | None:
         payload = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadCheckpoint(f"{file}: not readable JSON ({one_line(exc)})") from None
-    sums = payload.get("sha256") if isinstance(payload, dict) else None
+    if not isinstance(payload, dict):
+        payload = {}
+    sums = payload.get("sha256")
     if payload.get("format") != CHECKSUMS_FORMAT or not isinstance(sums, dict) or ".metadata" not in sums:
         raise BadCheckpoint(f"{file}: not a {CHECKSUMS_FORMAT} list with the checkpoint's .metadata")
     for name, digest in sums.items():

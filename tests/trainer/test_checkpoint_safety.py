@@ -208,6 +208,17 @@ def test_a_damaged_checkpoint_without_checksums_is_still_one_line_and_exit_2(out
 
 
 @pytest.mark.parametrize(
+    "text",
+    ["[1]", "{not json", '{"format": "qkwatch-checkpoint-sha256", "sha256": {".metadata": "0", "../run.json": "0"}}'],
+    ids=["not an object", "not JSON", "a name outside the folder"],
+)
+def test_a_bad_checksum_list_is_one_line_naming_it(out, capsys, text):
+    step_dir = out / "checkpoints" / STEP
+    (step_dir / CHECKSUMS).write_text(text)
+    _refused(capsys, _eval(step_dir), str(step_dir / CHECKSUMS))
+
+
+@pytest.mark.parametrize(
     "state", ["[1]", '{"lambdas": {"entropy": 5}}'], ids=["not an object", "not the monitor's state"]
 )
 def test_a_local_state_that_does_not_fit_names_its_file(out, capsys, state):
