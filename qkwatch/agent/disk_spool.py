@@ -19,31 +19,42 @@ Acknowledged segments are deleted. Beyond ``max_bytes`` of undelivered data, or 
 older than ``max_age``, the oldest segments are dropped whole and their records counted in
 ``cursor.json``'s ``dropped``; that count travels to the collector with the next reports (so do
 reports the agent's GPU host-copy writer could not take: :meth:`Spool.count_dropped`).
+
+The disk may fill or turn read-only: no error of it leaves :meth:`Spool.append_encoded`. What it
+refuses is held in memory, bounded, delivered from there and spooled once the disk takes writes
+again (``agent.spool_memory``); a spool directory that cannot be used at all works from memory
+alone. Damaged metadata is repaired with one warning (``contract.spool_format.checked_cursor``):
+a cursor that is not a position, or points past the records on disk, reads as "nothing delivered
+yet" (the collector stores a re-sent report once); a ``meta.json`` that is not an object, or a
+field of the wrong type, is left out; a stray ``seg-backup.log`` is ignored. A forked child closes
+its copies of the spool's descriptors (``agent.forks``), so the ``flock`` dies with its owner.
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
+import errno
 import json
 import logging
 import os
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qkwatch.agent.checks import positive_ints, positive_seconds
+from qkwatch.agent.forks import ProcessLock
+from qkwatch.agent.spool_memory import MEMORY_SEGMENTS, HeldRecords, framed
 from qkwatch.contract.spool_format import (
-    HEADER,
-    MAGIC,
     MAX_RECORD,
-    SEGMENT_GLOB,
     Position,
     Record,
+    checked_cursor,
+    clean_meta,
+    cursor_of,
     scan,
-    segment_number,
+    segment_files,
 )
 
 __all__ = ["Position", "Record", "Spool", "SpoolConfig", "SpoolLocked", "encode_record"]
@@ -87,74 +98,131 @@ class Spool:
         segment_bytes: int = SpoolConfig.segment_bytes,
         max_bytes: int = SpoolConfig.spool_max_bytes,
         max_age: float = SpoolConfig.spool_max_age_seconds,
+        memory_max_bytes: int | None = None,
     ):
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
         self.segment_bytes = segment_bytes
         self.max_bytes = max_bytes
         self.max_age = max_age
-        self._lock_fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise SpoolLocked(f"{self.path} is in use by another process (a running agent or qkwatch sync)") from None
-        state = _read_json(self.path / "cursor.json") or {}
-        self._cursor = Position(int(state.get("segment", 0)), int(state.get("offset", 0)))
-        self.dropped = int(state.get("dropped", 0))
+        self.dropped = 0
+        self._cursor = Position(0, 0)
         self._fd: int | None = None
-        self._lock = threading.Lock()  # the cursor: the writer's caps against the sender's acks
+        self._owner: ProcessLock | None = None
+        self._lock = threading.Lock()  # the cursor and the memory: the writer's caps against the sender's acks
         self._in_flight: int | None = None
         self._segment = 0
         self._size = 0
         self._closed = False
-        self._recover_tail()
+        self._warned: set[str] = set()
+        self._meta: dict[str, Any] | None = None  # the last meta written, kept for when the disk refuses it
+        self._memory = HeldRecords(self.path, memory_max_bytes)
+        self._disk_end_in_flight: Position | None = None  # the last disk record sent with them
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._owner = ProcessLock(self.path / "lock")
+        except BlockingIOError:
+            raise SpoolLocked(f"{self.path} is in use by another process (a running agent or qkwatch sync)") from None
+        except OSError as exc:  # memory alone from here: without the lock, the disk is never tried again
+            self._memory.refused(exc, "the spool directory cannot be used")
+            return
+        self._cursor, self.dropped = self._load_cursor()
+        try:
+            self._recover_tail()
+        except OSError as exc:
+            self._memory.refused(exc, "the spool's last segment cannot be repaired")
+        self._cursor, problem = checked_cursor(self.path, self._cursor, self.segments())
+        if problem:
+            self._warn_once("cursor", "spool %s: cursor.json %s; reading from %s", self.path, problem, self._cursor)
+        self._segment = max(self._segment, self._cursor.segment)  # no segment yet: begin where the cursor is
 
     # --- metadata -------------------------------------------------------------------------
 
     def read_meta(self) -> dict[str, Any]:
-        return _read_json(self.path / "meta.json") or {}
+        """``meta.json`` (fields of the wrong type left out, with a warning), or the last meta written."""
+        if self._meta is not None or not self._usable:
+            return dict(self._meta or {})
+        value = self._read_json("meta.json")
+        if value is None:
+            return {}
+        meta, wrong = clean_meta(value)
+        if wrong:
+            self._warn_once("meta", "spool %s: ignoring meta.json fields of the wrong type: %s", self.path, wrong)
+        return meta
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        _write_json_atomic(self.path / "meta.json", meta)
+        self._meta = dict(meta)
+        if not self._usable:
+            return
+        try:
+            _write_json_atomic(self.path / "meta.json", meta)
+        except OSError as exc:
+            self._warn_once("meta-write", "spool %s: could not write meta.json (%s); kept in memory", self.path, exc)
 
     # --- writing --------------------------------------------------------------------------
 
     def append(self, payload: dict[str, Any]) -> None:
-        """Append one record (one ``write`` call). Raises OSError if the disk refuses."""
+        """Append one record (one ``write`` call); held in memory if the disk refuses it."""
         self.append_encoded([encode_record(payload)])
 
     def append_encoded(self, records: list[bytes]) -> None:
         """Append records made by :func:`encode_record`, in order, with one ``write`` call (a report and
-        the scalar-only reports of the steps before it). Raises OSError if the disk refuses; a write
-        cut short by a kill leaves whole records and a torn tail, which the next open truncates."""
+        the scalar-only reports of the steps before it). An error of the disk never leaves here: the
+        records are held in memory (see the module docstring). A write cut short by a kill leaves
+        whole records and a torn tail, which the next open truncates."""
         for data in records:
             if len(data) > MAX_RECORD:
                 raise ValueError(f"a report of {len(data)} bytes exceeds the spool's record limit of {MAX_RECORD}")
         if not records:
             return
+        if self._memory or self._memory.error is not None:  # only this (the writer's) thread adds to memory
+            with self._lock:
+                self._write_or_hold(records)
+            return
+        try:
+            self._write(b"".join(framed(data) for data in records))
+        except OSError as exc:
+            with self._lock:
+                self._memory.refused(exc, "the disk refused a report")
+                self.dropped += self._memory.hold(records)
+
+    def _write(self, blob: bytes) -> None:
+        """Append ``blob`` whole to the current segment, or raise OSError with nothing of it left there."""
         fd = self._fd
         if fd is None or self._size >= self.segment_bytes:
             fd = self._open_segment(self._segment + 1 if fd is not None else max(self._segment, 1))
-        blob = b"".join(HEADER.pack(MAGIC, len(data), zlib.crc32(data)) + data for data in records)
-        os.write(fd, blob)
+        view, written = memoryview(blob), 0
+        try:
+            while written < len(blob):
+                n = os.write(fd, view[written:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, "the disk took none of a write")
+                written += n  # a short write: the rest goes in the next call, or that one fails
+        except OSError:
+            if written:
+                _undo(fd, self._size)
+            raise
         self._size += len(blob)
 
     def _open_segment(self, number: int) -> int:
         """Close the current segment and open segment ``number`` for appending; returns its fd."""
+        fd = os.open(self._segment_path(number), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if self._fd is not None:
             os.close(self._fd)
-        self._segment = number
-        file = self._segment_path(number)
-        self._fd = fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._segment, self._fd = number, fd
         self._size = os.fstat(fd).st_size
         return fd
+
+    def _write_or_hold(self, records: list[bytes], *, now: bool = False) -> None:
+        """While the disk refuses: write what memory holds and ``records`` if it takes them now, else hold them."""
+        dropped = self._memory.write_or_hold(self._write if self._usable else None, records, now=now)
+        self.dropped += dropped
+        if self._memory.error is None:
+            self._save_cursor()  # the drops made meanwhile
 
     def _recover_tail(self) -> None:
         """Truncate a torn record at the end of the newest segment (a writer killed mid-write)."""
         segments = self.segments()
         if not segments:
-            self._segment = max(self._cursor.segment, 0)
             return
         last = segments[-1]
         self._segment = last
@@ -169,12 +237,21 @@ class Spool:
             )
             os.truncate(file, good)
 
+    def _load_cursor(self) -> tuple[Position, int]:
+        """``cursor.json``'s position and dropped count; a damaged one reads as 0, with a warning."""
+        state = self._read_json("cursor.json")
+        cursor, dropped = cursor_of(state) if state is not None else (Position(0, 0), 0)
+        if cursor is None or dropped is None:
+            self._warn_once("cursor", "spool %s: cursor.json is damaged (%s); reading it as 0", self.path, state)
+        return cursor or Position(0, 0), dropped or 0
+
     # --- reading and acknowledging --------------------------------------------------------
 
     def pending(self, limit: int) -> list[Record]:
         """Up to ``limit`` unacknowledged records, oldest first; they are in flight until acked or released.
 
         Segments holding records in flight are never dropped by the caps (they are being delivered).
+        Records held in memory (the disk refused them) come after every record on disk.
         """
         with self._lock:
             out: list[Record] = []
@@ -189,17 +266,25 @@ class Spool:
                 if len(out) >= limit:
                     break
             self._in_flight = out[-1].end.segment if out else None
-            return out
+            self._disk_end_in_flight = out[-1].end if out else None
+            return out + self._memory.take(limit - len(out))
 
     def release(self) -> None:
         """The records in flight were not delivered; they stay pending."""
         with self._lock:
             self._in_flight = None
+            self._memory.in_flight = 0
 
     def ack(self, upto: Position) -> None:
         """Everything before ``upto`` is delivered: move the cursor, delete finished segments."""
         with self._lock:
             self._in_flight = None
+            self._memory.in_flight = 0
+            if upto.segment >= MEMORY_SEGMENTS:  # held records: every disk record sent with them is delivered too
+                self._memory.ack(upto)
+                if self._disk_end_in_flight is None:
+                    return
+                upto = self._disk_end_in_flight
             if (upto.segment, upto.offset) > (self._cursor.segment, self._cursor.offset):
                 self._cursor = upto
                 self._save_cursor()
@@ -214,21 +299,22 @@ class Spool:
         with self._lock:
             dropped = 0
             segments = [n for n in self.segments() if n >= self._cursor.segment]
-            sizes = {n: self._segment_path(n).stat().st_size for n in segments}
-            total = sum(sizes.values()) + incoming
+            stats = {n: _stat(self._segment_path(n)) for n in segments}
+            total = sum(s.st_size for s in stats.values() if s is not None) + incoming
             for number in segments:
                 if number == self._segment:  # never the segment being written
                     break
-                if self._in_flight is not None and number <= self._in_flight:
+                stat = stats[number]
+                if stat is None or (self._in_flight is not None and number <= self._in_flight):
                     continue
                 file = self._segment_path(number)
-                too_old = now - file.stat().st_mtime > self.max_age
+                too_old = now - stat.st_mtime > self.max_age
                 if total <= self.max_bytes and not too_old:
                     break
                 start = self._cursor.offset if number == self._cursor.segment else 0
                 count = sum(1 for _ in scan(file, start, number=number))
                 dropped += count
-                total -= sizes[number]
+                total -= stat.st_size
                 file.unlink(missing_ok=True)
                 if number == self._cursor.segment:
                     self._cursor = Position(number + 1, 0)
@@ -247,51 +333,114 @@ class Spool:
             self._save_cursor()
 
     def bytes_pending(self) -> int:
-        total = 0
+        """Bytes not yet delivered, on disk and in memory. Takes no lock (the training thread calls it):
+        a segment the sender deletes meanwhile counts as delivered."""
+        cursor = self._cursor  # one read: the sender replaces it, never changes it
+        total = self._memory.bytes
         for number in self.segments():
-            if number >= self._cursor.segment:
-                size = self._segment_path(number).stat().st_size
-                total += size - (self._cursor.offset if number == self._cursor.segment else 0)
+            if number >= cursor.segment:
+                stat = _stat(self._segment_path(number))
+                if stat is not None:
+                    total += max(0, stat.st_size - (cursor.offset if number == cursor.segment else 0))
         return total
 
     def dead_letter(self, entry: dict[str, Any]) -> None:
-        with open(self.path / "dead-letter.jsonl", "a") as fh:
-            fh.write(json.dumps(entry, allow_nan=False) + "\n")
+        if not self._usable:
+            self._warn_once("dead-letter", "spool %s: refused reports are not kept (no spool on disk)", self.path)
+            return
+        try:
+            with open(self.path / "dead-letter.jsonl", "a") as fh:
+                fh.write(json.dumps(entry, allow_nan=False) + "\n")
+        except OSError as exc:
+            self._warn_once(
+                "dead-letter",
+                "spool %s: could not write dead-letter.jsonl (%s); refused reports are not kept",
+                self.path,
+                exc,
+            )
 
     def segments(self) -> list[int]:
-        return sorted(segment_number(p) for p in self.path.glob(SEGMENT_GLOB))
+        return [number for number, _ in segment_files(self.path, self._stray)]
 
     def close(self) -> None:
+        """Spool what memory holds if the disk takes it now (else it is lost, counted, with a warning); unlock."""
         if self._closed:
             return
-        self._closed = True
+        with self._lock:
+            if self._memory:
+                self._memory.in_flight = 0
+                self._write_or_hold([], now=True)
+            if self._memory:
+                lost = len(self._memory)
+                logger.warning(
+                    "qkwatch: spool %s: %d report(s) held in memory are lost (disk refused)", self.path, lost
+                )
+                self.dropped += lost
+                self._save_cursor()
+                self._memory.clear()
+            self._closed = True
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        os.close(self._lock_fd)
+        if self._owner is not None:
+            self._owner.release()
 
     def _save_cursor(self) -> None:
-        _write_json_atomic(self.path / "cursor.json", {**self._cursor.as_dict(), "dropped": self.dropped})
+        if not self._usable:
+            return
+        try:
+            _write_json_atomic(self.path / "cursor.json", {**self._cursor.as_dict(), "dropped": self.dropped})
+        except OSError as exc:  # kept in memory; a restart may re-send what was delivered, stored once
+            self._warn_once("cursor-write", "spool %s: could not save cursor.json (%s)", self.path, exc)
+
+    @property
+    def _usable(self) -> bool:
+        """Whether this process owns the spool on disk (False: it works from memory alone, or is closed)."""
+        return self._owner is not None and self._owner.held and not self._closed
 
     def _segment_path(self, number: int) -> Path:
         return self.path / f"seg-{number:08d}.log"
+
+    def _read_json(self, name: str) -> dict[str, Any] | None:
+        """A JSON object of the spool's; None (with a warning) if it is missing, unreadable or not an object."""
+        try:
+            value = json.loads((self.path / name).read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            self._warn_once(name, "spool %s: ignoring %s: %s", self.path, name, exc)
+            return None
+        if not isinstance(value, dict):
+            self._warn_once(name, "spool %s: ignoring %s: not a JSON object", self.path, name)
+            return None
+        return value
+
+    def _stray(self, file: Path) -> None:
+        self._warn_once(f"stray:{file.name}", "spool %s: ignoring %s (not a segment)", self.path, file.name)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+
+def _undo(fd: int, size: int) -> None:
+    """Cut a segment back to ``size`` after a write that failed part way (a truncate needs no space)."""
+    with contextlib.suppress(OSError):  # if it fails, a reader skips the torn bytes as corruption
+        os.ftruncate(fd, size)
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    """``path``'s stat, or None if the sender deleted it meanwhile."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
 
 
 def encode_record(payload: dict[str, Any]) -> bytes:
     """A record's bytes as the spool stores them (compact JSON; NaN and infinities refused)."""
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value: dict[str, Any] = json.loads(path.read_text())  # this module writes only objects
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        logger.warning("%s is not valid JSON; ignoring it", path)
-        return None
-    return value
 
 
 def _write_json_atomic(path: Path, value: dict[str, Any]) -> None:
