@@ -49,7 +49,7 @@ from qkwatch.agent.identity import RunIdentity
 from qkwatch.agent.lambdas import fetch_first
 from qkwatch.agent.layouts import Layout
 from qkwatch.agent.probe import Plan
-from qkwatch.agent.transport import HttpTransport, transports
+from qkwatch.agent.transport import FaultLog, HttpTransport, transports
 from qkwatch.contract.names import rank_suffix
 from qkwatch.contract.values import clean_metric_name
 from qkwatch.contract.wire import RunConfig
@@ -90,7 +90,8 @@ class Agent(ReportAssembly):
         self.lambdas_state = cfg.lambdas.build(self.n_layers, run_config.schedule, self._group)
         self.probe = cfg.probe.build(sites, self.owned)
         self.health = Health()
-        connect = transports(cfg.url, cfg.token, cfg.request_timeout)
+        self._faults = FaultLog()  # one warning per kind of collector fault, whichever thread meets it
+        connect = transports(cfg.url, cfg.token, cfg.request_timeout, self._faults)
         self.sender = cfg.sender.build(self.spool, connect, health=self.health, name=f"qkwatch-sender-{self.rank}")
         sender = self.sender
         self.poller = (
@@ -242,6 +243,15 @@ class Agent(ReportAssembly):
             if finished:
                 self.spool.close()
             left = self.spool.bytes_pending() if finished else None
+            if not finished and self.cfg.url:
+                logger.warning(
+                    "qkwatch: the collector had not taken every report when close()'s timeout ran out (%d of %d "
+                    "acknowledged); the rest stay in %s (delivered on the next run, or by `qkwatch sync %s`)",
+                    self.health.acked,
+                    self.health.written,
+                    self.spool.path,
+                    self.spool.path,
+                )
             if left:
                 logger.warning(
                     "qkwatch: %d bytes of reports not delivered yet; they stay in %s "
@@ -291,8 +301,12 @@ class Agent(ReportAssembly):
     # --- setup --------------------------------------------------------------------------------
 
     def _fetch_first_lambdas(self, url: str) -> None:
-        """Before the first step: create the run and read its lambdas if the collector answers fast."""
-        transport = HttpTransport(url, self.cfg.token, INITIAL_FETCH_SECONDS)
+        """Before the first step: create the run and read its lambdas if the collector answers fast.
+
+        Both requests together end within INITIAL_FETCH_SECONDS, whatever the collector does.
+        """
+        until = time.monotonic() + INITIAL_FETCH_SECONDS
+        transport = HttpTransport(url, self.cfg.token, INITIAL_FETCH_SECONDS, until=until, faults=self._faults)
         try:
             run_id = fetch_first(transport, self.identity, self.lambdas_state.offer)
         finally:

@@ -24,6 +24,7 @@ from qkwatch.agent.disk_spool import SpoolConfig
 from qkwatch.agent.lambdas import LambdasConfig
 from qkwatch.agent.probe import ProbeConfig
 from qkwatch.agent.shipper import SenderConfig
+from qkwatch.agent.transport import clean_token
 from qkwatch.contract.values import check_notes, tag_set
 
 NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,200}$")
@@ -74,8 +75,9 @@ class AgentConfig:
 
     url: str | None = None
     """Collector base URL (``QKWATCH_URL``); None works offline: everything stays in the spool."""
-    token: str | None = None
-    """Bearer token with the ``ingest`` scope (and ``read`` for lambdas) (``QKWATCH_TOKEN``)."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token with the ``ingest`` scope (and ``read`` for lambdas) (``QKWATCH_TOKEN``); surrounding
+    whitespace (a file's trailing newline) is stripped. Never shown in a log, repr or error."""
     project: str = "default"
     """Project of the run (``QKWATCH_PROJECT``)."""
     run: str | None = None
@@ -114,6 +116,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.url is not None and not re.match(r"^https?://[^\s]+$", self.url):
             raise SettingError("url", f"url must be an http(s) URL, got {self.url!r}")
+        self.token = _token(self.token)
         for key in ("project", "run"):
             value = getattr(self, key)
             if value is not None and not NAME.match(value):
@@ -160,7 +163,18 @@ class AgentConfig:
             if exc.key not in from_env:
                 raise
             var = AgentEnvironment.variable(exc.key)
-            raise ValueError(f"{var}={from_env[exc.key]!r}: {exc}") from None
+            shown = "(not shown)" if exc.key == "token" else repr(from_env[exc.key])
+            raise ValueError(f"{var}={shown}: {exc}") from None
+
+
+def _token(value: object) -> str | None:
+    """The token as :func:`clean_token` leaves it, or a SettingError that does not show it."""
+    if value is not None and not isinstance(value, str):
+        raise SettingError("token", f"token must be a string, got {type(value).__name__}")
+    try:
+        return clean_token(value)
+    except ValueError as exc:
+        raise SettingError("token", f"token: {exc}") from None
 
 
 def _tags(value: object) -> tuple[str, ...]:

@@ -5,7 +5,14 @@ operator's override is never silently lost: a vector of the wrong length cannot 
 layers and is refused (the last good values stay); a value above ``lambda_max`` is clipped to it;
 a non-finite or negative one gives way to the local schedule's value for that layer; every other
 value applies. Each clip or refusal is logged once (per layer and requested value) and becomes an
-event of the next report (``lambda_clipped``, ``lambda_invalid``, ``lambdas_refused``). Every rank keeps
+event of the next report (``lambda_clipped``, ``lambda_invalid``, ``lambdas_refused``).
+
+The collector's values are bounded in change as well as in value: after the first exchange, a layer's
+lambda moves by at most ``lambda_max_change`` x ``lambda_max`` per exchange towards what the collector
+serves (by default a quarter: from 0 to ``lambda_max`` takes four exchanges, 40 steps), so one forged
+or mistaken answer cannot swing the training in one poll. Every change of a collector-sourced lambda
+is recorded as a ``lambda_changed`` event (from, to, and what was requested when the bound held it
+back); the local schedule, computed here, is not bounded. Every rank keeps
 the running entropy of the layers it measures. On steps divisible by ``sync_every`` every rank
 takes part in one small all-reduce on a CPU (gloo) group carrying rank 0's collector values and
 each rank's local schedule for its own layers; all ranks then switch to the same values at the
@@ -29,16 +36,21 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from qkwatch.agent.checks import positive_ints, positive_seconds
+from qkwatch.agent.checks import SettingError, positive_ints, positive_seconds
 from qkwatch.agent.identity import RunIdentity
+from qkwatch.agent.lambda_events import changed_event, describe, event, requested_value
 from qkwatch.agent.transport import Transport, TransportError
 from qkwatch.contract.scheduling import ScheduleConfig, ema_update, entropy_floor
-from qkwatch.contract.values import decode_value, encode_value
+from qkwatch.contract.values import decode_value
 
 logger = logging.getLogger(__name__)
 
 LOCAL = -1.0
 """In the exchanged vector, a collector value that gave way to the local schedule (valid ones are >= 0)."""
+MAX_CHANGE = 0.25
+"""Default of ``lambda_max_change``: a collector lambda moves at most a quarter of lambda_max per exchange."""
+MAX_VERSION = 2**53
+"""Versions are exchanged as float64: above this they would not come back whole."""
 
 
 @dataclass
@@ -51,14 +63,24 @@ class LambdasConfig:
     """How often rank 0 asks the collector for lambdas, in the background."""
     lambda_stale_seconds: float = 120.0
     """Collector lambdas older than this fall back to the local schedule."""
+    lambda_max_change: float = MAX_CHANGE
+    """Most a collector lambda may move per exchange, as a fraction of ``lambda_max`` (0 < x <= 1; 1: unbounded)."""
 
     def __post_init__(self) -> None:
         positive_ints(self, "lambda_sync_every")
         positive_seconds(self, "lambda_poll_seconds", "lambda_stale_seconds")
+        change = self.lambda_max_change
+        if isinstance(change, bool) or not isinstance(change, (int, float)) or not 0 < change <= 1:
+            raise SettingError("lambda_max_change", f"lambda_max_change must be in (0, 1], got {change!r}")
 
     def build(self, n_layers: int, schedule: ScheduleConfig, group: dist.ProcessGroup | None = None) -> Lambdas:
         return Lambdas(
-            n_layers, schedule, sync_every=self.lambda_sync_every, stale_seconds=self.lambda_stale_seconds, group=group
+            n_layers,
+            schedule,
+            sync_every=self.lambda_sync_every,
+            stale_seconds=self.lambda_stale_seconds,
+            group=group,
+            max_change=float(self.lambda_max_change),
         )
 
     def poller(
@@ -93,8 +115,11 @@ class Lambdas:
         stale_seconds: float,
         group: dist.ProcessGroup | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_change: float = MAX_CHANGE,
     ):
         self.n_layers = n_layers
+        self.max_change = max_change
+        """Most a collector lambda moves per exchange, as a fraction of lambda_max."""
         self.schedule = schedule
         self.sync_every = sync_every
         self.stale_seconds = stale_seconds
@@ -105,6 +130,8 @@ class Lambdas:
         self._collector: _Served | None = None
         self._noted: set[tuple[str, int | None, str]] = set()  # (kind, layer, repr(requested)) already warned about
         self._events: dict[str, list[dict[str, Any]]] = {}  # kind -> items, for the next report
+        self._changes: dict[int, dict[str, Any]] = {}  # layer -> its change since the last report
+        self._warned_limit = False
         self._entropy: list[float | None] = [None] * n_layers
         self.applied: list[float] = [0.0] * n_layers
         self.source = "local"
@@ -113,28 +140,29 @@ class Lambdas:
 
     # --- inputs -----------------------------------------------------------------------------
 
-    def offer(self, answer: dict[str, Any], now: float | None = None) -> bool:
+    def offer(self, answer: object, now: float | None = None) -> bool:
         """A ``GET /v1/runs/{id}/lambdas`` answer; True if taken (possibly with values clipped or replaced).
 
         Only a vector that cannot be mapped to the layers (not a list of ``n_layers``) is refused.
         """
+        if not isinstance(answer, dict):
+            self._refuse(answer)
+            return False
         values = answer.get("lambdas")
         if not isinstance(values, list) or len(values) != self.n_layers:
             self._refuse(values)
             return False
         checked = [self._checked(layer, value) for layer, value in enumerate(values)]
         version = answer.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version <= MAX_VERSION:
+            version = 0
         with self._lock:
-            self._collector = _Served(
-                checked,
-                int(version) if isinstance(version, int) and not isinstance(version, bool) else 0,
-                self.clock() if now is None else now,
-            )
+            self._collector = _Served(checked, version, self.clock() if now is None else now)
         return True
 
     def has_events(self) -> bool:
         with self._lock:
-            return bool(self._events)
+            return bool(self._events or self._changes)
 
     def take_events(self) -> list[dict[str, Any]]:
         """Events about clipped, replaced or refused collector lambdas since the last call (for a report).
@@ -143,7 +171,11 @@ class Lambdas:
         """
         with self._lock:
             pending, self._events = self._events, {}
-        return [_event(kind, items, _lambda_max(self.schedule)) for kind, items in pending.items()]
+            changes, self._changes = self._changes, {}
+        events = [event(kind, items, _lambda_max(self.schedule)) for kind, items in pending.items()]
+        if changes:
+            events.append(changed_event([changes[layer] for layer in sorted(changes)]))
+        return events
 
     def _checked(self, layer: int, value: Any) -> float:
         """The value to apply for ``layer``: as served, clipped to lambda_max, or LOCAL."""
@@ -166,12 +198,12 @@ class Lambdas:
 
     def _note(self, kind: str, layer: int | None, requested: Any, applied: Any) -> None:
         """Warn once per (kind, layer, requested value) and queue it for the next report's events."""
-        requested = encode_value(requested) if isinstance(requested, float) else requested
+        requested = requested_value(requested)
         key = (kind, layer, repr(requested))
         if key in self._noted:
             return
         self._noted.add(key)
-        logger.warning("qkwatch: %s", _describe(kind, layer, requested, applied, self.n_layers, self.schedule))
+        logger.warning("qkwatch: %s", describe(kind, layer, requested, applied, self.n_layers, self.schedule))
         item = (
             {"requested": requested, "applied": applied}
             if layer is None
@@ -216,9 +248,47 @@ class Lambdas:
         local_all = values[2 + n :]
         if values[0] > 0:  # a value that gave way (LOCAL) takes the local schedule's, assembled above
             served = [lo if v == LOCAL else v for v, lo in zip(values[2 : 2 + n], local_all, strict=True)]
-            self.applied, self.source, self.version = served, "collector", int(values[1])
+            if self._synced_at is not None:  # after the first exchange, collector values move at a bounded pace
+                served = self._bounded(served)
+            version = values[1]
+            self.applied, self.source = served, "collector"
+            self.version = int(version) if math.isfinite(version) and 0 <= version <= MAX_VERSION else 0
         else:
             self.applied, self.source, self.version = local_all, "local", -1
+
+    def _bounded(self, served: list[float]) -> list[float]:
+        """``served``, each value at most ``max_change`` x lambda_max from the last applied one; changes recorded."""
+        step = self.max_change * _lambda_max(self.schedule)
+        out: list[float] = []
+        for layer, (want, was) in enumerate(zip(served, self.applied, strict=True)):
+            got = min(max(want, was - step), was + step)
+            out.append(got)
+            if got != was:
+                self._record_change(layer, was, got, want)
+        return out
+
+    def _record_change(self, layer: int, was: float, got: float, want: float) -> None:
+        """Kept for the next report's ``lambda_changed`` event (rank 0's: it speaks for the collector)."""
+        if self.group is not None and dist.get_rank(self.group) != 0:
+            return
+        if got != want and not self._warned_limit:
+            self._warned_limit = True
+            logger.warning(
+                "qkwatch: the collector's lambda for layer %d moves from %r to %r; it is applied at most %g "
+                "(lambda_max_change=%g x lambda_max) per exchange (further ones are recorded as events, not logged)",
+                layer,
+                was,
+                want,
+                self.max_change * _lambda_max(self.schedule),
+                self.max_change,
+            )
+        with self._lock:
+            item = self._changes.setdefault(layer, {"layer": layer, "from": was})
+            item["to"] = got
+            if got != want:
+                item["requested"] = want
+            else:
+                item.pop("requested", None)
 
     def local_values(self) -> Sequence[float]:
         with self._lock:
@@ -268,6 +338,7 @@ class LambdaPoller:
         """Polls whose answer was offered (taken or not)."""
         self.failed = 0
         """Polls that got no answer (the collector away, or refusing)."""
+        self._unexpected: set[str] = set()  # kinds of exception already warned about
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="qkwatch-lambdas", daemon=True)
 
@@ -280,7 +351,7 @@ class LambdaPoller:
             return False
         try:
             answer = transport.get_lambdas(run_id)
-        except TransportError as exc:
+        except TransportError as exc:  # the transport warns (once per kind) about a hostile answer
             logger.debug("lambdas not fetched: %s", exc)
             self.failed += 1
             return False
@@ -297,59 +368,48 @@ class LambdaPoller:
         transport = self.transport_factory()
         try:
             while not self._stop.is_set():
-                self.poll_once(transport)
+                try:
+                    self.poll_once(transport)
+                except Exception as exc:  # the poller outlives anything an answer does to it
+                    self.failed += 1
+                    self._warn_unexpected(exc)
                 self._stop.wait(self.period)
         finally:
             transport.close()
+
+    def _warn_unexpected(self, exc: Exception) -> None:
+        kind = type(exc).__name__
+        if kind not in self._unexpected:
+            self._unexpected.add(kind)
+            logger.warning("qkwatch: a lambdas poll failed (%s: %s); polling on", kind, str(exc)[:200])
 
 
 def fetch_first(transport: Transport, identity: RunIdentity, offer: Callable[[dict[str, Any]], bool]) -> str | None:
     """Before the first step: create (or resume) the run and offer its lambdas, if the collector answers.
 
-    Returns the run's id, or None when the collector did not answer (the sender creates the run later).
+    Returns the run's id, or None when the collector did not answer, or answered what is not a run
+    (the sender creates the run later). Nothing an answer holds raises out of here.
     """
     try:
-        run_id: str = transport.create_run(identity.create_body())["id"]
-    except (TransportError, KeyError) as exc:
+        run_id = transport.create_run(identity.create_body()).get("id")
+        if not isinstance(run_id, str) or not run_id:
+            raise TransportError("POST /v1/runs: the answer names no run", retryable=True)
+    except TransportError as exc:
         logger.info("qkwatch: collector not reachable at start (%s); working offline until it is", exc)
+        return None
+    except Exception as exc:  # attach() must not fail on an answer
+        logger.warning("qkwatch: the collector's answer to POST /v1/runs could not be used (%s)", type(exc).__name__)
         return None
     try:
         offer(transport.get_lambdas(run_id))
     except TransportError as exc:
         logger.info("qkwatch: collector not reachable at start (%s); working offline until it is", exc)
+    except Exception as exc:  # nor on the lambdas
+        logger.warning("qkwatch: the collector's lambdas could not be used (%s)", type(exc).__name__)
     return run_id
-
-
-def _describe(
-    kind: str, layer: int | None, requested: Any, applied: Any, n_layers: int, schedule: ScheduleConfig
-) -> str:
-    if kind == "lambdas_refused":
-        return (
-            f"refusing the collector's lambdas: {requested} values for {n_layers} layers cannot be mapped "
-            "to layers; keeping the last good values"
-        )
-    if kind == "lambda_clipped":
-        return (
-            f"the collector's lambda {requested!r} for layer {layer} is above lambda_max={schedule.lambda_max}; "
-            f"clipped to {applied!r}"
-        )
-    return (
-        f"the collector's lambda {requested!r} for layer {layer} is not a finite number >= 0; "
-        "using the local schedule's value"
-    )
 
 
 def _lambda_max(schedule: ScheduleConfig) -> float:
     """``schedule.lambda_max``: typed optional, but ``ScheduleConfig.__post_init__`` always resolves it."""
     assert schedule.lambda_max is not None, "ScheduleConfig.__post_init__ resolves lambda_max"
     return schedule.lambda_max
-
-
-def _event(kind: str, items: list[dict[str, Any]], lambda_max: float) -> dict[str, Any]:
-    if kind == "lambdas_refused":
-        message = f"collector lambdas refused: wrong length ({', '.join(str(i['requested']) for i in items)})"
-        return {"kind": kind, "message": message, "data": {"refused": items}}
-    layers = [i["layer"] for i in items]
-    what = "clipped to lambda_max" if kind == "lambda_clipped" else "replaced by the local schedule"
-    message = f"collector lambdas of layers {layers} {what}"
-    return {"kind": kind, "message": message, "data": {"layers": items, "lambda_max": lambda_max}}

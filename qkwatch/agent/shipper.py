@@ -6,10 +6,14 @@ collector has stored them. Delivery is at-least-once; the collector's idempotenc
 derived from the records' place in the spool, and the natural key of every point) makes it
 exactly-once. Failures:
 
-* connection errors, timeouts, 408, 429, 5xx: retried with exponential backoff and full jitter
+* connection errors, timeouts, 3xx (never followed), 408, 429, 5xx, and answers that are too
+  slow, too long or not what the contract says: retried with exponential backoff and full jitter
   (``uniform(0, min(cap, base * 2^n))``), never sooner than a ``Retry-After`` asks;
 * 413 (batch too large): the batch is halved; a single report that is still too large, and any
   other 4xx, goes to ``dead-letter.jsonl`` with the collector's answer, with one warning.
+
+Nothing a collector answers stops the thread: an unexpected exception is warned about once (per
+kind), counted as a failure and retried like one.
 
 Records carry the attempt key of the process that wrote them, so a spool holding reports of an
 earlier (crashed) attempt delivers them to that attempt.
@@ -22,6 +26,8 @@ the PATCH is idempotent, so a replay is harmless.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import random
 import threading
@@ -31,11 +37,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from qkwatch.agent.checks import positive_ints, positive_seconds
-from qkwatch.agent.disk_spool import Position, Record, Spool
+from qkwatch.agent.disk_spool import Position, Record, Spool, encode_record
 from qkwatch.agent.health import Health
 from qkwatch.agent.identity import RunIdentity
 from qkwatch.agent.transport import Transport, TransportError
+from qkwatch.contract.answers import RunAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +121,7 @@ class Sender:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._transport: Transport | None = None
         self._retry_after: float | None = None
+        self._unexpected: set[str] = set()  # kinds of exception already warned about
 
     def start(self) -> None:
         self._thread.start()
@@ -134,7 +144,7 @@ class Sender:
     def deliver_all(self, deadline: float | None = None) -> bool:
         """Synchronously deliver everything (``qkwatch sync``); True when nothing is left."""
         while deadline is None or time.monotonic() < deadline:
-            sent = self._send_some()
+            sent = self._send_guarded()
             if sent is None:
                 return True
             if sent is False:
@@ -145,7 +155,7 @@ class Sender:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            result = self._send_some()
+            result = self._send_guarded()
             drain_until = self._drain_until  # set once, by close()
             if result is None:  # nothing pending
                 if drain_until is not None:
@@ -158,6 +168,21 @@ class Sender:
                 self._sleep_backoff(self._drain_until)
             elif drain_until is not None and time.monotonic() >= drain_until:
                 return
+
+    def _send_guarded(self) -> bool | None:
+        """:meth:`_send_some`, with anything unexpected turned into a retryable failure: the thread carries on."""
+        try:
+            return self._send_some()
+        except Exception as exc:  # the sender must outlive whatever an answer (or a bug) does
+            with contextlib.suppress(Exception):
+                self.spool.release()
+            self._failures += 1
+            self.health.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+            kind = type(exc).__name__
+            if kind not in self._unexpected:
+                self._unexpected.add(kind)
+                logger.warning("qkwatch: delivery failed unexpectedly (%s: %s); retrying", kind, str(exc)[:200])
+            return False
 
     def _send_some(self) -> bool | None:
         """Send one batch of reports, or one status: True sent (or dead-lettered), False failed
@@ -197,8 +222,8 @@ class Sender:
     def _attempt(self, key: str, payload: dict[str, Any]) -> int:
         if key not in self._attempts:
             meta = self.spool.read_meta()
-            answer = self._client().create_run(RunIdentity.of_spool(meta, key).create_body())
-            self.run_id, self._attempts[key] = answer["id"], int(answer.get("attempt", 1))
+            answer = _run_answer(self._client().create_run(RunIdentity.of_spool(meta, key).create_body()))
+            self.run_id, self._attempts[key] = answer.id, answer.attempt
             if meta.get("run_id") != self.run_id:
                 self.spool.write_meta({**meta, "run_id": self.run_id})
             if self.on_run is not None and key == meta.get("attempt_key"):
@@ -277,6 +302,47 @@ class Sender:
         if self._transport is None:
             self._transport = self.transport_factory()
         return self._transport
+
+
+def requeue_dead_letters(spool: Spool) -> int:
+    """Put the records of ``spool``'s ``dead-letter.jsonl`` back in the spool to be sent again; how many.
+
+    For after the cause is fixed (a collector that refused them for good, a redirect that older
+    agents read as a refusal). The records are appended first and the file is then renamed
+    ``dead-letter.resent-<unix time>.jsonl`` (kept): a crash in between re-sends them twice at worst,
+    which the collector stores once. A line that is not a dead letter is left out, with a warning.
+    """
+    path = spool.path / "dead-letter.jsonl"
+    if not path.is_file():
+        return 0
+    records: list[dict[str, Any]] = []
+    skipped = 0
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+            payloads = entry["reports"]
+            if not isinstance(payloads, list) or not all(isinstance(p, dict) for p in payloads):
+                raise TypeError("reports is not a list of records")
+        except (ValueError, KeyError, TypeError, RecursionError):
+            skipped += line.strip() != ""
+            continue
+        records += [p for p in payloads if "report" in p or "status" in p]
+    if records:
+        spool.append_encoded([encode_record(r) for r in records])
+    path.rename(spool.path / f"dead-letter.resent-{int(time.time())}.jsonl")
+    if skipped:
+        logger.warning(
+            "qkwatch: %s: %d line(s) of dead-letter.jsonl are not dead letters; left out", spool.path, skipped
+        )
+    return len(records)
+
+
+def _run_answer(answer: object) -> RunAnswer:
+    """The collector's run, or a retryable failure for an answer that is not one (``{}``, ``{"id": null}``)."""
+    try:
+        return RunAnswer.model_validate(answer)
+    except ValidationError:
+        raise TransportError("POST /v1/runs: the answer is not a run", retryable=True) from None
 
 
 def _reports(records: list[Record], key: str) -> Iterator[Record]:
