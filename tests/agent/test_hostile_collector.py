@@ -576,8 +576,11 @@ def test_a_token_over_plain_http_to_a_remote_host_is_warned_about_once(
 
 @pytest.mark.parametrize("change", [0, -0.1, 1.5, float("nan"), "0.5"])
 def test_lambda_max_change_is_a_fraction_in_zero_to_one(change: object, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="lambda_max_change"):
-        agent.attach(TinyGPT(), project="tests", run="c", spool=str(tmp_path), lambda_max_change=change)
+    a = agent.attach(TinyGPT(), project="tests", run="ok", spool=str(tmp_path / "ok"), lambda_max_change=0.5)
+    a.close(0.1)
+    assert a.lambdas_state.max_change == 0.5
+    with pytest.raises(ValueError, match=r"lambda_max_change must be in \(0, 1\]"):
+        agent.attach(TinyGPT(), project="tests", run="c", spool=str(tmp_path / "c"), lambda_max_change=change)
 
 
 def test_dead_letters_can_be_requeued_and_are_then_delivered(hostile: Callable[..., Hostile], tmp_path: Path) -> None:
