@@ -139,8 +139,8 @@ class Spool:
 
     def read_meta(self) -> dict[str, Any]:
         """``meta.json`` (fields of the wrong type left out, with a warning), or the last meta written."""
-        if self._meta is not None or not self._usable:
-            return dict(self._meta or {})
+        if self._meta is not None:
+            return dict(self._meta)
         value = self._read_json("meta.json")
         if value is None:
             return {}
@@ -198,8 +198,9 @@ class Spool:
                     raise OSError(errno.ENOSPC, "the disk took none of a write")
                 written += n  # a short write: the rest goes in the next call, or that one fails
         except OSError:
-            if written:
-                _undo(fd, self._size)
+            if written:  # cut back (a truncate needs no space); if that fails, readers skip the torn bytes
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, self._size)
             raise
         self._size += len(blob)
 
@@ -290,7 +291,7 @@ class Spool:
                 self._save_cursor()
             for number in self.segments():
                 if number < self._cursor.segment and number != self._segment:
-                    self._segment_path(number).unlink(missing_ok=True)
+                    _unlink(self._segment_path(number))
 
     def make_room(self, incoming: int = 0, now: float | None = None) -> int:
         """Drop the oldest undelivered segments beyond the caps, counting ``incoming`` bytes about to be
@@ -315,7 +316,7 @@ class Spool:
                 count = sum(1 for _ in scan(file, start, number=number))
                 dropped += count
                 total -= stat.st_size
-                file.unlink(missing_ok=True)
+                _unlink(file)
                 if number == self._cursor.segment:
                     self._cursor = Position(number + 1, 0)
                 logger.warning(
@@ -405,7 +406,7 @@ class Spool:
         """A JSON object of the spool's; None (with a warning) if it is missing, unreadable or not an object."""
         try:
             value = json.loads((self.path / name).read_text())
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except (OSError, ValueError) as exc:
             self._warn_once(name, "spool %s: ignoring %s: %s", self.path, name, exc)
@@ -424,10 +425,10 @@ class Spool:
             logger.warning(message, *args)
 
 
-def _undo(fd: int, size: int) -> None:
-    """Cut a segment back to ``size`` after a write that failed part way (a truncate needs no space)."""
-    with contextlib.suppress(OSError):  # if it fails, a reader skips the torn bytes as corruption
-        os.ftruncate(fd, size)
+def _unlink(path: Path) -> None:
+    """Delete a segment; on a disk turned read-only it stays (delivered or dropped all the same)."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 def _stat(path: Path) -> os.stat_result | None:

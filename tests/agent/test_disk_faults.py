@@ -81,10 +81,11 @@ def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage()]
 
 
-def attach(spool: Path, run: str = "disk", url: str | None = None) -> tuple[agent.Agent, TinyGPT]:
+def attach(spool: Path, run: str = "disk", url: str | None = None, **settings: Any) -> tuple[agent.Agent, TinyGPT]:
     torch.manual_seed(0)
     model = TinyGPT()
-    return agent.attach(model, url=url, project="tests", run=run, spool=str(spool), every=1, **FAST), model
+    settings = {**FAST, **settings}
+    return agent.attach(model, url=url, project="tests", run=run, spool=str(spool), every=1, **settings), model
 
 
 def finish(a: agent.Agent) -> None:
@@ -205,16 +206,23 @@ def test_an_unusable_spool_directory_warns_and_the_run_trains_and_delivers(
     assert len(warnings_with(caplog, "cannot be used")) == 1
 
 
-def test_a_read_only_spool_warns_and_the_run_trains(small_disk: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_read_only_spool_warns_and_the_run_trains_and_delivers(
+    small_disk: Path, collector: LiveCollector, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The disk turns read-only between two runs: the second trains, delivers the first run's reports
+    from the read-only disk (its sender cannot delete what it delivered, and carries on) and its own
+    from memory."""
     caplog.set_level(logging.WARNING)
     spool = small_disk / "spool"
-    first, model = attach(spool, run="ro")
+    first, model = attach(spool, run="ro", segment_bytes=1000)  # a segment a report
     train(first, model, 3)
     finish(first)
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
-    a, model = attach(spool, run="ro")  # raised OSError (EROFS) before
+    collector.start()
+    a, model = attach(spool, run="ro", url=collector.url)  # raised OSError (EROFS) before
     train(a, model, 10, start=3)
-    finish(a)
+    a.close(timeout=60)
+    assert_exactly_once(points(collector, "ro"), range(10))
     assert len(warnings_with(caplog, "cannot be used")) == 1
     assert qkwatch.read_reports(spool).steps == [0, 1, 2]  # the disk as it was
 
