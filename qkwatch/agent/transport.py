@@ -14,11 +14,13 @@ about once per kind (:class:`FaultLog`). The token never appears in a message.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import ipaddress
 import json
 import logging
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -128,6 +130,9 @@ class HttpTransport:
         self.timeout = timeout
         self.until = until
         self.faults = faults if faults is not None else FaultLog()
+        self._sock: socket.socket | None = None  # the connection's socket, for the deadline to cut
+        self._guard = threading.Lock()
+        self._active = self._cut_off = False
         self._client = httpx.Client(
             base_url=url.rstrip("/"), headers=headers, timeout=httpx.Timeout(timeout, connect=min(3.0, timeout))
         )
@@ -194,10 +199,47 @@ class HttpTransport:
         raise error
 
     def _exchange(self, method: str, path: str, deadline: float, **kwargs: Any) -> tuple[int, httpx.Headers, bytes]:
-        """Send, and read the answer's body up to the cap and the deadline."""
+        """Send, and read the answer up to the cap and the deadline.
+
+        httpx's timeouts bound each read, not the whole: a timer shuts the socket down at the
+        deadline, which ends a read of headers trickled a byte at a time.
+        """
         left = _left(deadline)
-        timeout = httpx.Timeout(left, connect=min(3.0, left))
-        with self._client.stream(method, path, timeout=timeout, **kwargs) as response:
+        timer = threading.Timer(left, self._cut)
+        timer.daemon = True
+        with self._guard:
+            self._active, self._cut_off = True, False
+        timer.start()
+        try:
+            return self._read(method, path, deadline, httpx.Timeout(left, connect=min(3.0, left)), **kwargs)
+        except httpx.HTTPError:
+            if self._cut_off:
+                raise _Refused("no complete answer within the request's deadline", "too slow") from None
+            raise
+        finally:
+            with self._guard:
+                self._active = False
+            timer.cancel()
+
+    def _cut(self) -> None:
+        """At the deadline of a request still running: shut its socket down (the read then fails)."""
+        with self._guard:
+            if not self._active or self._sock is None:
+                return
+            self._cut_off = True
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+
+    def _traced(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace: keeps the socket of each new connection (one at a time: one thread uses it)."""
+        if event == "connection.connect_tcp.complete":
+            self._sock = info["return_value"].get_extra_info("socket")
+
+    def _read(
+        self, method: str, path: str, deadline: float, timeout: httpx.Timeout, **kwargs: Any
+    ) -> tuple[int, httpx.Headers, bytes]:
+        extensions = {"trace": self._traced}
+        with self._client.stream(method, path, timeout=timeout, extensions=extensions, **kwargs) as response:
             encoding = response.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise _Refused(f"the answer is {encoding[:40]!r}-encoded (asked for identity)", "encoded")

@@ -102,6 +102,13 @@ def trickle(ex: Exchange) -> None:
         ex.conn.sendall(b" ")
 
 
+def trickled_headers(ex: Exchange) -> None:
+    """A status line, then a header a byte every 0.3 s: every read is in time, the headers never end."""
+    ex.conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+    while not ex.stop.wait(0.3):
+        ex.conn.sendall(b"a")
+
+
 def huge(declared: bool) -> Answer:
     """200 with 50 MB of blanks and then a run, with or without a Content-Length."""
 
@@ -353,6 +360,7 @@ EVERY_ROUTE: dict[str, tuple[Answer, str]] = {
     # answer: what its one warning says
     "endless": (endless, "longer than"),
     "trickle": (trickle, "deadline"),
+    "trickled headers": (trickled_headers, "deadline"),
     "50 MB with a length": (huge(True), "declares"),
     "50 MB without a length": (huge(False), "longer than"),
     "307": (redirect, "redirect"),
