@@ -1,5 +1,5 @@
-"""The agent's subcommands: ``qkwatch analyze`` and ``qkwatch sync``. Imports only argparse and the
-(stdlib-only) thresholds at the top."""
+"""The agent's subcommands: ``qkwatch analyze``, ``qkwatch sync`` and ``qkwatch spool resend``. Imports
+only argparse and the (stdlib-only) thresholds at the top."""
 
 from __future__ import annotations
 
@@ -56,6 +56,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds per spool")
     s.set_defaults(handler=run_sync)
 
+    spool = sub.add_parser("spool", help="an agent's spool on disk")
+    actions = spool.add_subparsers(dest="spool_action", required=True)
+    r = actions.add_parser(
+        "resend",
+        help="put refused reports (dead-letter.jsonl) back in their spools and deliver them (after fixing the cause)",
+    )
+    r.add_argument("spool_dir", help="a spool directory, or any directory above spools (e.g. .qkwatch/spool)")
+    r.add_argument("--collector", default=None, help="collector URL (default: the URL each spool recorded)")
+    r.add_argument("--token", default=None, help="bearer token with the ingest scope (default: $QKWATCH_TOKEN)")
+    r.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds per spool")
+    r.set_defaults(handler=run_resend)
+
 
 def run_sync(args: argparse.Namespace) -> int:
     import os
@@ -66,13 +78,32 @@ def run_sync(args: argparse.Namespace) -> int:
         results = sync(
             args.spool_dir, args.collector, args.token or os.environ.get("QKWATCH_TOKEN"), timeout=args.timeout
         )
-    except SyncError as exc:
+    except (SyncError, ValueError) as exc:  # ValueError: a token a header cannot carry (not printed)
         print(f"qkwatch sync: {exc}", file=sys.stderr)
         return 2
     for r in results:
         extra = f", {r.dead_lettered} refused (see {r.spool / 'dead-letter.jsonl'})" if r.dead_lettered else ""
         print(f"{r.spool}: delivered {r.delivered} report(s), {r.left} left{extra}")
     return 0 if all(r.left == 0 for r in results) else 1
+
+
+def run_resend(args: argparse.Namespace) -> int:
+    """``qkwatch spool resend DIR``: each spool's dead letters back in it, then ``qkwatch sync``."""
+    from qkwatch.agent.disk_spool import Spool, SpoolLocked
+    from qkwatch.agent.shipper import requeue_dead_letters
+    from qkwatch.agent.sync import SyncError, find_spools
+
+    try:
+        for path in find_spools(args.spool_dir):
+            spool = Spool(path)
+            try:
+                print(f"{path}: {requeue_dead_letters(spool)} refused report(s) back in the spool")
+            finally:
+                spool.close()
+    except (SyncError, SpoolLocked) as exc:
+        print(f"qkwatch spool resend: {exc}", file=sys.stderr)
+        return 2
+    return run_sync(args)
 
 
 def run_analyze(args: argparse.Namespace) -> int:

@@ -614,3 +614,22 @@ def test_dead_letters_can_be_requeued_and_are_then_delivered(hostile: Callable[.
     assert not (path / "dead-letter.jsonl").exists() and list(path.glob("dead-letter.resent-*.jsonl"))
     sync(path, healthy.url, TOKEN, timeout=30.0)
     assert sorted({r["step"] for r in healthy.reports()}) == list(range(steps))
+
+
+def test_qkwatch_spool_resend_delivers_the_refused_reports(
+    hostile: Callable[..., Hostile], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command line: ``qkwatch spool resend DIR --collector URL`` puts every refused report back and
+    delivers it; a second run has nothing left to re-send."""
+    from qkwatch.cli import main
+
+    refusing = hostile(reports=json_answer({"detail": "no"}, status=400))
+    steps = 6
+    run = finish(Run(refusing.url, tmp_path / "spool", steps=steps))
+    healthy = hostile()
+    args = ["spool", "resend", str(run.spool), "--collector", healthy.url, "--token", TOKEN, "--timeout", "30"]
+    assert main(args) == 0
+    assert sorted({r["step"] for r in healthy.reports()}) == list(range(steps))
+    assert "refused report(s) back in the spool" in capsys.readouterr().out
+    assert main(args) == 0
+    assert " 0 refused report(s) back in the spool" in capsys.readouterr().out
