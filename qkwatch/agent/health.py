@@ -75,7 +75,8 @@ class DropNotes:
         report.setdefault("events", []).append(
             {
                 "kind": f"dropped{self.suffix}",
-                "message": f"{count} report(s) dropped by the spool's caps or a full host-copy queue",
+                "message": f"{count} report(s) dropped: the spool's caps, a full host-copy queue, or a disk "
+                "that refused them past the memory bound",
                 "data": {"count": count},
             }
         )

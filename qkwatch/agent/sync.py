@@ -60,7 +60,10 @@ def sync(
         except SpoolLocked as exc:
             raise SyncError(str(exc)) from None
         try:
-            url = collector or spool.read_meta().get("url")
+            meta = spool.read_meta()
+            if not all(isinstance(meta.get(key), str) and meta[key] for key in ("project", "name")):
+                raise SyncError(f"{path / 'meta.json'} names no project or run: its reports cannot be delivered")
+            url = collector or meta.get("url")
             if not url:
                 raise SyncError(f"{path}: the spool records no collector URL; pass --collector")
             health = Health()

@@ -151,6 +151,30 @@ def test_sync_delivers_a_spool_exactly_once_however_often_it_runs(tmp_path: Path
     assert_exactly_once(points(collector, "synced"), range(6))
 
 
+def test_sync_of_a_spool_whose_meta_names_no_run_is_one_line(tmp_path: Path) -> None:
+    """A ``meta.json`` without its project or run name (damaged by hand) is one line naming the file,
+    exit 2, not a KeyError's traceback (issue 42)."""
+    model = TinyGPT()
+    spool = tmp_path / "spool"
+    url = f"http://127.0.0.1:{free_port()}"
+    a = agent.attach(model, url=url, project="tests", run="nameless", spool=str(spool), every=1, **FAST)
+    train(a, model, 2)
+    a.close(timeout=0.5)
+    (meta_path,) = spool.rglob("meta.json")
+    meta = json.loads(meta_path.read_text())
+    del meta["name"]
+    meta_path.write_text(json.dumps(meta))
+    done = subprocess.run(
+        [sys.executable, "-m", "qkwatch.cli", "sync", str(spool), "--collector", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"qkwatch sync: {meta_path} names no project or run: its reports cannot be delivered"
+
+
 def test_close_returns_within_its_timeout_when_the_collector_hangs(tmp_path: Path) -> None:
     """``close(1.0)`` gives up on a request the collector never answers: it returns while the sender
     is still inside that request (whose own timeout is 600 s), and the reports stay spooled.
