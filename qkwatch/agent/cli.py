@@ -50,10 +50,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "sync",
         help="deliver what an agent spooled while the collector was away (exactly once, however often it runs)",
     )
-    s.add_argument("spool_dir", help="a spool directory, or any directory above spools (e.g. .qkwatch/spool)")
-    s.add_argument("--collector", default=None, help="collector URL (default: the URL each spool recorded)")
-    s.add_argument("--token", default=None, help="bearer token with the ingest scope (default: $QKWATCH_TOKEN)")
-    s.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds per spool")
+    _delivery_arguments(s)
     s.set_defaults(handler=run_sync)
 
     spool = sub.add_parser("spool", help="an agent's spool on disk")
@@ -62,11 +59,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "resend",
         help="put refused reports (dead-letter.jsonl) back in their spools and deliver them (after fixing the cause)",
     )
-    r.add_argument("spool_dir", help="a spool directory, or any directory above spools (e.g. .qkwatch/spool)")
-    r.add_argument("--collector", default=None, help="collector URL (default: the URL each spool recorded)")
-    r.add_argument("--token", default=None, help="bearer token with the ingest scope (default: $QKWATCH_TOKEN)")
-    r.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds per spool")
+    _delivery_arguments(r)
     r.set_defaults(handler=run_resend)
+
+
+def _delivery_arguments(p: argparse.ArgumentParser) -> None:
+    """What ``sync`` and ``spool resend`` deliver, where, and for how long."""
+    p.add_argument("spool_dir", help="a spool directory, or any directory above spools (e.g. .qkwatch/spool)")
+    p.add_argument("--collector", default=None, help="collector URL (default: the URL each spool recorded)")
+    p.add_argument("--token", default=None, help="bearer token with the ingest scope (default: $QKWATCH_TOKEN)")
+    p.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds per spool")
 
 
 def run_sync(args: argparse.Namespace) -> int:
