@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from qkwatch.contract.answers import LambdasAnswer, RunAnswer
+from qkwatch.contract.answers import LambdasAnswer, ReportsAnswer, RunAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +141,8 @@ class HttpTransport:
         return self._checked(RunAnswer, self._call("POST", "/v1/runs", json=body), "POST /v1/runs")
 
     def post_reports(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", f"/v1/runs/{run_id}/reports", json=body)
+        answer = self._call("POST", f"/v1/runs/{run_id}/reports", json=body)
+        return self._checked(ReportsAnswer, answer, "POST /v1/runs/{id}/reports")
 
     def get_lambdas(self, run_id: str) -> dict[str, Any]:
         answer = self._call("GET", f"/v1/runs/{run_id}/lambdas")

@@ -36,3 +36,16 @@ class LambdasAnswer(BaseModel):
 
     lambdas: list[Any] = Field(max_length=MAX_LAYERS)
     version: Annotated[int, Strict()] = Field(default=0, ge=0, le=MAX_VERSION)
+
+
+class ReportsAnswer(BaseModel):
+    """``POST /v1/runs/{id}/reports``: how many points were stored, and how many were already there.
+
+    Only an answer that fits takes reports out of the spool: a proxy or a captive portal that
+    answers 200 with a page, or ``{}``, has stored nothing.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    inserted: Annotated[int, Strict()] = Field(ge=0, le=MAX_VERSION)
+    duplicates: Annotated[int, Strict()] = Field(default=0, ge=0, le=MAX_VERSION)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+from qkwatch.agent import disk_spool, spool_memory
+from tests.agent.faults import Answer, FaultyOs, Hostile, mount_tmpfs
 
 
 @pytest.fixture(scope="module")
@@ -35,3 +40,37 @@ def megatron_on_cpu(megatron_parallel: None, monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     monkeypatch.setattr(tensor_parallel, "get_cuda_rng_tracker", lambda *a, **k: NoCudaRng())
+
+
+@pytest.fixture
+def hostile() -> Iterator[Callable[..., Hostile]]:
+    """``hostile(every_other=False, **answers)``: a :class:`Hostile` collector, closed after the test."""
+    made: list[Hostile] = []
+
+    def make(every_other: bool = False, **answers: Answer) -> Hostile:
+        made.append(Hostile(every_other, **answers))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.fixture
+def faulty_os(monkeypatch: pytest.MonkeyPatch) -> FaultyOs:
+    """The spool module's ``os``, with a ``write`` the test can make fail or fall short."""
+    fake = FaultyOs()
+    monkeypatch.setattr(disk_spool, "os", fake)
+    monkeypatch.setattr(spool_memory, "RETRY_SECONDS", 0.0)
+    return fake
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB tmpfs, unmounted after the test."""
+    mount = tmp_path / "disk"
+    mount_tmpfs(mount, "256k")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -1,10 +1,11 @@
 """The disk under the training run: full, nearly full, read-only, damaged, shared with forked children.
 
 A tiny training loop with an attached agent must finish every step whatever the disk does, say so
-once, count what it had to drop, and deliver the rest. The real faults run on a small tmpfs (CI
-runs as root; elsewhere those tests skip unless CI=true, where they fail instead); short writes
-and an ENOSPC at a chosen moment are injected by replacing the spool module's ``os`` with a
-wrapper whose ``write`` misbehaves (the kernel gives no way to ask for a short write on demand).
+once, count what it had to drop, and deliver the rest. The real faults run on a small tmpfs
+(``small_disk``: CI runs as root; elsewhere those tests skip unless CI=true, where they fail
+instead); short writes and an ENOSPC at a chosen moment are injected with ``faulty_os`` (the spool
+module's ``os`` with a ``write`` that misbehaves). Both fixtures are in ``conftest.py``; the suite
+of every fault against one training loop is ``test_fault_injection.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,55 +27,14 @@ import torch
 
 import qkwatch
 from qkwatch import agent
-from qkwatch.agent import disk_spool, spool_memory
+from qkwatch.agent import spool_memory
 from qkwatch.agent.disk_spool import Spool
+from tests.agent.faults import FaultyOs
 from tests.agent.test_delivery import assert_exactly_once, points
 from tests.agent.tiny import TinyGPT, train
 from tests.live import ROOT, LiveCollector
 
 FAST = {"spectra_every": 0, "flush_seconds": 0.05, "backoff_base": 0.05, "backoff_cap": 0.3}
-
-
-class FaultyOs:
-    """``os`` as the spool module sees it, with a ``write`` that fails or falls short on demand."""
-
-    def __init__(self) -> None:
-        self.full = False
-        self.short = False
-
-    def write(self, fd: int, data: Any) -> int:
-        if self.full:
-            raise OSError(28, "No space left on device")
-        if self.short and len(data) > 1:
-            return os.write(fd, bytes(data[: len(data) // 2]))  # as a nearly full disk does
-        return os.write(fd, data)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(os, name)
-
-
-@pytest.fixture
-def faulty_os(monkeypatch: pytest.MonkeyPatch) -> FaultyOs:
-    fake = FaultyOs()
-    monkeypatch.setattr(disk_spool, "os", fake)
-    monkeypatch.setattr(spool_memory, "RETRY_SECONDS", 0.0)
-    return fake
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 256 KiB tmpfs, unmounted after the test."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI runs as root and must mount a tmpfs: {done.stderr.decode().strip()}")
-        pytest.skip("mounting a tmpfs needs root")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def warnings_with(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:

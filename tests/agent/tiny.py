@@ -28,17 +28,22 @@ def batch(step: int, vocab: int = 64, t: int = 64) -> torch.Tensor:
     return torch.randint(0, vocab, (4, t), generator=gen)
 
 
+def train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> torch.Tensor:
+    """One optimizer step on ``batch(step)``; the loss, detached."""
+    x = batch(step)
+    logits = model(x[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
 def train(agent, model: nn.Module, steps: int, start: int = 0, sleep: float = 0.0, log=None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for step in range(start, steps):
         agent.step(step)
-        x = batch(step)
-        logits = model(x[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        agent.log(step, loss=loss.detach())
+        agent.log(step, loss=train_step(model, opt, step))
         if log is not None:
             print(f"step {step}", file=log, flush=True)
         if sleep:

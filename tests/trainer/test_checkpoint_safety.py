@@ -240,6 +240,19 @@ def test_an_export_with_flipped_weight_bytes_is_refused(out, capsys):
     data[biggest.header_offset + 30 + len(biggest.filename) + len(biggest.extra) + 100] ^= 0x40
     export.write_bytes(bytes(data))
     _refused(capsys, _eval(out), str(export), "differs from its sha256")
+    _refused(capsys, ["analyze", str(export)], str(export), "differs from its sha256")  # analyze checks them too
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool])
+def test_the_agent_and_the_trainer_digest_a_tensor_alike(dtype):
+    """``qkwatch analyze`` checks an export with the agent's copy of the trainer's tensor digest."""
+    from qkwatch.agent.offline.checkpoint import tensor_sha256 as agent_digest
+    from qkwatch.trainer.checkpoint_safety import tensor_sha256 as trainer_digest
+
+    tensor = (torch.randn(5, 7) * 3).to(dtype).t()  # not contiguous
+    digest = agent_digest(tensor)
+    assert digest == trainer_digest(tensor) == trainer_digest(tensor.contiguous())
+    assert digest != agent_digest(tensor.flip(0)) or dtype is torch.bool
 
 
 def test_an_intact_checkpoint_resumes_and_evaluates(out, capsys):

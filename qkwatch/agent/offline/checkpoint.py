@@ -16,6 +16,7 @@ Supported:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zipfile
 from collections.abc import Iterator
@@ -146,6 +147,7 @@ def _open_torch_file(path: Path) -> Checkpoint:
         if obj.get("format") == "qkwatch-gpt":
             config, kind = dict(obj.get("config") or {}), "qkwatch-gpt"
             config.setdefault("model_type", "qkwatch-gpt")
+            _verify_export(path, obj)
         elif isinstance(obj.get("model_args"), dict):
             config, kind = dict(obj["model_args"]), "nanogpt"
             config.setdefault("model_type", "nanogpt")
@@ -155,6 +157,31 @@ def _open_torch_file(path: Path) -> Checkpoint:
     config = config or _sibling_config(path)
     state = {_strip_compile_prefix(k): v for k, v in obj.items()}
     return Checkpoint(path, config, kind, dict.fromkeys(state, path), state)
+
+
+def _verify_export(path: Path, export: dict[str, Any]) -> None:
+    """Each tensor of a qkwatch-gpt export against the export's ``sha256`` list (when it has one)."""
+    sums = export.get("sha256")
+    if sums is None:  # exported before exports carried checksums
+        return
+    tensors = {k: v for k, v in export["model"].items() if isinstance(v, Tensor)}
+    if not isinstance(sums, dict) or set(sums) != set(tensors):
+        raise CheckpointError(f"{path}: its sha256 list does not name exactly the model's tensors")
+    for name, tensor in tensors.items():
+        if tensor_sha256(tensor) != sums[name]:
+            raise CheckpointError(
+                f"{path}: tensor {name} differs from its sha256 (the file is corrupted or was changed)"
+            )
+
+
+def tensor_sha256(tensor: Tensor) -> str:
+    """The sha256 of a tensor's bytes (in its dtype, row-major): the digest qkwatch-gpt exports carry.
+
+    The trainer, which writes them, has its own copy (the agent does not import the trainer);
+    ``tests/trainer/test_checkpoint_safety.py`` holds the two equal.
+    """
+    raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
 
 
 def _torch_load(file: Path) -> Any:
