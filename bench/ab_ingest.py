@@ -1,4 +1,4 @@
-"""Ingest of two checkouts' collectors side by side: ``bench/ingest.py``'s workload over HTTP, alternating.
+"""Ingest of two checkouts' collectors side by side: ``bench/ingest/``'s workload over HTTP, alternating.
 
 Each round starts each checkout's ``qkwatch serve --open`` (1 worker) on a fresh database, posts the
 run's batches of 10 reports (24 layers x 6 metrics, 1,440 points each; the first 10 batches untimed)
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.ingest import database, post_reports, report_bodies
+from bench.ingest.workload import database, post_reports, report_bodies
 from qkwatch.launch import CollectorProcess
 
 

@@ -1,7 +1,7 @@
 """Whole-run read-back: qkwatch's one ``/history`` call vs MLflow's ``get-history`` loop, side by side.
 
 The same run goes into both servers: 24 layers x 6 metrics x S steps (S = 500: 72,000 points), one
-MLflow metric key per layer and metric (``qkai/layer_07``), as in bench/ingest.py. Then, interleaved
+MLflow metric key per layer and metric (``qkai/layer_07``), as in bench/ingest/. Then, interleaved
 round by round on the same machine and database kind, the whole run is read back:
 
 * qkwatch: ``GET /v1/runs/{id}/history`` (every metric, one call) through ``monitor.client``'s HTTP
@@ -12,7 +12,7 @@ round by round on the same machine and database kind, the whole run is read back
   ``MlflowClient.get_metric_history`` sends, without building its entity objects), parsed.
 
 Each side is checked to return every point. MLflow runs from ``bench/.venvs/mlflow`` (see
-bench/ingest.py, or pass ``--setup-mlflow``). Usage::
+bench/ingest/, or pass ``--setup-mlflow``). Usage::
 
     .venv/bin/python -m bench.history                 # SQLite and PostgreSQL, 500 steps
     .venv/bin/python -m bench.history --db sqlite --steps 2000
@@ -34,17 +34,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.ingest import (  # the workload, the databases, the MLflow server and its read of bench/ingest.py
-    METRICS,
-    MLFLOW_VENV,
-    ROOT,
-    database,
-    mlflow_history,
-    reports,
-    server,
-    setup_mlflow,
-    value,
-)
+from bench.ingest.mlflow_server import MLFLOW_VENV, mlflow_history, server, setup_mlflow
+from bench.ingest.workload import METRICS, ROOT, database, reports, value
 from qkwatch.launch import CollectorProcess, free_port
 from qkwatch.monitor.client import Client, HistoryGrid
 

@@ -1,6 +1,6 @@
 """Where a batch's time goes inside the store: ``Store.add_reports`` called in-process, no HTTP.
 
-The workload of ``bench/ingest.py`` (24 layers x 6 metrics, batches of 10 reports), parsed with
+The workload of ``bench/ingest/`` (24 layers x 6 metrics, batches of 10 reports), parsed with
 ``ReportBatch.model_validate_json`` as the collector does, then stored; each phase of
 ``monitor.store.ingest.write_batch`` is timed by wrapping its function for this process only.
 "Rest" is what no phase covers: the run's row locked, the transaction's begin and commit. Usage::
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.ingest import database, report_bodies
+from bench.ingest.workload import database, report_bodies
 from qkwatch.contract.wire import ReportBatch, RunCreate
 from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import events, ingest, lambdas

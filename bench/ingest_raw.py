@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.ingest_raw [--db sqlite,postgres] [--steps 1920] [--batches 10,64] [--rounds 3]
 
-Workload: one run of 24 layers x 6 metrics x ``--steps`` steps (``bench/ingest.py``'s), one sender,
+Workload: one run of 24 layers x 6 metrics x ``--steps`` steps (``bench/ingest/``'s), one sender,
 sent in batches of B reports (B x 144 points): 10, and 64, the agent's own ``batch_max_reports``.
 For each database kind (SQLite file, PostgreSQL on the local server), alternating within a round:
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from bench.ingest import METRICS, ROOT, database, report_bodies, value
+from bench.ingest.workload import METRICS, ROOT, database, report_bodies, value
 from qkwatch.launch import CollectorProcess
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import upgrade

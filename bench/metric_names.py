@@ -21,7 +21,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from bench.ingest import database
+from bench.ingest.workload import database
 from qkwatch.contract.wire import ReportBatch, RunCreate
 from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import ingest, runs

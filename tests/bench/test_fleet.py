@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from bench.fleet import HAPROXY, PG_ADMIN_URL, FleetConfig, expected_alerts, problems, run_fleet
+from bench.fleet.checks import problems
+from bench.fleet.config import HAPROXY, PG_ADMIN_URL, FleetConfig
+from bench.fleet.session import run_fleet
+from bench.fleet.values import expected_alerts
 from tests.conftest import missing_service
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
