@@ -10,7 +10,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 WORKDIR /opt/qkwatch
 COPY pyproject.toml README.md ./
 COPY qkwatch qkwatch
-RUN pip install '.[postgres,grafana]' \
+RUN pip install '.[collector,postgres,grafana]' \
     && useradd --system --create-home --uid 10001 qkwatch \
     && mkdir -p /work/runs && chown -R qkwatch /work
 USER qkwatch

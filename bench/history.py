@@ -4,7 +4,7 @@ The same run goes into both servers: 24 layers x 6 metrics x S steps (S = 500: 7
 MLflow metric key per layer and metric (``qkai/layer_07``), as in bench/ingest/. Then, interleaved
 round by round on the same machine and database kind, the whole run is read back:
 
-* qkwatch: ``GET /v1/runs/{id}/history`` (every metric, one call) through ``monitor.client``'s HTTP
+* qkwatch: ``GET /v1/runs/{id}/history`` (every metric, one call) through ``qkwatch.client``'s HTTP
   client, parsed: with JSON values (the default) and with ``encoding=f64`` (decoded to doubles);
   ``Client.history()`` into a pandas DataFrame; and the six heatmap calls a user needed before
   (``max_steps`` high enough not to bucket);
@@ -36,8 +36,8 @@ import httpx
 
 from bench.ingest.mlflow_server import MLFLOW_VENV, mlflow_history, server, setup_mlflow
 from bench.ingest.workload import METRICS, ROOT, database, reports, value
+from qkwatch.client.rest import Client, HistoryGrid
 from qkwatch.launch import CollectorProcess, free_port
-from qkwatch.monitor.client import Client, HistoryGrid
 
 
 def load_qkwatch(url: str, steps: int, layers: int) -> str:

@@ -25,11 +25,11 @@ from typing import Any
 
 from bench.ingest.workload import database, report_bodies
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import events, ingest, lambdas
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import upgrade
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 
 PG_ADMIN_URL = os.environ.get("QKWATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 """The PostgreSQL server (as ``bench.ingest``'s ``--pg-url``); a fresh database on it, dropped after."""

@@ -23,12 +23,12 @@ import sqlalchemy as sa
 
 from bench.ingest.workload import database
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import ingest, runs
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.metric_names import ids_for_batch
 from qkwatch.monitor.store.migrate import upgrade
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 
 METRICS = ("qkai", "qkai_max", "stable_rank", "attn_entropy", "attn_top1", "pr_gap")
 LAYERS = 24

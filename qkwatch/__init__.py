@@ -25,10 +25,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from qkwatch.agent import Agent, AgentConfig, Layout, attach
+    from qkwatch.client.rest import Client, CollectorError
     from qkwatch.contract.offline_reports import SpoolReports, read_reports
     from qkwatch.contract.scheduling import ScheduleConfig
     from qkwatch.contract.thresholds import Thresholds
-    from qkwatch.monitor.client import Client, CollectorError
 
 __all__ = [
     "Agent",
@@ -49,8 +49,8 @@ _LAZY = {
     "Agent": "qkwatch.agent",
     "AgentConfig": "qkwatch.agent",
     "Layout": "qkwatch.agent",
-    "Client": "qkwatch.monitor.client",
-    "CollectorError": "qkwatch.monitor.client",
+    "Client": "qkwatch.client.rest",
+    "CollectorError": "qkwatch.client.rest",
     "ScheduleConfig": "qkwatch.contract.scheduling",
     "read_reports": "qkwatch.contract.offline_reports",
     "SpoolReports": "qkwatch.contract.offline_reports",

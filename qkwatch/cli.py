@@ -17,7 +17,7 @@ from collections.abc import Callable
 from qkwatch import __version__
 
 # (module, what it adds); a module that is missing or fails to import is skipped with a note.
-COMPONENTS = ("qkwatch.agent.cli", "qkwatch.monitor.cli", "qkwatch.trainer.cli", "qkwatch.demo")
+COMPONENTS = ("qkwatch.agent.cli", "qkwatch.commands", "qkwatch.trainer.cli", "qkwatch.demo")
 
 
 def build_parser() -> argparse.ArgumentParser:

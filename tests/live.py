@@ -1,7 +1,7 @@
 """A real ``qkwatch serve`` in a subprocess, on a fixed loopback port, that tests can stop and restart.
 
 Used by the agent, trainer and end-to-end tests: the collector keeps its SQLite file across
-restarts (an outage, not a wipe), and the database is read back through ``monitor.client.Client``
+restarts (an outage, not a wipe), and the database is read back through ``qkwatch.client.Client``
 or directly with SQLAlchemy. The process itself is ``qkwatch.launch.CollectorProcess``, which the
 demo and the benchmarks use too.
 """

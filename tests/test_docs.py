@@ -159,12 +159,14 @@ def test_every_file_module_and_name_the_architecture_page_cites_exists(page: Pat
 
 
 def test_the_checker_finds_what_is_missing() -> None:
-    assert problems(Reference(1, "qkwatch/agent/probe.py", "")) == []
-    assert problems(Reference(1, "probe.py", "qkwatch/agent/", file_column=True)) == []
+    assert problems(Reference(1, "qkwatch/agent/probe/probe.py", "")) == []
+    assert problems(Reference(1, "probe/probe.py", "qkwatch/agent/", file_column=True)) == []
     assert problems(Reference(1, "cursor.json", "")) == []  # prose, no folder: not a path
     assert problems(Reference(1, "qkwatch/agent/nothere.py", "")) == ["qkwatch/agent/nothere.py does not exist"]
-    assert problems(Reference(1, "qkwatch/agent/plan.py: Plan, Plan.at", "")) == []
-    assert problems(Reference(1, "qkwatch/agent/probe.py: Ghost", "")) == ["qkwatch/agent/probe.py defines no Ghost"]
+    assert problems(Reference(1, "qkwatch/agent/probe/plan.py: Plan, Plan.at", "")) == []
+    assert problems(Reference(1, "qkwatch/agent/probe/probe.py: Ghost", "")) == [
+        "qkwatch/agent/probe/probe.py defines no Ghost"
+    ]
     assert problems(Reference(1, "metrics/{heads,spectra}.py", "qkwatch/agent/", file_column=True)) == []
     assert problems(Reference(1, "metrics/{heads,gone}.py", "qkwatch/agent/", True)) == [
         "qkwatch/agent/metrics/gone.py does not exist"

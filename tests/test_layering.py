@@ -10,9 +10,14 @@ folders inside it, and a file is importable under one name only. The rules:
   standard library, pydantic and itself. The agent and the collector meet there and nowhere else:
   ``qkwatch.agent`` never imports ``qkwatch.monitor``, and ``qkwatch.monitor`` never imports the
   agent; ``import qkwatch.agent`` (every module of it) loads neither fastapi nor sqlalchemy.
-* ``qkwatch.monitor`` never imports torch, safetensors or any other ``qkwatch`` package but the
-  contract (a collector host needs no torch). numpy it may: it is one of the package's own
-  dependencies (``GET /history`` writes its JSON from a numpy view of the stored doubles). Inside
+* ``qkwatch.rules`` (the alert rules as pure functions) imports only the contract, numpy, PyYAML and itself;
+  the collector evaluates them, and ``qkwatch.client``'s backtest replays through them.
+* ``qkwatch.client`` (the REST client, the report, the backtest) imports the contract and the
+  rules, never the monitor, the agent, the trainer or the dashboards: a training environment
+  reads the collector through it without the collector's libraries.
+* ``qkwatch.monitor`` (the service alone) never imports torch, safetensors or any other ``qkwatch``
+  package but the contract and the rules (a collector host needs no torch). numpy it may: it is one
+  of the package's own dependencies (``GET /history`` writes its JSON from a numpy view of the stored doubles). Inside
   it, ``alerting`` never imports ``store``, ``api``, ``ui`` or ``main`` (the store calls the rules,
   not the other way round), and ``store`` never imports ``api``, ``ui`` or ``main``.
 * ``qkwatch.agent`` imports the contract, and never the monitor, the trainer, the dashboards or
@@ -20,10 +25,13 @@ folders inside it, and a file is importable under one name only. The rules:
 * ``qkwatch.agent.metrics`` is pure math: tensors in, tensors out; no threads, sockets, files or hooks.
 * ``qkwatch.trainer`` meets the agent through its public API only: the ``qkwatch.agent`` package
   itself and the geometry functions of ``qkwatch.agent.metrics``. It does not import the glue.
-  Only its seam, ``qkwatch.trainer.monitoring``, imports the ``qkwatch.agent`` package itself.
+  Only its seam, ``qkwatch.trainer.reporting.monitoring``, imports the ``qkwatch.agent`` package itself.
 * nothing imports ``qkwatch.trainer`` but the trainer itself and the glue (the ``qkwatch`` command).
-* ``qkwatch.dashboards`` (generators of the Grafana and Prometheus files) may read the monitor and
-  the contract; nothing of the agent, the monitor or the trainer imports it.
+* ``qkwatch.dashboards`` (generators of the Grafana and Prometheus files, and the Grafana push) may
+  read the monitor, the rules and the contract; nothing of the agent, the monitor or the trainer
+  imports it.
+* the command line's modules (``qkwatch/cli.py``, ``qkwatch.commands``) are glue: they may import
+  every part; no part imports them.
 * the glue's framework integrations (``qkwatch.integrations``) and ``qkwatch.raa`` are imported by
   nothing in the agent, the monitor or the trainer; they meet the agent through its public API.
 * no two modules of ours import each other, directly or around a circle (imports inside functions
@@ -44,7 +52,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("qkwatch.agent", "qkwatch.monitor", "qkwatch.trainer", "qkwatch.contract", "qkwatch.dashboards")
+PACKAGES = (
+    "qkwatch.agent",
+    "qkwatch.monitor",
+    "qkwatch.trainer",
+    "qkwatch.contract",
+    "qkwatch.dashboards",
+    "qkwatch.client",
+    "qkwatch.rules",
+)
 """The parts of the package that are folders of their own (beside the glue)."""
 GLUE = "qkwatch"
 """The top-level package's own modules (``qkwatch/*.py`` and ``qkwatch/integrations/``): the command line,
@@ -91,12 +107,16 @@ def relative_imports(path: Path) -> list[int]:
 
 
 def glue_modules() -> dict[str, Path]:
-    files = [*(ROOT / "qkwatch").glob("*.py"), *(ROOT / "qkwatch" / "integrations").rglob("*.py")]
+    files = [
+        *(ROOT / "qkwatch").glob("*.py"),
+        *(ROOT / "qkwatch" / "integrations").rglob("*.py"),
+        *(ROOT / "qkwatch" / "commands").rglob("*.py"),
+    ]
     return {module_of(p): p for p in sorted(files)}
 
 
 def module_of(path: Path) -> str:
-    """``qkwatch/agent/probe.py`` -> ``qkwatch.agent.probe``; ``qkwatch/cli.py`` -> ``qkwatch.cli``."""
+    """``qkwatch/agent/probe/probe.py`` -> ``qkwatch.agent.probe.probe``; ``qkwatch/cli.py`` -> ``qkwatch.cli``."""
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
@@ -146,8 +166,48 @@ def test_the_contract_imports_only_the_standard_library_and_pydantic(name: str, 
 def test_monitor_imports_no_torch_and_no_other_package(name: str, path: Path) -> None:
     names = imports_of(path)
     bad = [n for n in names if n.split(".")[0] in {"torch", "safetensors"}]
-    bad += [n for n in names if within(n, GLUE) and not within(n, "qkwatch.monitor") and not within(n, CONTRACT)]
+    allowed = ("qkwatch.monitor", CONTRACT, "qkwatch.rules")
+    bad += [n for n in names if within(n, GLUE) and not any(within(n, a) for a in allowed)]
     assert not bad, f"{name} imports {bad}"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.rules")))
+def test_the_rules_import_only_the_contract(name: str, path: Path) -> None:
+    names = imports_of(path)
+    bad = [n for n in names if within(n, GLUE) and not within(n, "qkwatch.rules") and not within(n, CONTRACT)]
+    base = (*sys.stdlib_module_names, "numpy", "yaml", GLUE, "__future__")  # base dependencies only
+    third = [n for n in names if n.split(".")[0] not in base]
+    assert not bad and not third, f"{name} imports {bad + third}"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.client")))
+def test_the_client_imports_the_contract_and_the_rules_only(name: str, path: Path) -> None:
+    allowed = ("qkwatch.client", CONTRACT, "qkwatch.rules")
+    bad = [n for n in imports_of(path) if within(n, GLUE) and not any(within(n, a) for a in allowed)]
+    assert not bad, f"{name} imports {bad}"
+
+
+def test_importing_the_client_loads_no_collector_library() -> None:
+    """Every module of ``qkwatch.client``, imported in a fresh interpreter: no fastapi, sqlalchemy,
+    starlette, uvicorn or alembic is loaded, and no module of ``qkwatch.monitor``."""
+    names = list(modules("qkwatch.client"))
+    code = (
+        "import importlib, sys\n"
+        f"for n in {names!r}:\n"
+        "    importlib.import_module(n)\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in\n"
+        "             ('fastapi', 'sqlalchemy', 'starlette', 'uvicorn', 'alembic', 'torch')\n"
+        "             or m.startswith('qkwatch.monitor'))\n"
+        "assert not bad, bad\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("name", "path"), cases({n: p for package in PACKAGES for n, p in modules(package).items()}))
+def test_no_part_imports_the_command_line(name: str, path: Path) -> None:
+    bad = [n for n in imports_of(path) if within(n, "qkwatch.commands") or n == "qkwatch.cli"]
+    assert not bad, f"{name} imports {bad}: the command line sits on top"
 
 
 LOWER_MONITOR_LAYERS = {
@@ -230,7 +290,7 @@ def test_trainer_meets_the_agent_through_its_public_api(name: str, path: Path) -
     assert not glue, f"{name} imports the glue {glue}"
 
 
-TRAINER_SEAM = "qkwatch.trainer.monitoring"
+TRAINER_SEAM = "qkwatch.trainer.reporting.monitoring"
 """The one trainer module that uses the agent's runtime; the others use only its geometry functions."""
 
 

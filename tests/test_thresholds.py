@@ -26,13 +26,13 @@ import torch
 import yaml
 
 from qkwatch.cli import main as qkwatch_main
+from qkwatch.contract import colour_scale
 from qkwatch.contract.scheduling import ScheduleConfig
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, ENV, H_STAR, Thresholds, as_text
 from qkwatch.dashboards import generate
-from qkwatch.monitor import colour_scale
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.main import load_rules
 from qkwatch.monitor.settings import Settings
+from qkwatch.rules.ruleset import RuleSet
 from tests.conftest import missing_service
 from tests.dashboards.promstack import find_binary
 from tests.live import ROOT, LiveCollector
@@ -248,7 +248,7 @@ def test_moved_report(moved_collector, tmp_path: Path) -> None:
 
 
 def test_moved_report_fallback_without_the_collectors_config(moved_env, monkeypatch: pytest.MonkeyPatch) -> None:
-    from qkwatch.monitor.client import Client, CollectorError
+    from qkwatch.client.rest import Client, CollectorError
 
     def no_config(*args: object, **kwargs: object) -> object:
         raise CollectorError(404, "not found")

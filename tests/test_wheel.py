@@ -123,6 +123,7 @@ def test_the_wheel_holds_only_the_qkwatch_package(wheel: Path) -> None:
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["qkwatch"]
     for needed in (
         "qkwatch/agent/metrics/subspace.py",
+        "qkwatch/agent/shipping/disk_spool.py",
         "qkwatch/monitor/ui/page.html",
         "qkwatch/monitor/store/migrations/script.py.mako",
         "qkwatch/trainer/__main__.py",
@@ -144,7 +145,7 @@ def test_import_qkwatch_comes_from_the_wheel_and_nothing_bare_is_installed(venv:
     out = run(
         venv,
         (
-            "import importlib.util, sys, qkwatch, qkwatch.agent, qkwatch.monitor.main, qkwatch.trainer.train\n"
+            "import importlib.util, sys, qkwatch, qkwatch.agent, qkwatch.monitor.main, qkwatch.trainer.run.train\n"
             "import qkwatch.dashboards.generate\n"
             "print(qkwatch.__file__)\n"
             f"print([n for n in {BARE!r} if importlib.util.find_spec(n) is not None])\n"
@@ -156,7 +157,7 @@ def test_import_qkwatch_comes_from_the_wheel_and_nothing_bare_is_installed(venv:
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     assert out[0] == str(site / "qkwatch" / "__init__.py")
     assert out[1] == "[]", f"top-level modules besides qkwatch are importable: {out[1]}"
-    assert out[2] == "qkwatch.agent qkwatch.monitor.client"
+    assert out[2] == "qkwatch.agent qkwatch.client.rest"
     assert out[3] == f"[{str(site.parent)!r}]", "some qkwatch module was imported from outside the wheel"
 
 
@@ -184,3 +185,127 @@ def test_the_installed_command_runs_help_and_a_migration(venv: Path, tmp_path: P
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert shipped[-1].startswith(revision), (revision, shipped[-1])
     assert {"runs", "points", "alerts", "tokens"} <= tables, tables
+
+
+# --- the two install profiles ---------------------------------------------------------------------
+#
+# `pip install qkwatch` (the agent, the client, `qkwatch report` and `analyze`; the user brings torch)
+# and `pip install 'qkwatch[collector]'`. Each profile's environment is the wheel installed with
+# --no-deps plus exactly the distributions its requirements reach, resolved from the wheel's own
+# METADATA and linked from this test run's environment (no network): what pip would install, minus
+# the download.
+
+
+def wheel_requirements(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def closure(requirements: list[str], extras: set[str]) -> set[str]:
+    """The distributions (canonical names) that ``qkwatch[extras]`` pulls in, transitively."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found: set[str] = set()
+    todo: list[tuple[str, set[str]]] = [(r, extras) for r in requirements]
+    while todo:
+        text, wanted = todo.pop()
+        req = Requirement(text)
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in wanted | {""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name == "qkwatch":  # a self-reference: qkwatch[collector] inside another extra
+            todo += [(r, set(req.extras)) for r in requirements]
+            continue
+        if name in found:
+            continue
+        found.add(name)
+        todo += [(r, set(req.extras)) for r in metadata.distribution(name).requires or []]
+    return found
+
+
+def linked_site(names: set[str], dest: Path) -> Path:
+    """A folder holding links to the files of the distributions ``names`` (from this environment)."""
+    from importlib import metadata
+
+    dest.mkdir(parents=True)
+    for name in names:
+        dist = metadata.distribution(name)
+        root = Path(str(dist.locate_file("")))
+        for top in {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}:
+            if not (dest / top).exists() and (root / top).exists():
+                (dest / top).symlink_to(root / top)
+    return dest
+
+
+def profile_venv(wheel: Path, where: Path, extras: set[str], also: set[str] = frozenset()) -> Path:
+    env = where / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "--no-deps", "-q"]
+        + ["--disable-pip-version-check", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    deps = linked_site(closure(wheel_requirements(wheel), extras) | set(also), where / "deps")
+    site = run(env, "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    (Path(site) / "zz-profile-dependencies.pth").write_text(f"{deps}\n")
+    return env
+
+
+COLLECTOR_ONLY = ("fastapi", "sqlalchemy", "uvicorn", "alembic", "starlette", "prometheus_client")
+
+
+def test_pip_install_qkwatch_trains_reads_and_reports_without_the_collector(wheel: Path, tmp_path: Path) -> None:
+    """The base profile, with torch beside it (the user's): attach on a model, the client, the report
+    and the rules import; no collector library is installed, and ``qkwatch serve`` says in one line
+    which extra to install."""
+    env = profile_venv(wheel, tmp_path, set(), also=closure(["torch"], set()))
+    out = run(
+        env,
+        "import importlib.util, sys, torch, qkwatch\n"
+        "from qkwatch.nanogpt import NanoGPT\n"
+        "from qkwatch.client import Client\n"
+        "import qkwatch.client.report, qkwatch.client.backtest, qkwatch.rules.evaluator\n"
+        f"a = qkwatch.attach(NanoGPT(), project='p', run='r', spool={str(tmp_path / 'spool')!r})\n"
+        "a.step(0); a.close(0)\n"
+        f"print(sorted(n for n in {COLLECTOR_ONLY!r} if importlib.util.find_spec(n) is not None))\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {COLLECTOR_ONLY!r}))\n"
+        "print(Client.__module__)\n",
+    ).splitlines()
+    assert out == ["[]", "[]", "qkwatch.client.rest"], out
+    for command in (["serve"], ["db", "upgrade"], ["token", "list"]):
+        done = subprocess.run(
+            [str(env / "bin" / "qkwatch"), *command],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=clean_env(),
+        )
+        err = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(err) == 1, done.stderr[-2000:]
+        assert "pip install 'qkwatch[collector]'" in err[0], err
+
+
+def test_pip_install_qkwatch_collector_serves_without_torch(wheel: Path, tmp_path: Path) -> None:
+    """The collector profile on a monitoring host: no torch, and the database migrates."""
+    env = profile_venv(wheel, tmp_path, {"collector"})
+    out = run(env, "import importlib.util, qkwatch.monitor.main\nprint(importlib.util.find_spec('torch'))\n")
+    assert out.strip() == "None"
+    db = tmp_path / "fresh.db"
+    migrated = subprocess.run(
+        [str(env / "bin" / "qkwatch"), "db", "upgrade", "--database-url", f"sqlite:///{db}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
+    assert migrated.returncode == 0, migrated.stderr[-3000:]

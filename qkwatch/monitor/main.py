@@ -24,7 +24,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from qkwatch.monitor.alerting.notifier import Notifier
-from qkwatch.monitor.alerting.ruleset import RuleSet, with_webhooks
 from qkwatch.monitor.alerting.webhooks import Policy
 from qkwatch.monitor.api import alerts, lambdas, queries, reports, runs
 from qkwatch.monitor.api.deps import Principal, RateLimiter, metrics_viewer
@@ -37,6 +36,7 @@ from qkwatch.monitor.store.engine import DatabaseFileGone, make_engine
 from qkwatch.monitor.store.migrate import head_revision, upgrade
 from qkwatch.monitor.store.store import Invalid, NotFound, Store
 from qkwatch.monitor.ui import routes as ui
+from qkwatch.rules.ruleset import RuleSet, with_webhooks
 
 logger = logging.getLogger(__name__)
 

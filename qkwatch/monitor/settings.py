@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, H_STAR, Thresholds
+from qkwatch.contract.urls import brief as _brief
+from qkwatch.contract.urls import check_http_url
 
 DEFAULT_DATABASE_URL = "sqlite:///qkwatch.db"
 ENV_PREFIX = "QKWATCH_"
@@ -30,31 +31,6 @@ MAX_SECONDS = 1e9
 
 Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
-
-
-def check_http_url(url: object) -> str:
-    """``url`` when it is an ``http://`` or ``https://`` URL with a host (and a port, if any, from 1 to 65535);
-    ValueError saying what is wrong with it otherwise. Webhook receivers (the rules file,
-    ``QKWATCH_WEBHOOK_URLS``), ``QKWATCH_EXTERNAL_URL`` and the CLI's ``--url`` are held to it."""
-    if not isinstance(url, str):
-        raise ValueError(f"a URL is a string, got {_brief(url)}")
-    if any(c.isspace() or not c.isprintable() for c in url):
-        raise ValueError(f"{_brief(url)} holds a space or a control character")
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:  # e.g. an unclosed [ of an IPv6 address
-        raise ValueError(f"{_brief(url)} is not a URL: {exc}") from None
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{_brief(url)} is not an http:// or https:// URL")
-    if not parts.hostname:
-        raise ValueError(f"{_brief(url)} has no host")
-    try:
-        port = parts.port
-    except ValueError:  # not a number, or above 65535
-        port = 0
-    if port == 0:
-        raise ValueError(f"{_brief(url)} has a port that is not a number from 1 to 65535")
-    return url
 
 
 HttpURL = Annotated[str, AfterValidator(check_http_url)]
@@ -197,8 +173,3 @@ def describe(exc: ValidationError, flags: Mapping[str, str]) -> str:
 
 SECRETS = frozenset({"webhook_secret"})
 """Settings whose value an error message hides."""
-
-
-def _brief(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
-from qkwatch.monitor.client import Client
+from qkwatch.client.rest import Client
 from tests.live import ROOT, free_port
 
 PROMETHEUS_DIR = ROOT / "qkwatch" / "dashboards" / "prometheus"

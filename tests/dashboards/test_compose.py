@@ -20,7 +20,7 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
-from qkwatch.monitor.dashboards import GRAFANA_ROLE
+from qkwatch.dashboards.push import GRAFANA_ROLE
 from tests.conftest import missing_service
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from qkwatch.contract import colour_scale
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, ENV, Thresholds
 from qkwatch.dashboards import generate
 from qkwatch.dashboards.grafana.colours import QKAI_EDGES
 from qkwatch.dashboards.grafana.queries import iter_queries
-from qkwatch.monitor import colour_scale
-from qkwatch.monitor.dashboards import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
+from qkwatch.dashboards.push import POSTGRES_UID, PROMETHEUS_UID, load_dashboards
 from tests.dashboards.test_grafana_sql import GRAFANA, ROOT, VIEWS
 
 BOARDS = load_dashboards(GRAFANA / "dashboards")
@@ -132,7 +132,7 @@ def qkai_colour_steps(panel: dict) -> list[list[dict]]:
 @pytest.mark.parametrize("board", BOARDS, ids=lambda b: b["uid"])
 def test_qkai_colours_break_at_the_collapse_threshold(board):
     """Every QKAI heatmap, bar gauge and table cell changes colour exactly at the threshold, from the live page's
-    calm colours to its alarming ones (``qkwatch.monitor.colour_scale``)."""
+    calm colours to its alarming ones (``qkwatch.contract.colour_scale``)."""
     coloured = [
         (p["title"], steps)
         for p in qkai_panels(board)

@@ -15,11 +15,11 @@ import pytest
 import sqlalchemy as sa
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.dashboards import load_dashboards
+from qkwatch.dashboards.push import load_dashboards
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 from tests.dashboards.test_grafana_sql import GRAFANA, ROLE, expand, fresh_postgres
 
 HUGE = 1.7e308

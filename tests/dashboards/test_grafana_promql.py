@@ -9,7 +9,7 @@ variable queries, run against the collector's database (the views exist on SQLit
 from __future__ import annotations
 
 from qkwatch.dashboards.grafana.queries import iter_queries
-from qkwatch.monitor.dashboards import PROMETHEUS_UID, load_dashboards
+from qkwatch.dashboards.push import PROMETHEUS_UID, load_dashboards
 from qkwatch.monitor.store.engine import make_engine
 from tests.dashboards.promstack import query, wait_for_result
 from tests.dashboards.test_grafana_sql import GRAFANA, expand, resolve_variables

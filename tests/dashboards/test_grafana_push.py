@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from qkwatch.cli import main
-from qkwatch.monitor.dashboards import FOLDER_UID, POSTGRES_UID, PROMETHEUS_UID, load_dashboards
+from qkwatch.dashboards.push import FOLDER_UID, POSTGRES_UID, PROMETHEUS_UID, load_dashboards
 from tests.live import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

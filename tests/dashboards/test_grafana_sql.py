@@ -23,12 +23,12 @@ from alembic import command
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
 from qkwatch.dashboards.grafana.queries import iter_queries
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.dashboards import POSTGRES_UID, load_dashboards
+from qkwatch.dashboards.push import POSTGRES_UID, load_dashboards
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import alembic_config, upgrade
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 from tests.conftest import missing_service
 from tests.monitor.conftest import PG_ADMIN_URL, _fresh_database, _pg_admin
 

@@ -1,4 +1,4 @@
-"""``qkwatch alerts backtest`` and ``monitor.backtest``.
+"""``qkwatch alerts backtest`` and ``qkwatch.client.backtest``.
 
 Pure: hand-built histories whose firing and outcome steps are known by construction give exact
 first firing steps and leads (negative when late), a false alarm on a healthy run, an unknown
@@ -26,14 +26,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from qkwatch.cli import main
-from qkwatch.monitor import backtest as bt
-from qkwatch.monitor.alerting.rules import ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.alerting.transitions import ReportValues, evaluate
-from qkwatch.monitor.client import Client, CollectorError
-from qkwatch.monitor.loss_rules import LossRule
-from qkwatch.monitor.outcomes import OutcomeRule
-from qkwatch.monitor.run_history import RunHistory, read
+from qkwatch.client import backtest as bt
+from qkwatch.client.outcomes import OutcomeRule
+from qkwatch.client.rest import Client, CollectorError
+from qkwatch.client.run_history import RunHistory, read
+from qkwatch.rules.kinds import ThresholdRule
+from qkwatch.rules.loss_rules import LossRule
+from qkwatch.rules.ruleset import RuleSet
+from qkwatch.rules.transitions import ReportValues, evaluate
 from tests.conftest import missing_service
 from tests.live import LiveCollector
 from tests.monitor.conftest import PG_ADMIN_URL, report

@@ -1,4 +1,4 @@
-"""``monitor.client.Client`` against a real ``qkwatch serve`` on SQLite and on PostgreSQL: settings
+"""``qkwatch.client.Client`` against a real ``qkwatch serve`` on SQLite and on PostgreSQL: settings
 from the environment, typed results with timestamps, NaN and infinities as floats, runs by
 ``project/name`` everywhere, run search and the whole-run history."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qkwatch.monitor.client import (
+from qkwatch.client.rest import (
     Alert,
     AuditEntry,
     Client,
@@ -299,5 +299,5 @@ def test_an_unanswerable_query_raises_naming_the_problem(c, project):
 
 
 def test_the_client_module_needs_no_pandas():
-    code = "import sys; sys.modules['pandas'] = None; import qkwatch.monitor.client"
+    code = "import sys; sys.modules['pandas'] = None; import qkwatch.client.rest"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

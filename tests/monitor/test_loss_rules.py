@@ -1,4 +1,4 @@
-"""Loss-only alert rules (``qkwatch.monitor.loss_rules``): closed forms, and an independent plain-Python
+"""Loss-only alert rules (``qkwatch.rules.loss_rules``): closed forms, and an independent plain-Python
 reference for every kind on random losses (the module computes with numpy running sums)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qkwatch.monitor.loss_rules import KINDS, TUNED_BASELINE, LossRule, LossSeries
-from qkwatch.monitor.outcomes import smoothed
+from qkwatch.client.outcomes import smoothed
+from qkwatch.rules.loss_rules import KINDS, TUNED_BASELINE, LossRule, LossSeries
 
 
 def line(n: int, start: float = 5.5, per_step: float = -0.01) -> tuple[list[int], list[float]]:

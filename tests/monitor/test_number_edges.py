@@ -15,7 +15,7 @@ import pytest
 from qkwatch.contract.scheduling import ScheduleConfig, check_override
 from qkwatch.contract.thresholds import Thresholds
 from qkwatch.contract.values import decode_value
-from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.rules.ruleset import RuleSet
 from tests.monitor.test_serve import serve
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from qkwatch.monitor.outcomes import (
+from qkwatch.client.outcomes import (
     Degradation,
     LossAlert,
     Outcome,

@@ -21,8 +21,8 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
+from qkwatch.client.rest import Client
 from qkwatch.launch import CollectorProcess
-from qkwatch.monitor.client import Client
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import alembic_config
 from tests.live import ROOT

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from qkwatch.cli import main
-from qkwatch.monitor import colour_scale
-from qkwatch.monitor.client import Client, CollectorError
-from qkwatch.monitor.report_data import explain
+from qkwatch.client.report_data import explain
+from qkwatch.client.rest import Client, CollectorError
+from qkwatch.contract import colour_scale
 from tests.live import ROOT, LiveCollector
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size, references
 from tests.monitor.ui.runs import reports as reports_of

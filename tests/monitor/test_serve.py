@@ -1,4 +1,4 @@
-"""A real ``qkwatch serve`` (uvicorn) on a free loopback port, driven through ``monitor.client.Client``."""
+"""A real ``qkwatch serve`` (uvicorn) on a free loopback port, driven through ``qkwatch.client.Client``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qkwatch.monitor.client import Client, CollectorError
+from qkwatch.client.rest import Client, CollectorError
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.settings import MAX_COUNT, SECRETS, SettingError, Settings, check_http_url, load_settings
+from qkwatch.rules.ruleset import RuleSet
 
 BIG = "1" * 401
 """A 401-digit integer: too large for a float, and for any database column."""

@@ -19,10 +19,10 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from qkwatch.agent.disk_spool import Spool
 from qkwatch.agent.health import Health
-from qkwatch.agent.shipper import Sender
-from qkwatch.agent.transport import HttpTransport
+from qkwatch.agent.shipping.disk_spool import Spool
+from qkwatch.agent.shipping.shipper import Sender
+from qkwatch.agent.shipping.transport import HttpTransport
 from qkwatch.contract.wire import RunCreate
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import upgrade

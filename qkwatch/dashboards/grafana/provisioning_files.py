@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qkwatch.monitor.dashboards import FOLDER_TITLE, FOLDER_UID, DataSources, datasources
+from qkwatch.dashboards.push import FOLDER_TITLE, FOLDER_UID, DataSources, datasources
 
 GRAFANA_DASHBOARDS = "/var/lib/grafana/dashboards/qkwatch"
 """Where docker-compose.yml mounts qkwatch/dashboards/grafana/dashboards inside the Grafana container."""

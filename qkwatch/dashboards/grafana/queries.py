@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from qkwatch.monitor.dashboards import POSTGRES_TYPE, POSTGRES_UID, PROMETHEUS_UID
+from qkwatch.dashboards.push import POSTGRES_TYPE, POSTGRES_UID, PROMETHEUS_UID
 
 PG = {"type": POSTGRES_TYPE, "uid": POSTGRES_UID}
 PROM = {"type": "prometheus", "uid": PROMETHEUS_UID}

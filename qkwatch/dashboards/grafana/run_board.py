@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from qkwatch.contract import colour_scale
 from qkwatch.contract.thresholds import Thresholds, as_text
 from qkwatch.dashboards.grafana.cells import alert_state_cells, status_cells, time_cells
 from qkwatch.dashboards.grafana.colours import ENTROPY_EDGES, qkai_steps, thresholds
@@ -16,7 +17,6 @@ from qkwatch.dashboards.grafana.layout import Layout
 from qkwatch.dashboards.grafana.panels import band_matrix, layer_trend, panel, stat, table, timeseries
 from qkwatch.dashboards.grafana.queries import promql
 from qkwatch.dashboards.grafana.variables import RUNS_BY_ACTIVITY, custom_variable, query_variable
-from qkwatch.monitor import colour_scale
 
 RUN_LABELS = 'project="$project", run="$run_name"'
 

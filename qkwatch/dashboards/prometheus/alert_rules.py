@@ -17,8 +17,8 @@ import string
 from pathlib import Path
 
 from qkwatch.contract.thresholds import Thresholds, as_text
-from qkwatch.monitor.alerting.rules import GrowthRule, ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.rules.kinds import GrowthRule, ThresholdRule
+from qkwatch.rules.ruleset import RuleSet
 
 TEMPLATE = Path(__file__).resolve().with_name("qkwatch.yml.template")
 DETECTORS = Path(__file__).resolve().parents[1] / "rules" / "detectors.yml"

@@ -7,7 +7,7 @@ up to ``webhook_max_attempts`` times, then given up and logged.
 
 **A run that ends while an alert fires.** Alertmanager's format knows two statuses, ``firing``
 and ``resolved``; qkwatch's alert has a third, ``ended`` (the run finished, crashed or went stale
-while the alert fired: see :mod:`qkwatch.monitor.alerting.evaluator`). Its notification is sent as
+while the alert fired: see :mod:`qkwatch.rules.evaluator`). Its notification is sent as
 ``firing``, with the same fingerprint as the alert's first one, and says so in its annotations:
 ``run_ended`` (``finished``, ``crashed`` or ``stale``), ``ended_step`` (the run's last step),
 ``last_values`` (``layer=value`` of the alert's metric at the end) and a summary that begins "run

@@ -14,11 +14,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from qkwatch.contract.values import encode_value
-from qkwatch.monitor.alerting.evaluator import StateKey, StoredState
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification, Value
-from qkwatch.monitor.alerting.transitions import Transition
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store import sql
+from qkwatch.rules.evaluator import StateKey, StoredState
+from qkwatch.rules.transitions import Transition
 
 _STATES = (
     sa.select(m.alert_state, m.alerts.c.state.label("alert_row_state"))
@@ -29,7 +29,7 @@ _STATES = (
 
 
 class AlertRows:
-    """The :class:`qkwatch.monitor.alerting.evaluator.AlertLedger` of one run, inside the ingest transaction."""
+    """The :class:`qkwatch.rules.evaluator.AlertLedger` of one run, inside the ingest transaction."""
 
     def __init__(self, conn: sa.Connection, run_pk: int, now: float) -> None:
         self.conn, self.run_pk, self.now = conn, run_pk, now

@@ -2,7 +2,7 @@
 
 :func:`write_batch` is the transaction's body: the batch id (exactly once), the points, frames,
 events and latest values, then the run's schedule state and its alerts (decided in
-:mod:`qkwatch.monitor.alerting.evaluator`, written through :class:`qkwatch.monitor.store.alerts.AlertRows`).
+:mod:`qkwatch.rules.evaluator`, written through :class:`qkwatch.monitor.store.alerts.AlertRows`).
 
 The cost of a batch is constant in the run's history: points go in with insert-or-ignore on
 their natural key (an index probe each), never a read of what is already stored.
@@ -24,14 +24,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from qkwatch.contract.values import decode_value
 from qkwatch.contract.wire import ReportBatch
-from qkwatch.monitor.alerting.evaluator import RunEnd, evaluate_batch
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs, sql
 from qkwatch.monitor.store.engine import is_postgres
 from qkwatch.monitor.store.errors import Invalid
 from qkwatch.monitor.store.events import EventIn
 from qkwatch.monitor.store.metric_names import ids_for_batch
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR
+from qkwatch.rules.evaluator import RunEnd, evaluate_batch
+from qkwatch.rules.ruleset import RuleSet
 
 if TYPE_CHECKING:
     import psycopg  # for its types only: the postgres extra may not be installed

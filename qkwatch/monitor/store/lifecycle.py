@@ -11,11 +11,11 @@ import sqlalchemy as sa
 
 from qkwatch.contract.values import MAX_TAGS
 from qkwatch.contract.wire import RunConfig, RunCreate, RunPatch
-from qkwatch.monitor.alerting.evaluator import end_of_run
 from qkwatch.monitor.store import lambdas, runs, sql
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.alerts import AlertRows
 from qkwatch.monitor.store.errors import Invalid
+from qkwatch.rules.evaluator import end_of_run
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ import sqlalchemy as sa
 
 from qkwatch.contract.wire import ReportBatch, RunCreate, RunPatch
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, metric_names, reads, runs, tokens
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import Invalid, NotFound
@@ -34,6 +33,7 @@ from qkwatch.monitor.store.lambdas import CLIP_WHO
 from qkwatch.monitor.store.runs import TERMINAL
 from qkwatch.monitor.store.tokens import hash_token
 from qkwatch.monitor.store.transactions import Transactions
+from qkwatch.rules.ruleset import RuleSet
 
 logger = logging.getLogger(__name__)
 

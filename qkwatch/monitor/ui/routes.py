@@ -14,7 +14,7 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from qkwatch.monitor import colour_scale
+from qkwatch.contract import colour_scale
 from qkwatch.monitor.api.deps import SettingsDep
 
 router = APIRouter(include_in_schema=False)

@@ -14,12 +14,12 @@ import math
 import numpy as np
 import pytest
 
-from qkwatch.monitor.alerting.forecast import fit_line
 from qkwatch.monitor.alerting.notifier import alertmanager_payload
 from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
-from qkwatch.monitor.alerting.rules import ForecastRule, GrowthRule, ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.alerting.transitions import LayerState, ReportValues, Transition, evaluate
+from qkwatch.rules.forecast import fit_line
+from qkwatch.rules.kinds import ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.rules.ruleset import RuleSet
+from qkwatch.rules.transitions import LayerState, ReportValues, Transition, evaluate
 
 
 def series(metric: str, values: list[float | None], *, every: int = 1, start: int = 0, attempt: int = 1):

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from qkwatch.monitor.alerting.evaluator import (
+from qkwatch.rules.evaluator import (
     AlertLedger,
     StateKey,
     StoredState,
@@ -20,9 +20,9 @@ from qkwatch.monitor.alerting.evaluator import (
     evaluate_batch,
     reports_for,
 )
-from qkwatch.monitor.alerting.rules import ForecastRule, GrowthRule, ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.alerting.transitions import Transition
+from qkwatch.rules.kinds import ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.rules.ruleset import RuleSet
+from qkwatch.rules.transitions import Transition
 
 
 class MemoryLedger:

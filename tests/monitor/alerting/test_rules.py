@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from qkwatch.monitor.alerting.rules import BandRule, ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.alerting.transitions import ReportValues, band_layers, evaluate
+from qkwatch.rules.kinds import BandRule, ThresholdRule
+from qkwatch.rules.ruleset import RuleSet
+from qkwatch.rules.transitions import ReportValues, band_layers, evaluate
 
 
 def reports(rows, attempt=1, start=0):

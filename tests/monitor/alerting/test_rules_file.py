@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
-from qkwatch.monitor.alerting.rules import MEMORY_MAX, ForecastRule, GrowthRule, ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.rules.kinds import MEMORY_MAX, ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.rules.ruleset import RuleSet
 
 GOOD = {"name": "r", "metric": "qkai", "op": ">", "threshold": 0.7, "for_reports": 2, "severity": "warning"}
 GROWTH = {"name": "g", "kind": "growth", "metric": "logit_max", "factor": 3.0, "baseline_reports": 5}

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.evaluator import AlertLedger, StoredState, evaluate_batch
-from qkwatch.monitor.alerting.rules import BandRule, ForecastRule, GrowthRule, ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store.alerts import AlertRows
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.evaluator import AlertLedger, StoredState, evaluate_batch
+from qkwatch.rules.kinds import BandRule, ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.rules.ruleset import RuleSet
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 from tests.monitor.store.plans import plan_of, statements
 
 LAYERS = 3

@@ -19,11 +19,11 @@ import pytest
 import sqlalchemy as sa
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import ingest, lifecycle
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import NotFound, Store
+from qkwatch.rules.ruleset import RuleSet
 from tests.conftest import missing_service
 from tests.monitor.conftest import PG_ADMIN_URL, _fresh_database, _pg_admin
 

@@ -12,11 +12,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import alembic_config, upgrade
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 
 
 @pytest.fixture

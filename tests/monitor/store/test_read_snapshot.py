@@ -18,9 +18,9 @@ import pytest
 import sqlalchemy as sa
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 
 
 @pytest.fixture

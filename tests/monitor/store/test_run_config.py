@@ -14,10 +14,10 @@ import sqlalchemy as sa
 
 from qkwatch.contract.scheduling import ScheduleConfig
 from qkwatch.contract.wire import ReportBatch, RunConfig, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 
 
 @pytest.fixture

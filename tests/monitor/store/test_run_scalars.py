@@ -14,10 +14,10 @@ import pytest
 import sqlalchemy as sa
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.alerting.ruleset import RuleSet
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import is_postgres, make_engine
 from qkwatch.monitor.store.store import Store
+from qkwatch.rules.ruleset import RuleSet
 from tests.monitor.store.plans import plan_of, statements
 
 LAYERS, STEPS = 24, 400

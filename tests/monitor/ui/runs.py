@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from qkwatch.monitor.client import Client
+from qkwatch.client.rest import Client
 
 N_LAYERS = 8
 BAND = (3, 4, 5)

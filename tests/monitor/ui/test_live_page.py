@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from qkwatch.client.report_figures import threshold_scale
+from qkwatch.contract import colour_scale
 from qkwatch.contract.thresholds import Thresholds
 from qkwatch.dashboards import generate
-from qkwatch.monitor import colour_scale
 from qkwatch.monitor.main import create_app
-from qkwatch.monitor.report_figures import threshold_scale
 from tests.live import ROOT, LiveCollector
 from tests.monitor.conftest import make_settings
 from tests.monitor.ui.browser import Page, chromium, keep, need_chromium, png_size
@@ -430,7 +430,7 @@ def test_the_colour_scale_breaks_for_every_colour_vision_and_is_sequential_below
 
 def test_the_page_and_the_report_draw_the_served_scale(page, tmp_path: Path) -> None:
     """The page builds its QKAI colour scale from ``/ui/config.json`` exactly as ``qkwatch report`` builds its own
-    from ``qkwatch.monitor.colour_scale``; nothing measured shows the scale's gap colour. A screenshot of the
+    from ``qkwatch.contract.colour_scale``; nothing measured shows the scale's gap colour. A screenshot of the
     band forming is kept."""
     url, vanilla, raa = page
     t = served_config(url)["collapse_threshold"]

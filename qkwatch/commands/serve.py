@@ -12,7 +12,7 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any
 
-from qkwatch.monitor.cli.database import (
+from qkwatch.commands.database import (
     database_arg,
     database_source,
     effective_settings,
@@ -20,7 +20,7 @@ from qkwatch.monitor.cli.database import (
     quiet_alembic,
     redact,
 )
-from qkwatch.monitor.cli.errors import StartupError, first_line, one_line_errors
+from qkwatch.commands.errors import StartupError, first_line, one_line_errors
 
 if TYPE_CHECKING:  # for annotations only: the handler imports the settings when it runs
     from qkwatch.monitor.settings import Settings

@@ -1,4 +1,4 @@
-"""``qkwatch alerts backtest``: replay stored runs through alert rules (:mod:`qkwatch.monitor.backtest`)
+"""``qkwatch alerts backtest``: replay stored runs through alert rules (:mod:`qkwatch.client.backtest`)
 and print, per run, each rule's first firing, its lead on the run's outcome and over a loss-only
 alert, then a summary over the runs with false alarms per healthy run (rich tables; ``--json`` for
 programs). ``--reference RUN`` judges each run degraded against its twin.
@@ -13,21 +13,21 @@ import math
 import sys
 from typing import TYPE_CHECKING
 
-from qkwatch.monitor.cli.connection import client_args, fail, open_client
-from qkwatch.monitor.cli.errors import one_line_errors
+from qkwatch.commands.connection import client_args, fail, open_client
+from qkwatch.commands.errors import one_line_errors
 
 if TYPE_CHECKING:  # for annotations only: the handler imports these when it runs
-    from qkwatch.monitor.alerting.ruleset import RuleSet
-    from qkwatch.monitor.backtest import Judging, RuleScore, RunBacktest
+    from qkwatch.client.backtest import Judging, RuleScore, RunBacktest
+    from qkwatch.rules.ruleset import RuleSet
 
 
 SUITE_DELTA = 0.11
-"""The instability suite's delta (``qkwatch.monitor.outcomes.SUITE_DELTA``; a test holds them equal): written
+"""The instability suite's delta (``qkwatch.client.outcomes.SUITE_DELTA``; a test holds them equal): written
 here so that ``--help`` imports nothing heavy."""
 
 
 class _Tuned:
-    """``qkwatch.monitor.loss_rules.TUNED_BASELINE``'s text, without importing numpy for ``--help``."""
+    """``qkwatch.rules.loss_rules.TUNED_BASELINE``'s text, without importing numpy for ``--help``."""
 
     @staticmethod
     def text() -> str:
@@ -92,11 +92,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @one_line_errors("alerts backtest")
 def cmd_alerts_backtest(args: argparse.Namespace) -> int:
+    from qkwatch.client import backtest, run_history
+    from qkwatch.client.outcomes import OutcomeRule
+    from qkwatch.client.rest import CollectorError
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
-    from qkwatch.monitor import backtest, run_history
-    from qkwatch.monitor.client import CollectorError
-    from qkwatch.monitor.loss_rules import LossRule
-    from qkwatch.monitor.outcomes import OutcomeRule
+    from qkwatch.rules.loss_rules import LossRule
 
     try:
         outcome_rule = OutcomeRule.parse(args.outcome)
@@ -173,7 +173,7 @@ def _judged_how(judging: Judging) -> str:
 def _backtest_rules(path: str | None, collapse: float) -> RuleSet:
     from pathlib import Path
 
-    from qkwatch.monitor.alerting.ruleset import RuleSet
+    from qkwatch.rules.ruleset import RuleSet
 
     return RuleSet.from_file(Path(path), collapse) if path else RuleSet.default(collapse)
 

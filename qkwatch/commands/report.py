@@ -1,6 +1,6 @@
 """``qkwatch report``: write one self-contained HTML report of a run (and optionally a second one beside
 it), read from a collector or, with ``--spool DIR``, from the run's spool on disk; the report itself is
-:mod:`qkwatch.monitor.report`.
+:mod:`qkwatch.client.report`.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import argparse
 import os
 import sys
 
-from qkwatch.monitor.cli.connection import check_endpoint
-from qkwatch.monitor.cli.errors import one_line_errors
+from qkwatch.commands.connection import check_endpoint
+from qkwatch.commands.errors import one_line_errors
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,8 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @one_line_errors("report")
 def cmd_report(args: argparse.Namespace) -> int:
-    from qkwatch.monitor.report import write_report, write_spool_report
-    from qkwatch.monitor.report_data import ReportError
+    from qkwatch.client.report import write_report, write_spool_report
+    from qkwatch.client.report_data import ReportError
 
     if args.spool is not None:
         if args.run is not None or args.vs is not None:

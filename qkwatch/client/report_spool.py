@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from qkwatch.client.report_data import BAND_METRICS, MAX_POINTS, MAX_STEPS
+from qkwatch.client.report_figures import Json, RunData, finite
 from qkwatch.contract.offline_reports import SpoolReports
 from qkwatch.contract.values import decode_value
-from qkwatch.monitor.report_data import BAND_METRICS, MAX_POINTS, MAX_STEPS
-from qkwatch.monitor.report_figures import Json, RunData, finite
 
 
 def spool_run_data(spool: SpoolReports) -> RunData:

@@ -8,7 +8,7 @@ import html
 import time
 from typing import Any
 
-from qkwatch.monitor.report_figures import Json, RunData, finite, layers_above, visible
+from qkwatch.client.report_figures import Json, RunData, finite, layers_above, visible
 
 
 def grid(cells: str, columns: int) -> str:

@@ -11,8 +11,7 @@ import json
 import time
 from collections.abc import Callable
 
-from qkwatch.contract.thresholds import as_text
-from qkwatch.monitor.report_cells import (
+from qkwatch.client.report_cells import (
     above_cell,
     alerts_cell,
     end_text,
@@ -29,8 +28,8 @@ from qkwatch.monitor.report_cells import (
     tags_cell,
     time_text,
 )
-from qkwatch.monitor.report_data import BAND_METRICS
-from qkwatch.monitor.report_figures import (
+from qkwatch.client.report_data import BAND_METRICS
+from qkwatch.client.report_figures import (
     Figure,
     Json,
     RunData,
@@ -43,6 +42,7 @@ from qkwatch.monitor.report_figures import (
     loss_figure,
     step_range,
 )
+from qkwatch.contract.thresholds import as_text
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 

@@ -1,10 +1,10 @@
-"""The runs resource of :class:`~qkwatch.monitor.client.Client`, and how a run is named in a request.
+"""The runs resource of :class:`~qkwatch.client.rest.Client`, and how a run is named in a request.
 
-A run is named by its id, by ``"project/name"``, or by a :class:`~qkwatch.monitor.results.Run` the
+A run is named by its id, by ``"project/name"``, or by a :class:`~qkwatch.client.results.Run` the
 client returned (:func:`run_ref`). :class:`RunsMixin` holds what the client does to runs (create or
 resume, page and search, change tags, notes and status, delete, read events and metrics); the
 transport it sends them through, and the errors it raises, are the client's own
-(:mod:`qkwatch.monitor.client`), which keeps httpx in one module.
+(:mod:`qkwatch.client.rest`), which keeps httpx in one module.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from qkwatch.monitor.results import Event, Page, Result, Run, RunMetrics
+from qkwatch.client.results import Event, Page, Result, Run, RunMetrics
 
 
 def run_ref(run: str | Result | dict[str, Any]) -> str:
@@ -34,7 +34,7 @@ def _when(t: datetime | float | str | None) -> float | str | None:
 
 
 class RunsMixin(ABC):
-    """The runs methods of :class:`~qkwatch.monitor.client.Client`, which sends their requests.
+    """The runs methods of :class:`~qkwatch.client.rest.Client`, which sends their requests.
 
     A mixin, so that the client keeps one flat API (``c.create_run``, ``c.search_runs``, ``c.tag``)
     while its requests on runs live apart from its transport.
@@ -42,7 +42,7 @@ class RunsMixin(ABC):
 
     @abstractmethod
     def _request(self, method: str, path: str, **kwargs: Any) -> object:
-        """Send one request; an error status raises :class:`~qkwatch.monitor.client.CollectorError`."""
+        """Send one request; an error status raises :class:`~qkwatch.client.rest.CollectorError`."""
 
     @abstractmethod
     def _json(self, method: str, path: str, **kwargs: Any) -> Any:

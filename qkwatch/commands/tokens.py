@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from qkwatch.monitor.cli.database import database_arg, open_store
-from qkwatch.monitor.cli.errors import one_line_errors
-from qkwatch.monitor.cli.tables import table
+from qkwatch.commands.database import database_arg, open_store
+from qkwatch.commands.errors import one_line_errors
+from qkwatch.commands.tables import table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,6 +1,6 @@
 """``qkwatch alerts``: the alerts a token may see, as a plain-text table or JSON, through the collector's
 REST API. An alert still firing when its run ended reads "run ended while firing", never "resolved".
-``alerts backtest`` is :mod:`qkwatch.monitor.cli.backtest`.
+``alerts backtest`` is :mod:`qkwatch.commands.backtest`.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import argparse
 import json
 from typing import Any
 
-from qkwatch.monitor.cli.backtest import register as register_backtest
-from qkwatch.monitor.cli.connection import client_args, fail, open_client
-from qkwatch.monitor.cli.errors import one_line_errors
-from qkwatch.monitor.cli.tables import table
+from qkwatch.commands.backtest import register as register_backtest
+from qkwatch.commands.connection import client_args, fail, open_client
+from qkwatch.commands.errors import one_line_errors
+from qkwatch.commands.tables import table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @one_line_errors("alerts")
 def cmd_alerts(args: argparse.Namespace) -> int:
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     try:
         with open_client(args) as c:

@@ -1,19 +1,19 @@
 """Backtests: stored runs replayed through alert rules, each rule's first firing scored against the run's outcome.
 
 ``qkwatch alerts backtest`` and the experiments that score detectors across many runs use it.
-:func:`qkwatch.monitor.run_history.read` takes a run from a collector over REST into a
-:class:`~qkwatch.monitor.run_history.RunHistory`; everything here is pure and takes histories as
+:func:`qkwatch.client.run_history.read` takes a run from a collector over REST into a
+:class:`~qkwatch.client.run_history.RunHistory`; everything here is pure and takes histories as
 data, so a history may also be built by hand.
 
 **The replay is the collector's own code.** Each report goes through
-:func:`qkwatch.monitor.alerting.evaluator.evaluate_batch` (and so through
-:func:`qkwatch.monitor.alerting.transitions.evaluate`) as a batch of its own, in (attempt, step) order,
-against an in-memory :class:`~qkwatch.monitor.alerting.evaluator.AlertLedger`: the rule state
+:func:`qkwatch.rules.evaluator.evaluate_batch` (and so through
+:func:`qkwatch.rules.transitions.evaluate`) as a batch of its own, in (attempt, step) order,
+against an in-memory :class:`~qkwatch.rules.evaluator.AlertLedger`: the rule state
 round-trips through the ledger between reports exactly as it does through the store between
 batches, so a rule kind the collector can evaluate is replayed without this module knowing of
 it. A report's values are the stored per-layer values of that step (NaN as NaN, which breaks a
 streak; not measured as None, which is skipped), as the ingest hands them to the rules. When an
-attempt gives way to the next, the run ends first (:func:`~qkwatch.monitor.alerting.evaluator.end_of_run`):
+attempt gives way to the next, the run ends first (:func:`~qkwatch.rules.evaluator.end_of_run`):
 live, a run is marked crashed (by the agent, or as stale) before it resumes: an alert firing then
 carries on into the next attempt (re-opened, not opened again) while its condition holds, and
 the streaks that had not fired start over. A rule's *first firing step* is the step of the
@@ -25,7 +25,7 @@ history records: the collector ran other rules or another collapse threshold; a 
 after a later one (the collector's rules skip reports older than one they have seen; the
 replay takes every stored report in order); or a run resumed before the collector saw it end.
 
-**Scoring.** The outcome is :func:`qkwatch.monitor.outcomes.label` of the run's ``loss`` scalar
+**Scoring.** The outcome is :func:`qkwatch.client.outcomes.label` of the run's ``loss`` scalar
 (the merged view over attempts: per step the latest attempt's value): ``diverged``, ``spiked`` or
 ``healthy``, or ``unknown`` when no loss was logged. For a run that went bad,
 ``lead_steps = outcome_step - first_fire_step`` (negative when the rule fired late) and
@@ -36,12 +36,12 @@ raised a false alarm; its leads are None, as they are when it never fired.
 **Degraded, against a twin.** Given a reference run (:class:`Judging`: the same recipe at a setting
 that went well), a run that did not diverge is ``degraded`` when its final held-out loss (the mean of
 its last ``k`` ``val_loss`` values) is at least ``delta`` above the reference's
-(:func:`qkwatch.monitor.outcomes.judge`); its outcome step is its last logged step, where a user
+(:func:`qkwatch.client.outcomes.judge`); its outcome step is its last logged step, where a user
 comparing final losses learns of it. A run without ``val_loss`` is judged by its loss alone, and says so.
 
 **Against the loss.** Each run is also replayed through a loss-only alert
-(:mod:`qkwatch.monitor.loss_rules`; by default the one tuned on the instability suite's tune
-recipe, :data:`~qkwatch.monitor.loss_rules.TUNED_BASELINE`): the step a user watching only the loss
+(:mod:`qkwatch.rules.loss_rules`; by default the one tuned on the instability suite's tune
+recipe, :data:`~qkwatch.rules.loss_rules.TUNED_BASELINE`): the step a user watching only the loss
 would have been told. A rule's ``lead_vs_loss`` on a bad run it flagged (first fired at or before
 the outcome's step) is that step (the outcome's, if the loss alert had not fired by then) minus
 the rule's first firing: what qkwatch adds over the loss. The loss alert is scored beside the
@@ -58,12 +58,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from qkwatch.monitor.alerting.evaluator import StateKey, StoredState, end_of_run, evaluate_batch
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.alerting.transitions import ReportValues, Transition
-from qkwatch.monitor.loss_rules import TUNED_BASELINE, LossRule, LossSeries
-from qkwatch.monitor.outcomes import SUITE_DELTA, Degradation, OutcomeRule, final_heldout, judge, label
-from qkwatch.monitor.run_history import RunHistory
+from qkwatch.client.outcomes import SUITE_DELTA, Degradation, OutcomeRule, final_heldout, judge, label
+from qkwatch.client.run_history import RunHistory
+from qkwatch.rules.evaluator import StateKey, StoredState, end_of_run, evaluate_batch
+from qkwatch.rules.loss_rules import TUNED_BASELINE, LossRule, LossSeries
+from qkwatch.rules.ruleset import RuleSet
+from qkwatch.rules.transitions import ReportValues, Transition
 
 if TYPE_CHECKING:
     pass
@@ -97,7 +97,7 @@ class Firing:
 
 
 class _Ledger:
-    """An :class:`~qkwatch.monitor.alerting.evaluator.AlertLedger` in memory that keeps the alerts opened."""
+    """An :class:`~qkwatch.rules.evaluator.AlertLedger` in memory that keeps the alerts opened."""
 
     def __init__(self) -> None:
         self.states: dict[StateKey, StoredState] = {}

@@ -1,6 +1,6 @@
 """The alert evaluator: a batch's reports through the rules, inside the ingest transaction.
 
-:func:`qkwatch.monitor.alerting.transitions.evaluate` decides (pure); this module turns what it decided into
+:func:`qkwatch.rules.transitions.evaluate` decides (pure); this module turns what it decided into
 alerts and notifications and keeps the rules' state, all through an :class:`AlertLedger`. The
 store implements the ledger over the ingest transaction's connection, so an alert, its
 notification (an outbox row) and the streak that raised it commit with the batch, or not at all.
@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.alerting.transitions import LayerState, ReportValues, Transition, evaluate
+from qkwatch.rules.ruleset import RuleSet
+from qkwatch.rules.transitions import LayerState, ReportValues, Transition, evaluate
 
 StateKey = tuple[str, int]
 """(rule name, layer); layer -1 for a band rule."""

@@ -29,13 +29,13 @@ which mean nothing to a run that may pause for a checkpoint). Four kinds of rule
   ``horizon_steps`` ahead. It resolves when the forecast stops saying so, or when the value
   crosses. The predicted crossing step is in the summary (``layer 3: qkai 0.58 rising
   0.0004/step, crosses 0.70 in about 300 steps (at step ~1450)``) and in
-  ``Transition.predicted_step`` (:mod:`qkwatch.monitor.alerting.transitions`; the alert's
+  ``Transition.predicted_step`` (:mod:`qkwatch.rules.transitions`; the alert's
   ``predicted_step``), so that a forecast can be scored against the step at which the value
   really crossed. It fires only once it holds ``window`` points.
 
-This module holds what a rule *is*; :mod:`qkwatch.monitor.alerting.transitions` judges reports
-against it (:func:`~qkwatch.monitor.alerting.transitions.evaluate`), with the forecast rule's line
-fitted by :mod:`qkwatch.monitor.alerting.forecast`, and :mod:`qkwatch.monitor.alerting.ruleset`
+This module holds what a rule *is*; :mod:`qkwatch.rules.transitions` judges reports
+against it (:func:`~qkwatch.rules.transitions.evaluate`), with the forecast rule's line
+fitted by :mod:`qkwatch.rules.forecast`, and :mod:`qkwatch.rules.ruleset`
 reads the rules file into these classes.
 """
 

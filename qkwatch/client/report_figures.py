@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from qkwatch.contract.colour_scale import GAP, colorscale
 from qkwatch.contract.thresholds import as_text
 from qkwatch.contract.values import decode_value
-from qkwatch.monitor.colour_scale import GAP, colorscale
 
 THRESHOLD_METRICS = frozenset({"qkai"})
 UNIT_RANGE = frozenset({"qkai", "attn_entropy"})  # normalised to [0, 1]

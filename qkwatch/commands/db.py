@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from qkwatch.monitor.cli.database import database_arg, database_source, effective_settings, prepare_database, redact
-from qkwatch.monitor.cli.errors import one_line_errors
+from qkwatch.commands.database import database_arg, database_source, effective_settings, prepare_database, redact
+from qkwatch.commands.errors import one_line_errors
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

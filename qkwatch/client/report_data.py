@@ -1,6 +1,6 @@
 """The data of ``qkwatch report``: the runs as read from a collector's REST API, one :class:`RunData` each.
 
-Only the REST API is read, through :class:`qkwatch.monitor.client.Client`; a metric the run never
+Only the REST API is read, through :class:`qkwatch.client.rest.Client`; a metric the run never
 reported is drawn empty, and each problem the user has to fix is a :class:`ReportError` that says what
 to do.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from qkwatch.monitor.client import Client, CollectorError
-from qkwatch.monitor.report_figures import Json, RunData, finite
+from qkwatch.client.report_figures import Json, RunData, finite
+from qkwatch.client.rest import Client, CollectorError
 
 BAND_METRICS = ("qkai", "stable_rank", "attn_entropy", "logit_max", "lambda")
 MAX_STEPS = 1000  # heatmap columns per run; more steps are bucketed by max, as on the live page

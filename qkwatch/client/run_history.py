@@ -1,7 +1,7 @@
 """A stored run as the backtests need it: its reports' per-layer values, its training loss and its
 held-out loss, read from a collector over REST (:func:`read`) or built by hand (:class:`RunHistory`).
 
-``qkwatch alerts backtest`` (:mod:`qkwatch.monitor.backtest`), ``qkwatch demo --natural`` and the
+``qkwatch alerts backtest`` (:mod:`qkwatch.client.backtest`), ``qkwatch demo --natural`` and the
 experiments that score detectors across many runs read runs through it.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from qkwatch.monitor.alerting.transitions import ReportValues
+from qkwatch.rules.transitions import ReportValues
 
 if TYPE_CHECKING:
-    from qkwatch.monitor.client import Client, Run
+    from qkwatch.client.rest import Client, Run
 
 SCALAR_LAYER = -1
 """The layer of a run-level scalar (``loss``) in a history answer."""
@@ -118,7 +118,7 @@ def _columns(
 ) -> list[dict[str, Any]]:
     """History columns of steps ``start..end`` (inclusive; None: no upper bound), as one answer or, when
     that is refused as too large, as several over halves of the range (split at the run's last step)."""
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     try:
         return [client.history(run.id, metrics, start=start, end=end, attempt=attempt, frame=False)]

@@ -9,7 +9,7 @@ last values, never "resolved"), the lambdas with their override audit trail, the
 and the run's tags and notes in its summary. Given a second run (``--vs``) every figure shows both
 runs, side by side on the same colour scale and step range.
 
-Only the collector's REST API is read, through :class:`qkwatch.monitor.client.Client`; or, with no
+Only the collector's REST API is read, through :class:`qkwatch.client.rest.Client`; or, with no
 collector, a run's spool on disk (``qkwatch report --spool DIR``: :func:`write_spool_report`, the
 data built in ``monitor.report_spool``). The runs are read in ``monitor.report_data``, drawn in
 ``monitor.report_figures`` and laid out in ``monitor.report_html`` (its table cells in
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from qkwatch.client.report_data import ReportError, endpoint, explain, fetch_run, resolve_run
+from qkwatch.client.report_html import render
+from qkwatch.client.report_spool import source_text, spool_run_data
+from qkwatch.client.rest import Client, CollectorError
 from qkwatch.contract.offline_reports import SpoolError, read_reports
 from qkwatch.contract.thresholds import Thresholds
-from qkwatch.monitor.client import Client, CollectorError
-from qkwatch.monitor.report_data import ReportError, endpoint, explain, fetch_run, resolve_run
-from qkwatch.monitor.report_html import render
-from qkwatch.monitor.report_spool import source_text, spool_run_data
 
 
 def write_report(

@@ -1,6 +1,6 @@
 """The rules file: :class:`RuleSet`, the collector's rules read from YAML and checked field by field.
 
-What each kind of rule means is :mod:`qkwatch.monitor.alerting.rules`; this module only reads and
+What each kind of rule means is :mod:`qkwatch.rules.kinds`; this module only reads and
 validates the file, so that a mistake in it stops the collector at start-up with one line naming
 the rule and the key, rather than silently alerting on less.
 
@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, as_text
-from qkwatch.monitor.alerting.rules import (
+from qkwatch.contract.urls import check_http_url
+from qkwatch.rules.kinds import (
     BandRule,
     ForecastRule,
     GrowthRule,
@@ -63,7 +64,6 @@ from qkwatch.monitor.alerting.rules import (
     ThresholdRule,
     brief_repr,
 )
-from qkwatch.monitor.settings import check_http_url
 
 KINDS: dict[str, type[Rule]] = {
     "threshold": ThresholdRule,

@@ -1,4 +1,4 @@
-"""The typed results of the collector's REST API, as :class:`qkwatch.monitor.client.Client` returns them.
+"""The typed results of the collector's REST API, as :class:`qkwatch.client.rest.Client` returns them.
 
 Frozen dataclasses whose times are timezone-aware datetimes (UTC) and whose values are floats, NaN
 and infinities decoded from the wire's ``"nan"``/``"inf"``/``"-inf"`` (None: not measured). A list

@@ -8,6 +8,12 @@ import sys
 from collections.abc import Callable
 
 
+COLLECTOR_LIBRARIES = frozenset(
+    {"fastapi", "fastapi_offline", "starlette", "uvicorn", "sqlalchemy", "alembic", "prometheus_client", "orjson"}
+)
+"""What ``qkwatch[collector]`` adds to ``pip install qkwatch``."""
+
+
 class StartupError(Exception):
     """What stops a command before it does its work (a bad flag, setting, port or database), as one line
     for the operator; the command prints it after its name and exits with status 2."""
@@ -17,7 +23,8 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def one_line_errors(command: str) -> Callable[[Handler], Handler]:
-    """A handler that prints a :class:`StartupError` as ``qkwatch COMMAND: message`` and returns 2."""
+    """A handler that prints a :class:`StartupError` as ``qkwatch COMMAND: message`` and returns 2;
+    the same for a collector library missing from an install without ``qkwatch[collector]``."""
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -26,6 +33,15 @@ def one_line_errors(command: str) -> Callable[[Handler], Handler]:
                 return handler(args)
             except StartupError as exc:
                 print(f"qkwatch {command}: {exc}", file=sys.stderr)
+                return 2
+            except ModuleNotFoundError as exc:
+                if (exc.name or "").split(".")[0] not in COLLECTOR_LIBRARIES:
+                    raise
+                print(
+                    f"qkwatch {command}: needs the collector, which this install leaves out "
+                    f"(no module {exc.name!r}): pip install 'qkwatch[collector]'",
+                    file=sys.stderr,
+                )
                 return 2
 
         return run

@@ -1,8 +1,8 @@
 """A forecast rule's line: the trend of a layer's recent points, and the step at which it crosses.
 
-Pure maths, apart from the rule that asks for it (:class:`~qkwatch.monitor.alerting.rules.ForecastRule`
+Pure maths, apart from the rule that asks for it (:class:`~qkwatch.rules.kinds.ForecastRule`
 says which line, which threshold and how many points) and from the streak that decides whether a
-crossing fires (:func:`qkwatch.monitor.alerting.transitions.evaluate`), so that the fit can be
+crossing fires (:func:`qkwatch.rules.transitions.evaluate`), so that the fit can be
 checked against closed forms on its own.
 """
 
@@ -12,7 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from qkwatch.monitor.alerting.rules import ForecastRule
+from qkwatch.rules.kinds import ForecastRule
 
 
 @dataclass(frozen=True)

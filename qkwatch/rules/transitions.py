@@ -1,8 +1,8 @@
 """Alert evaluation, pure: rules + per-layer state + new reports -> transitions (no I/O).
 
-:func:`evaluate` takes each report through the rules (:mod:`qkwatch.monitor.alerting.rules` says
+:func:`evaluate` takes each report through the rules (:mod:`qkwatch.rules.kinds` says
 what each kind means) and returns the alerts that start, stop or change (:class:`Transition`); the
-alert evaluator (:mod:`qkwatch.monitor.alerting.evaluator`) turns those into alerts and keeps the
+alert evaluator (:mod:`qkwatch.rules.evaluator`) turns those into alerts and keeps the
 :class:`LayerState` between batches.
 
 NaN is never evidence (a NaN report does not satisfy any rule, and is left out of baselines and
@@ -10,7 +10,7 @@ forecasts); an infinite value is (``inf`` is above every threshold and every gro
 Every per-layer rule evaluates each (attempt, step) of a layer once (:meth:`LayerState.seen`),
 so replays and late batches change nothing. What growth and forecast rules remember between
 batches (the early values, the recent points) is :attr:`LayerState.memory`, bounded by
-``baseline_reports`` and ``window`` (at most :data:`~qkwatch.monitor.alerting.rules.MEMORY_MAX`
+``baseline_reports`` and ``window`` (at most :data:`~qkwatch.rules.kinds.MEMORY_MAX`
 each), and stored with the state.
 """
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qkwatch.contract.thresholds import as_text
-from qkwatch.monitor.alerting.forecast import fit_line
-from qkwatch.monitor.alerting.rules import BandRule, ForecastRule, GrowthRule, ThresholdRule
-from qkwatch.monitor.alerting.ruleset import RuleSet
+from qkwatch.rules.forecast import fit_line
+from qkwatch.rules.kinds import BandRule, ForecastRule, GrowthRule, ThresholdRule
+from qkwatch.rules.ruleset import RuleSet
 
 
 @dataclass

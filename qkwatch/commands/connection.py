@@ -1,5 +1,5 @@
 """How the commands that go through a collector's REST API (``runs``, ``alerts``, ``report``) reach it:
-the ``--url`` and ``--token`` flags, a checked :class:`~qkwatch.monitor.client.Client`, and a refusal
+the ``--url`` and ``--token`` flags, a checked :class:`~qkwatch.client.rest.Client`, and a refusal
 of the collector as one line.
 """
 
@@ -10,10 +10,10 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from qkwatch.monitor.cli.errors import StartupError
+from qkwatch.commands.errors import StartupError
 
 if TYPE_CHECKING:  # for annotations only: open_client imports the client when it runs
-    from qkwatch.monitor.client import Client
+    from qkwatch.client.rest import Client
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -30,7 +30,7 @@ def client_args(p: argparse.ArgumentParser) -> None:
 def open_client(args: argparse.Namespace) -> Client:
     """A client of ``--url`` (else ``QKWATCH_URL``); StartupError for a URL that is not http(s) with a host,
     or a token that cannot be sent in a header."""
-    from qkwatch.monitor.client import Client
+    from qkwatch.client.rest import Client
 
     check_endpoint(args.url, args.token)
     return Client(args.url, token=args.token)
@@ -39,7 +39,7 @@ def open_client(args: argparse.Namespace) -> Client:
 def check_endpoint(url: str | None, token: str | None) -> None:
     """StartupError for a collector URL that is not http(s) with a host (and a port from 1 to 65535), or a
     token that cannot travel as ``Authorization: Bearer <token>`` (printable ASCII without a space)."""
-    from qkwatch.monitor.settings import check_http_url
+    from qkwatch.contract.urls import check_http_url
 
     if url:
         try:

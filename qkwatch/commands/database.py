@@ -11,7 +11,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from qkwatch.monitor.cli.errors import StartupError, first_line
+from qkwatch.commands.errors import StartupError, first_line
 
 if TYPE_CHECKING:  # for annotations only: the functions import these when they run
     from sqlalchemy.engine import Engine

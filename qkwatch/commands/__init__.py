@@ -1,5 +1,6 @@
-"""The collector's subcommands: ``serve``, ``token``, ``db``, ``runs``, ``alerts`` (and ``alerts backtest``),
-``report`` and ``dashboards``, one module per command group.
+"""The collector's and its clients' subcommands: ``serve``, ``token``, ``db`` (the service, from
+``qkwatch.monitor``), ``runs``, ``alerts`` (and ``alerts backtest``), ``report`` (through
+``qkwatch.client``) and ``dashboards`` (``qkwatch.dashboards.push``), one module per command group.
 
 Only argparse at import time (``qkwatch --help`` stays fast); everything else is imported inside
 the handlers.
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from qkwatch.monitor import dashboards
-from qkwatch.monitor.cli import alerts, db, report, runs, serve, tokens
+from qkwatch.commands import alerts, db, report, runs, serve, tokens
+from qkwatch.dashboards import push as dashboards
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

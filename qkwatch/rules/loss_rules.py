@@ -2,7 +2,7 @@
 
 A detector earns its place by warning earlier than these, on a recipe nobody tuned anything on
 (issue 40). Each rule reads only the logged training loss (ascending steps, one value each), smoothed
-by a trailing mean over ``window`` logged values (:func:`qkwatch.monitor.outcomes.smoothed`), and
+by a trailing mean over ``window`` logged values (:func:`qkwatch.client.outcomes.smoothed`), and
 fires at most once; :meth:`LossRule.first_firing` is the step it fires at, or None. Five kinds:
 
 * ``level``: at step ``at`` (the first logged step at or after it) the smoothed loss is above

@@ -2,7 +2,7 @@
 
 Shared by ``qkwatch report``, the CLI and users::
 
-    from qkwatch.monitor.client import Client
+    from qkwatch.client.rest import Client
     with Client() as c:  # $QKWATCH_URL and $QKWATCH_TOKEN, else http://127.0.0.1:8000 and no token
         run = c.create_run("proj", "run-1", config={"n_layers": 24})
         c.send_reports(run.id, [{"step": 0, "time": 0.0, "layers": {"qkai": [0.3] * 24}}])
@@ -32,10 +32,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from qkwatch.contract.thresholds import Thresholds, as_text
-from qkwatch.contract.wire import Report
-from qkwatch.monitor.client_runs import RunsMixin, run_ref
-from qkwatch.monitor.results import (
+from qkwatch.client.results import (
     Alert,
     AuditEntry,
     Compare,
@@ -54,6 +51,9 @@ from qkwatch.monitor.results import (
     history_columns,
     history_frame,
 )
+from qkwatch.client.runs import RunsMixin, run_ref
+from qkwatch.contract.thresholds import Thresholds, as_text
+from qkwatch.contract.wire import Report
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Client(RunsMixin):
     """Client of one collector. Use as a context manager, or call :meth:`close`.
 
     This class sends every request (and raises :class:`CollectorError`); the methods on runs
-    (create, page, search, change, delete) are :class:`~qkwatch.monitor.client_runs.RunsMixin`'s.
+    (create, page, search, change, delete) are :class:`~qkwatch.client.runs.RunsMixin`'s.
 
     Args:
         base_url: the collector's URL; default ``$QKWATCH_URL``, else ``http://127.0.0.1:8000``.

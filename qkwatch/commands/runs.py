@@ -10,9 +10,9 @@ import argparse
 import json
 import sys
 
-from qkwatch.monitor.cli.connection import client_args, fail, open_client
-from qkwatch.monitor.cli.errors import one_line_errors
-from qkwatch.monitor.cli.tables import table
+from qkwatch.commands.connection import client_args, fail, open_client
+from qkwatch.commands.errors import one_line_errors
+from qkwatch.commands.tables import table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @one_line_errors("runs list")
 def cmd_runs_list(args: argparse.Namespace) -> int:
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     filters = {
         k: getattr(args, k)
@@ -146,7 +146,7 @@ def _tag_cell(tags: tuple[str, ...]) -> str:
 
 @one_line_errors("runs")
 def cmd_runs_tag(args: argparse.Namespace) -> int:
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     try:
         with open_client(args) as c:
@@ -159,7 +159,7 @@ def cmd_runs_tag(args: argparse.Namespace) -> int:
 
 @one_line_errors("runs note")
 def cmd_runs_note(args: argparse.Namespace) -> int:
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     text = sys.stdin.read() if args.text == "-" else args.text
     try:
@@ -174,7 +174,7 @@ def cmd_runs_note(args: argparse.Namespace) -> int:
 
 @one_line_errors("runs show")
 def cmd_runs_show(args: argparse.Namespace) -> int:
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     try:
         with open_client(args) as c:
@@ -189,7 +189,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 @one_line_errors("runs delete")
 def cmd_runs_delete(args: argparse.Namespace) -> int:
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     if not args.yes and (not sys.stdin.isatty() or input(f"delete run {args.run} and all its points? [y/N] ") != "y"):
         print("not deleted (pass --yes)", file=sys.stderr)
