@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 
-from qkwatch.trainer.checkpoint_safety import load_dcp, single_process_ok, write_checksums
+from qkwatch.trainer.checkpoints.safety import load_dcp, single_process_ok, write_checksums
 
 LAYERS = 24
 

@@ -41,14 +41,14 @@ from pathlib import Path
 
 import torch
 
-from qkwatch.trainer import recipes
-from qkwatch.trainer.config import TrainConfig
-from qkwatch.trainer.interventions import InterventionConfig
-from qkwatch.trainer.model_config import ModelConfig
-from qkwatch.trainer.parallelize import init_distributed
-from qkwatch.trainer.run_setup import setup
-from qkwatch.trainer.step import train_step
-from qkwatch.trainer.train import apply_lambdas
+from qkwatch.trainer.model.config import ModelConfig
+from qkwatch.trainer.run import recipes
+from qkwatch.trainer.run.config import TrainConfig
+from qkwatch.trainer.run.interventions import InterventionConfig
+from qkwatch.trainer.run.parallelize import init_distributed
+from qkwatch.trainer.run.setup import setup
+from qkwatch.trainer.run.step import train_step
+from qkwatch.trainer.run.train import apply_lambdas
 
 BANDS = {"gpt24": range(9, 16), "collapse_cpu": range(3, 6)}
 
@@ -153,7 +153,7 @@ def components(runs, args) -> dict[str, float]:
 def attention_par_fn(r):
     from functools import partial
 
-    from qkwatch.trainer.raa import attention_par
+    from qkwatch.trainer.model.rank_anchored import attention_par
 
     c = r.cfg.raa
     return partial(attention_par, rank=c.rank, tau_factor=c.tau_factor, method=c.method)

@@ -36,7 +36,7 @@ from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, 
 if TYPE_CHECKING:
     from qkwatch.launch import CollectorProcess
     from qkwatch.monitor.client import Client
-    from qkwatch.trainer.config import RunConfig
+    from qkwatch.trainer.run.config import RunConfig
 
 VARIANTS = {"vanilla": [], "raa": ["raa.enabled=true"]}
 """The two runs of the demo and the overrides that make them differ."""

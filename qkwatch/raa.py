@@ -1,7 +1,7 @@
 """Rank-Anchored Attention's PAR term for any training loop (seed 000), with the collector's lambdas.
 
-The project's trainer adds PAR inside its own attention (``qkwatch.trainer.raa``); any other loop
-adds it to its loss here::
+The project's trainer adds PAR inside its own attention (``qkwatch.trainer.model.rank_anchored``);
+any other loop adds it to its loss here::
 
     agent = qkwatch.attach(model, ...)
     par = ParLoss(model)                       # finds the layers once, as the agent does
@@ -17,12 +17,13 @@ For one layer ``l`` with ``lambda_l > 0``
     L_PAR_l = lambda_l * sum_h ReLU(sum_i c_i^2 - tau)^2,   tau = tau_factor * r,
 
 ``c_i`` the cosines of the principal angles between the top-``r`` query and key subspaces of head
-``h`` (``qkwatch.agent.metrics.principal_overlap``, the implementation the trainer and the agent
-share; ``r = d_head`` by default). With grouped-query attention key head ``g`` serves query heads
-``g n_rep ... (g + 1) n_rep - 1``, each a term of the sum. The layers and their projections are the
-agent's (``qkwatch.agent.find_sites``): qkwatch's GPT, HF Llama/Mistral/Qwen/BERT/GPT-2, nanoGPT,
-or an explicit ``layout``. The weights are views of the model's parameters, so the term is
-differentiable in ``W_Q`` and ``W_K`` and its gradient reaches them through ``backward``.
+``h`` (``r = d_head`` by default). The formula and ``tau_factor``'s default are the trainer's:
+``qkwatch.agent.metrics.par_penalty`` and ``TAU_FACTOR``. With grouped-query attention key head
+``g`` serves query heads ``g n_rep ... (g + 1) n_rep - 1``, each a term of the sum. The layers and
+their projections are the agent's (``qkwatch.agent.find_sites``): qkwatch's GPT, HF
+Llama/Mistral/Qwen/BERT/GPT-2, nanoGPT, or an explicit ``layout``. The weights are views of the
+model's parameters, so the term is differentiable in ``W_Q`` and ``W_K`` and its gradient reaches
+them through ``backward``.
 
 A key rotation (RAA's Householder ``R``) is left out: ``W_K R^T`` spans ``W_K``'s column space, so
 the angles are the same. Parameters sharded by FSDP2 (DTensors) exist whole only inside the
@@ -36,14 +37,10 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkwatch.agent import Layout, Site, find_sites
-from qkwatch.agent.metrics import principal_overlap
-
-TAU_FACTOR = 0.45
-"""tau = 0.45 r (seed 000), as ``qkwatch.trainer.raa.RAAConfig.tau_factor``."""
+from qkwatch.agent.metrics import TAU_FACTOR, par_penalty
 
 
 class ParLoss:
@@ -100,12 +97,7 @@ class ParLoss:
     def _layer(self, site: Site) -> Tensor:
         """``sum_h ReLU(sum_i c_i^2 - tau)^2`` of one layer."""
         wq, wk, _ = site.weights()  # (H, D, hs), (G, D, hs); the rotation leaves the subspace alone
-        r = wq.shape[-1] if self.rank is None else min(self.rank, wq.shape[-1])
-        # refine=False: no float64 recomputation of ill-conditioned heads, so no host sync in the step
-        overlap = principal_overlap(wq, wk, r, refine=False)  # (H,)
-        overlap = overlap.to(torch.promote_types(wq.dtype, torch.float32))
-        excess = F.relu(torch.nan_to_num(overlap, nan=0.0) - self.tau_factor * r)  # a dead head adds 0
-        return excess.square().sum()
+        return par_penalty(wq, wk, self.rank, tau_factor=self.tau_factor)
 
     def _device(self) -> torch.device:
         return self.sites[0].weights()[0].device if self.sites else torch.device("cpu")

@@ -8,7 +8,7 @@ without ever blocking a step or losing a report, and read the per-layer lambdas 
             ...
 
 The heavy modules load on first use, so ``import qkwatch.agent`` (and the ``qkwatch`` command) stay light.
-The trainer meets the agent here and in :mod:`qkwatch.agent.metrics` only (``qkwatch/trainer/monitoring.py``).
+The trainer meets the agent here and in :mod:`qkwatch.agent.metrics` only (``qkwatch/trainer/reporting/monitoring.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``python -m qkwatch.trainer`` and ``torchrun --nproc_per_node N -m qkwatch.trainer``: train a recipe.
 
-The one command of the trainer (see ``qkwatch.trainer.cli``); ``train.py`` is a module, not a script.
+The one command of the trainer (see ``qkwatch.trainer.cli``); ``run/train.py`` is a module, not a script.
 A reader that closes the pipe early (``python -m qkwatch.trainer --list | head -3``) ends it quietly
 with status 1, as ``qkwatch`` does (``qkwatch.cli.closed_pipe_safe``, the Python docs' recipe; the
 trainer may not import the glue, hence these lines of its own).

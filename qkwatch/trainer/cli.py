@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from qkwatch.trainer.config import RunConfig
+    from qkwatch.trainer.run.config import RunConfig
 
 logger = logging.getLogger(__name__)
 
@@ -107,13 +107,13 @@ def train_command(args: argparse.Namespace) -> int:
         return 0
     if args.collector:
         os.environ["QKWATCH_URL"] = args.collector
-    from qkwatch.trainer.train import run
+    from qkwatch.trainer.run.train import run
 
     out = Path(args.out or Path("runs") / cfg.recipe)
     try:
         result = run(cfg, out, resume=args.resume)
     except ValueError as exc:
-        from qkwatch.trainer.checkpoint_safety import BadCheckpoint
+        from qkwatch.trainer.checkpoints.safety import BadCheckpoint
 
         # every rank finds the same fault in a checkpoint (the ranks check it together): rank 0 says it
         if not isinstance(exc, BadCheckpoint) or os.environ.get("RANK", "0") == "0":
@@ -131,16 +131,16 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def resolve_config(recipe: str, overrides: list[str]) -> RunConfig:
-    """The recipe's :class:`qkwatch.trainer.config.RunConfig` with the ``key=value`` overrides applied and validated."""
-    from qkwatch.trainer import recipes
-    from qkwatch.trainer.config import apply_overrides
+    """The recipe's :class:`~qkwatch.trainer.run.config.RunConfig`, ``key=value`` overrides applied and validated."""
+    from qkwatch.trainer.run import recipes
+    from qkwatch.trainer.run.config import apply_overrides
 
     return apply_overrides(recipes.get(recipe), overrides)
 
 
 def print_recipes() -> None:
     """The recipes as a table: a header row, then one recipe per line."""
-    from qkwatch.trainer import recipes
+    from qkwatch.trainer.run import recipes
 
     print(f"{'recipe':24s} {'layers':>6s} {'d_model':>7s} {'params':>10s}")
     for name, fn in recipes.RECIPES.items():
@@ -152,8 +152,8 @@ def print_recipes() -> None:
 def _eval(args: argparse.Namespace) -> int:
     import torch
 
-    from qkwatch.trainer.evals import TASK_NAMES, evaluate, format_table, load_checkpoint
-    from qkwatch.trainer.monitoring import open_monitor
+    from qkwatch.trainer.reporting.evals import TASK_NAMES, evaluate, format_table, load_checkpoint
+    from qkwatch.trainer.reporting.monitoring import open_monitor
 
     tasks = list(TASK_NAMES) if not args.task or "all" in args.task else list(dict.fromkeys(args.task))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

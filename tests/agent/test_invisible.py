@@ -58,8 +58,8 @@ class Case:
 
 def _gpt(attention: str) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
-        from qkwatch.trainer.model import GPT
-        from qkwatch.trainer.model_config import ModelConfig
+        from qkwatch.trainer.model.config import ModelConfig
+        from qkwatch.trainer.model.gpt import GPT
 
         torch.manual_seed(0)
         config = ModelConfig(

@@ -404,8 +404,8 @@ def numpy_spectrum(q, k, remove_outlier: bool) -> tuple[float, float]:
 def test_outlier_removed_gpt_reports_the_spectrum_of_a_minus_u(tmp_path: Path) -> None:
     """Seed 003's variant attends with A - U: the probe measures that matrix, on the first
     ``spectrum_window`` tokens of the first sequence."""
-    from qkwatch.trainer.model import GPT
-    from qkwatch.trainer.model_config import ModelConfig
+    from qkwatch.trainer.model.config import ModelConfig
+    from qkwatch.trainer.model.gpt import GPT
 
     small = {"n_layers": 2, "n_heads": 2, "d_model": 32, "max_seq_len": 48, "vocab_size": 64}
     assert not any(site.remove_outlier for site in find_sites(GPT(ModelConfig(**small))))
@@ -431,8 +431,8 @@ def test_outlier_removed_gpt_reports_the_spectrum_of_a_minus_u(tmp_path: Path) -
 def test_participation_ratio_reads_rows_of_the_whole_micro_batch(tmp_path: Path) -> None:
     """pr_q and pr_k come from every position of the micro-batch (8 x 64 = 512 rows), or ``pr_rows``
     of them evenly strided; from 64 rows of one sequence PR could not exceed 63."""
-    from qkwatch.trainer.model import GPT
-    from qkwatch.trainer.model_config import ModelConfig
+    from qkwatch.trainer.model.config import ModelConfig
+    from qkwatch.trainer.model.gpt import GPT
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_layers=2, n_heads=4, n_kv_heads=2, d_model=128, max_seq_len=64)).eval()
@@ -483,8 +483,8 @@ def test_spectrum_and_pr_settings_are_validated(setting: dict, match: str) -> No
 def test_row_statistics_average_sample_seqs_sequences_and_qk_erank_reads_the_first(tmp_path: Path) -> None:
     """``sample_rows`` rows spread over the first ``sample_seqs`` sequences (16 of each of 4), the
     entropy averaged over them, against float64 numpy; ``qk_erank`` from 64 rows of sequence 0."""
-    from qkwatch.trainer.model import GPT
-    from qkwatch.trainer.model_config import ModelConfig
+    from qkwatch.trainer.model.config import ModelConfig
+    from qkwatch.trainer.model.gpt import GPT
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_layers=2, n_heads=4, d_model=64, max_seq_len=64)).eval()

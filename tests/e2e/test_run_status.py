@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from qkwatch.trainer import train as trainer_train
 from qkwatch.trainer.cli import resolve_config
+from qkwatch.trainer.run import train as trainer_train
 from tests.live import ROOT, LiveCollector
 
 pytestmark = pytest.mark.slow

@@ -27,9 +27,9 @@ from transformers import Trainer, TrainerCallback
 from qkwatch.agent.disk_spool import Spool, SpoolConfig
 from qkwatch.integrations.huggingface import QKWatchCallback, RAATrainer, metric_name, scalars
 from qkwatch.raa import ParLoss, par_loss
-from qkwatch.trainer.model import GPT
-from qkwatch.trainer.model_config import ModelConfig
-from qkwatch.trainer.raa import attention_par
+from qkwatch.trainer.model.config import ModelConfig
+from qkwatch.trainer.model.gpt import GPT
+from qkwatch.trainer.model.rank_anchored import RAAConfig, attention_par
 from tests.integrations.hf_tiny import FAST, MODELS, N_LAYERS, Explode, Tokens, arguments, tiny_gpt2, tiny_llama
 from tests.live import ROOT, LiveCollector
 
@@ -226,6 +226,9 @@ def test_two_processes_are_one_run_with_ranks(tmp_path: Path, collector: LiveCol
 
 
 def test_par_loss_equals_the_trainers_par_on_the_projects_gpt() -> None:
+    """Both call ``qkwatch.agent.metrics.par_penalty``; this holds that they hand it the same heads:
+    the agent's sites (``qkwatch.raa``) and the trainer's effective weights split per head, with
+    ``tau_factor`` and ``r`` by default, in value and gradient."""
     torch.manual_seed(0)
     model = GPT(ModelConfig(n_layers=3, n_heads=4, n_kv_heads=2, d_model=32, max_seq_len=16))
     with torch.no_grad():  # pull the key subspaces towards the queries' so that PAR is well above 0
@@ -234,7 +237,7 @@ def test_par_loss_equals_the_trainers_par_on_the_projects_gpt() -> None:
     lambdas = [0.5, 0.0, 2.0]
     ours = par_loss(model, lambdas)
     theirs = sum(
-        lam * attention_par(attn, rank=None, tau_factor=0.45, method="auto")
+        lam * attention_par(attn, rank=None, tau_factor=RAAConfig().tau_factor, method="auto")
         for lam, attn in zip(lambdas, model.attentions(), strict=True)
         if lam > 0
     )

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from qkwatch.trainer import recipes
-from qkwatch.trainer.config import RunConfig, TrainConfig
-from qkwatch.trainer.init import InitConfig, init_weights
-from qkwatch.trainer.model import GPT
-from qkwatch.trainer.model_config import ModelConfig
+from qkwatch.trainer.model.config import ModelConfig
+from qkwatch.trainer.model.gpt import GPT
+from qkwatch.trainer.model.init import InitConfig, init_weights
+from qkwatch.trainer.run import recipes
+from qkwatch.trainer.run.config import RunConfig, TrainConfig
 
 
 @pytest.fixture(autouse=True)

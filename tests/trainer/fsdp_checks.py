@@ -24,14 +24,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from qkwatch.trainer import recipes
 from qkwatch.trainer.cli import main as train_main
-from qkwatch.trainer.config import TrainConfig
-from qkwatch.trainer.init import InitConfig, assign, build_model, full_tensor
-from qkwatch.trainer.interventions import InterventionConfig, Interventions
-from qkwatch.trainer.parallelize import Env, init_distributed, parallelize
-from qkwatch.trainer.raa import RAAController
-from qkwatch.trainer.train import run
+from qkwatch.trainer.model.init import InitConfig, assign, build_model, full_tensor
+from qkwatch.trainer.model.rank_anchored import RAAController
+from qkwatch.trainer.run import recipes
+from qkwatch.trainer.run.config import TrainConfig
+from qkwatch.trainer.run.interventions import InterventionConfig, Interventions
+from qkwatch.trainer.run.parallelize import Env, init_distributed, parallelize
+from qkwatch.trainer.run.train import run
 
 
 def small_config():
@@ -45,7 +45,7 @@ def small_config():
 
 
 def build(cfg, env: Env):
-    """The run's model as ``trainer.run_setup.setup`` builds it on ``env``."""
+    """The run's model as ``trainer.run.setup.setup`` builds it on ``env``."""
     return build_model(
         cfg.model_config(), cfg.init, cfg.seed, env.device, parallelize=lambda m: parallelize(m, cfg.parallel, env)
     )

@@ -23,7 +23,7 @@ import torch
 
 from qkwatch.cli import main
 from qkwatch.trainer.cli import resolve_config
-from qkwatch.trainer.train import run
+from qkwatch.trainer.run.train import run
 
 SETS = [
     "model.n_layers=2",
@@ -247,7 +247,7 @@ def test_an_export_with_flipped_weight_bytes_is_refused(out, capsys):
 def test_the_agent_and_the_trainer_digest_a_tensor_alike(dtype):
     """``qkwatch analyze`` checks an export with the agent's copy of the trainer's tensor digest."""
     from qkwatch.agent.offline.checkpoint import tensor_sha256 as agent_digest
-    from qkwatch.trainer.checkpoint_safety import tensor_sha256 as trainer_digest
+    from qkwatch.trainer.checkpoints.safety import tensor_sha256 as trainer_digest
 
     tensor = (torch.randn(5, 7) * 3).to(dtype).t()  # not contiguous
     digest = agent_digest(tensor)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from qkwatch.trainer import recipes
-from qkwatch.trainer.config import apply_overrides
-from qkwatch.trainer.data import ByteTokenizer, DataConfig, TrainData, binding, load_corpus, passkey
-from qkwatch.trainer.optim import OptimConfig, lr_at
+from qkwatch.trainer.run import recipes
+from qkwatch.trainer.run.config import apply_overrides
+from qkwatch.trainer.run.data import ByteTokenizer, DataConfig, TrainData, binding, load_corpus, passkey
+from qkwatch.trainer.run.optim import OptimConfig, lr_at
 
 
 @pytest.mark.parametrize("name", list(recipes.RECIPES))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from qkwatch.agent.metrics import column_alignment, principal_overlap, qkai, split_heads, stable_rank
-from qkwatch.trainer.interventions import QK_ALIGN, QK_COLLAPSE, InterventionConfig, Interventions
+from qkwatch.trainer.run.interventions import QK_ALIGN, QK_COLLAPSE, InterventionConfig, Interventions
 
 
 def _perturb(param):

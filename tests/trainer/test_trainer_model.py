@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkwatch.trainer.model import GPT
-from qkwatch.trainer.model_config import VARIANTS, ModelConfig
-from qkwatch.trainer.normalisation import SigmaReparamLinear
+from qkwatch.trainer.model.config import VARIANTS, ModelConfig
+from qkwatch.trainer.model.gpt import GPT
+from qkwatch.trainer.model.normalisation import SigmaReparamLinear
 
 
 def _loss(model: GPT, seed: int = 0) -> torch.Tensor:

@@ -7,9 +7,15 @@ import logging
 import pytest
 import torch
 
-from qkwatch.agent.metrics import householder, principal_overlap, split_heads
-from qkwatch.trainer.key_rotation import KeyRotation
-from qkwatch.trainer.raa import PAR, RAAConfig, RAAController, ScheduleConfig, par_penalty
+from qkwatch.agent.metrics import effective_key_map, householder, par_penalty, principal_overlap, split_heads
+from qkwatch.trainer.model.key_rotation import KeyRotation
+from qkwatch.trainer.model.rank_anchored import PAR, RAAConfig, RAAController, ScheduleConfig
+
+
+def layer_par(wq, wk, rotation=None, *, n_heads, n_kv_heads, rank=None):
+    """PAR of ``nn.Linear``-layout projections, the key rotation folded in (``Wk R^T``) when given."""
+    k = effective_key_map(split_heads(wk, n_kv_heads), rotation)  # (nkv, D, hs)
+    return par_penalty(split_heads(wq, n_heads), k, rank, tau_factor=0.45)
 
 
 def _aligned_pair(n_heads=2, d_model=12, d_head=4, noise=0.3, seed=0):
@@ -24,7 +30,7 @@ def test_par_gradient_matches_finite_differences():
     vectors = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
     def penalty(wq, wk, vectors):
-        return par_penalty(wq, wk, householder(vectors), n_heads=2, n_kv_heads=2, rank=None, tau_factor=0.45)
+        return layer_par(wq, wk, householder(vectors), n_heads=2, n_kv_heads=2)
 
     assert penalty(wq, wk, vectors) > 0.1
     assert torch.autograd.gradcheck(penalty, (wq.requires_grad_(), wk.requires_grad_(), vectors.requires_grad_()))
@@ -35,7 +41,7 @@ def test_par_gradient_with_gqa_and_top_r_subspaces():
     wk = wq[:8] + 0.2 * torch.randn(8, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
 
     def penalty(wq, wk):
-        return par_penalty(wq, wk, None, n_heads=4, n_kv_heads=2, rank=3, tau_factor=0.45)
+        return layer_par(wq, wk, n_heads=4, n_kv_heads=2, rank=3)
 
     assert penalty(wq, wk) > 0
     assert torch.autograd.gradcheck(penalty, (wq.requires_grad_(), wk.requires_grad_()))
@@ -45,21 +51,21 @@ def test_par_ignores_the_key_rotation_because_the_subspace_is_the_same():
     """Why ``attention_par`` may leave the rotation out: ``Wk R^T`` spans ``Wk``'s column space."""
     wq, wk = _aligned_pair()
     vectors = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    kwargs = {"n_heads": 2, "n_kv_heads": 2, "rank": None, "tau_factor": 0.45}
-    torch.testing.assert_close(par_penalty(wq, wk, householder(vectors), **kwargs), par_penalty(wq, wk, None, **kwargs))
+    kwargs = {"n_heads": 2, "n_kv_heads": 2}
+    torch.testing.assert_close(layer_par(wq, wk, householder(vectors), **kwargs), layer_par(wq, wk, **kwargs))
     top = {**kwargs, "rank": 2}
-    torch.testing.assert_close(par_penalty(wq, wk, householder(vectors), **top), par_penalty(wq, wk, None, **top))
+    torch.testing.assert_close(layer_par(wq, wk, householder(vectors), **top), layer_par(wq, wk, **top))
 
 
 def test_par_is_the_seed_formula():
     wq, wk = _aligned_pair()
     overlap = principal_overlap(split_heads(wq, 2), split_heads(wk, 2))  # sum_i c_i^2 per head
     expected = torch.relu(overlap - 0.45 * 4).square().sum()
-    got = par_penalty(wq, wk, None, n_heads=2, n_kv_heads=2, rank=None, tau_factor=0.45)
+    got = layer_par(wq, wk, n_heads=2, n_kv_heads=2)
     torch.testing.assert_close(got, expected)
     # a gradient step on PAR alone lowers the overlap: it pushes the subspaces apart
     wq.requires_grad_(), wk.requires_grad_()
-    par_penalty(wq, wk, None, n_heads=2, n_kv_heads=2, rank=None, tau_factor=0.45).backward()
+    layer_par(wq, wk, n_heads=2, n_kv_heads=2).backward()
     with torch.no_grad():
         after = principal_overlap(split_heads(wq - 0.01 * wq.grad, 2), split_heads(wk - 0.01 * wk.grad, 2))
     assert (after < overlap).all()
@@ -127,14 +133,14 @@ def test_no_advice_falls_back_to_lambda_0_loudly_and_bad_values_are_bounded(tiny
 
 
 def test_raa_off_costs_nothing(tiny_run, monkeypatch):
-    """Disabled: no rotation module, the monitor is never asked, principal_overlap never runs."""
-    from qkwatch.trainer import raa as raa_module
-    from qkwatch.trainer.train import run
+    """Disabled: no rotation module, the monitor is never asked, PAR never runs."""
+    from qkwatch.trainer.model import rank_anchored
+    from qkwatch.trainer.run.train import run
 
     cfg = tiny_run(steps=2, raa={"enabled": False})
     assert cfg.model_config().key_rotation == 0
     calls = []
-    monkeypatch.setattr(raa_module, "principal_overlap", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(rank_anchored, "par_penalty", lambda *a, **k: calls.append(1))
 
     class Recorder:
         lambda_source = None
@@ -237,7 +243,7 @@ def test_raa_with_every_weight_at_zero_trains_exactly_as_vanilla(tiny_run, tmp_p
 
     The Householder key rotation is left off on purpose: it is a model change (learned parameters
     folded into the key weights), not a weight of the loss."""
-    from qkwatch.trainer.train import run
+    from qkwatch.trainer.run.train import run
 
     n_layers = tiny_run().model.n_layers
     results, losses = [], []

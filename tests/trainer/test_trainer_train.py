@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from qkwatch.agent.metrics import qkai, split_heads
-from qkwatch.trainer.checkpoint import FORMAT, export_model, load_exported
-from qkwatch.trainer.init import init_weights
-from qkwatch.trainer.metrics_log import MetricsLog
-from qkwatch.trainer.model import GPT
-from qkwatch.trainer.monitoring import NullMonitor, crash_reason, open_monitor
-from qkwatch.trainer.raa import ScheduleConfig
-from qkwatch.trainer.train import run
+from qkwatch.trainer.checkpoints.checkpoint import FORMAT, export_model, load_exported
+from qkwatch.trainer.model.gpt import GPT
+from qkwatch.trainer.model.init import init_weights
+from qkwatch.trainer.model.rank_anchored import ScheduleConfig
+from qkwatch.trainer.reporting.metrics_log import MetricsLog
+from qkwatch.trainer.reporting.monitoring import NullMonitor, crash_reason, open_monitor
+from qkwatch.trainer.run.train import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,7 +56,7 @@ def test_without_a_collector_the_local_schedule_steers_raa_and_resumes_bit_for_b
     monkeypatch.delenv("QKWATCH_URL", raising=False)
     monkeypatch.delenv("QKWATCH_SPOOL", raising=False)
     cfg = tiny_run(steps=24, init={"qk_regime": "qk_identical", "qk_layers": [1, 2]}, checkpoint={"every": 4})
-    with caplog.at_level(logging.INFO, logger="qkwatch.trainer.train"):
+    with caplog.at_level(logging.INFO, logger="qkwatch.trainer.run.train"):
         run(cfg, tmp_path / "straight")
     assert any("RAA lambdas from the agent's local entropy-floor schedule" in r.message for r in caplog.records)
     records = [json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
@@ -295,7 +295,7 @@ def test_metrics_log_appends_records_and_a_resume_cuts_it_back(tmp_path):
 
 
 def test_eval_passkey_with_one_and_five_needles(tiny_model, tmp_path):
-    from qkwatch.trainer.evals import evaluate, load_checkpoint
+    from qkwatch.trainer.reporting.evals import evaluate, load_checkpoint
 
     export_model(tiny_model(max_seq_len=256), tmp_path / "model.pt")
     loaded = load_checkpoint(tmp_path / "model.pt")
@@ -314,8 +314,8 @@ def test_eval_passkey_with_one_and_five_needles(tiny_model, tmp_path):
 
 def test_eval_scores_a_model_that_knows_the_answer():
     """``accuracy`` is right when the model predicts the next token: a copy-the-answer oracle scores 1."""
-    from qkwatch.trainer.data import passkey
-    from qkwatch.trainer.evals import accuracies, accuracy
+    from qkwatch.trainer.reporting.evals import accuracies, accuracy
+    from qkwatch.trainer.run.data import passkey
 
     samples = passkey(__import__("random").Random(0), 80, 1)
 
@@ -365,7 +365,7 @@ def test_activation_checkpointing_and_compile_change_nothing(tiny_run, tmp_path,
 
 
 def test_eval_reads_a_dcp_checkpoint_folder(tiny_run, tmp_path):
-    from qkwatch.trainer.evals import evaluate, load_checkpoint
+    from qkwatch.trainer.reporting.evals import evaluate, load_checkpoint
 
     run(tiny_run(steps=2), tmp_path)
     from_dcp = load_checkpoint(tmp_path / "checkpoints" / "step-0000002")

@@ -24,6 +24,7 @@ from qkwatch.agent.metrics.heads import (
     split_qkv,
     split_qkv_output,
 )
+from qkwatch.agent.metrics.par import TAU_FACTOR, par_penalty
 from qkwatch.agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
 from qkwatch.agent.metrics.subspace import (
     ACCURACY,
@@ -40,6 +41,7 @@ __all__ = [
     "SPECTRUM_NAMES",
     "SPLITS",
     "STAT_NAMES",
+    "TAU_FACTOR",
     "attention_spectrum",
     "attention_stats",
     "column_alignment",
@@ -49,6 +51,7 @@ __all__ = [
     "group_heads",
     "householder",
     "mask_values",
+    "par_penalty",
     "participation_ratio",
     "principal_overlap",
     "projection_norms",

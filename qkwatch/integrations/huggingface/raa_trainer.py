@@ -8,8 +8,9 @@ import torch
 from torch import Tensor, nn
 from transformers import Trainer
 
+from qkwatch.agent.metrics import TAU_FACTOR
 from qkwatch.integrations.huggingface.callback import QKWatchCallback, unwrap
-from qkwatch.raa import TAU_FACTOR, ParLoss
+from qkwatch.raa import ParLoss
 
 
 class RAATrainer(Trainer):

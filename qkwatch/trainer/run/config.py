@@ -1,9 +1,10 @@
 """The configuration of one training run, and ``--set key=value`` overrides into it.
 
 A run's config is a :class:`RunConfig` of component configs, each a dataclass next to its owner
-(``model.ModelConfig``, ``raa.RAAConfig``, ...). Recipes (``trainer.recipes``) are functions that
-return one; ``--set model.n_layers=6 --set raa.enabled=false`` changes fields by dotted key, parsed
-by the field's type, and every changed section is validated again by its ``__post_init__``.
+(``model.config.ModelConfig``, ``model.rank_anchored.RAAConfig``, ...). Recipes
+(``trainer.run.recipes``) are functions that return one; ``--set model.n_layers=6 --set
+raa.enabled=false`` changes fields by dotted key, parsed by the field's type, and every changed
+section is validated again by its ``__post_init__``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from qkwatch.trainer.checkpoint import CheckpointConfig
-from qkwatch.trainer.data import DataConfig
-from qkwatch.trainer.init import InitConfig
-from qkwatch.trainer.interventions import InterventionConfig
-from qkwatch.trainer.model_config import ModelConfig
-from qkwatch.trainer.optim import OptimConfig
-from qkwatch.trainer.parallelize import ParallelConfig
-from qkwatch.trainer.raa import RAAConfig
+from qkwatch.trainer.checkpoints.checkpoint import CheckpointConfig
+from qkwatch.trainer.model.config import ModelConfig
+from qkwatch.trainer.model.init import InitConfig
+from qkwatch.trainer.model.rank_anchored import RAAConfig
+from qkwatch.trainer.run.data import DataConfig
+from qkwatch.trainer.run.interventions import InterventionConfig
+from qkwatch.trainer.run.optim import OptimConfig
+from qkwatch.trainer.run.parallelize import ParallelConfig
 
 T = TypeVar("T")
 
@@ -79,7 +80,7 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    """Everything one run needs; ``trainer.recipes`` returns these."""
+    """Everything one run needs; ``trainer.run.recipes`` returns these."""
 
     recipe: str = "custom"
     """Name of the recipe this config came from."""

@@ -20,7 +20,7 @@ The seams other parts rely on (the agent's adapter, ``qkwatch analyze``, RAA):
 * ``GPT.blocks[i].attn`` is an :class:`Attention` with ``nn.Linear`` ``q_proj``, ``k_proj``,
   ``v_proj``, ``o_proj`` and attributes ``n_heads``, ``n_kv_heads``, ``d_head``.
 * ``Attention.key_rotation`` is RAA's Householder rotation, a
-  :class:`~qkwatch.trainer.key_rotation.KeyRotation` (``vectors``: ``(n_kv_heads, p, d_head)``),
+  :class:`~qkwatch.trainer.model.key_rotation.KeyRotation` (``vectors``: ``(n_kv_heads, p, d_head)``),
   or None. It is folded into the key projection (``k = R_g W_k x``, then RoPE): the effective key
   map of docs/metrics.md, ``Wk_h R_h^T`` in math layout, costs weight-sized work instead of passes over
   every key.
@@ -48,10 +48,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from qkwatch.trainer.key_rotation import KeyRotation
-from qkwatch.trainer.model_config import ModelConfig
-from qkwatch.trainer.normalisation import RMSNorm, SigmaReparamLinear, effective_weight
-from qkwatch.trainer.rope import apply_rope, rope_cache
+from qkwatch.trainer.model.config import ModelConfig
+from qkwatch.trainer.model.key_rotation import KeyRotation
+from qkwatch.trainer.model.normalisation import RMSNorm, SigmaReparamLinear, effective_weight
+from qkwatch.trainer.model.rope import apply_rope, rope_cache
 
 
 class GPTOutput(NamedTuple):

@@ -1,9 +1,9 @@
 """The monitoring seam between the training loop and the in-process agent.
 
 The one trainer module that uses the agent's runtime (``qkwatch.agent``'s public API); the
-others import only the geometry functions of ``qkwatch.agent.metrics``. ``train.py`` talks to a
-monitor through :class:`Monitor`; ``raa.py`` takes the entropy-floor schedule's parameters,
-:class:`ScheduleConfig`, from here (the agent and the collector compute the lambdas with them).
+others import only the geometry functions of ``qkwatch.agent.metrics``. ``run/train.py`` talks to
+a monitor through :class:`Monitor`; ``model/rank_anchored.py`` takes the entropy-floor schedule's
+parameters, :class:`ScheduleConfig`, from here (the agent and the collector compute the lambdas with them).
 The agent provides a monitor with ``qkwatch.agent.attach(model, config=..., run=..., project=...)``;
 :func:`open_monitor` attaches it when ``QKWATCH_URL`` is set, or offline when RAA's entropy-floor
 schedule needs the entropies it measures, and falls back to :class:`NullMonitor` otherwise.

@@ -15,19 +15,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from qkwatch.trainer.checkpoint import Checkpointer
-from qkwatch.trainer.checkpoint_safety import BadCheckpoint
-from qkwatch.trainer.config import RunConfig
-from qkwatch.trainer.data import TrainData
-from qkwatch.trainer.init import build_model
-from qkwatch.trainer.interventions import Interventions
-from qkwatch.trainer.metrics_log import MetricsLog
-from qkwatch.trainer.model import GPT
-from qkwatch.trainer.monitoring import Monitor, open_monitor
-from qkwatch.trainer.optim import build_optimizer
-from qkwatch.trainer.parallelize import Env, parallelize
-from qkwatch.trainer.preemption import Preemption
-from qkwatch.trainer.raa import RAAController
+from qkwatch.trainer.checkpoints.checkpoint import Checkpointer
+from qkwatch.trainer.checkpoints.safety import BadCheckpoint
+from qkwatch.trainer.model.gpt import GPT
+from qkwatch.trainer.model.init import build_model
+from qkwatch.trainer.model.rank_anchored import RAAController
+from qkwatch.trainer.reporting.metrics_log import MetricsLog
+from qkwatch.trainer.reporting.monitoring import Monitor, open_monitor
+from qkwatch.trainer.run.config import RunConfig
+from qkwatch.trainer.run.data import TrainData
+from qkwatch.trainer.run.interventions import Interventions
+from qkwatch.trainer.run.optim import build_optimizer
+from qkwatch.trainer.run.parallelize import Env, parallelize
+from qkwatch.trainer.run.preemption import Preemption
 
 logger = logging.getLogger(__name__)
 

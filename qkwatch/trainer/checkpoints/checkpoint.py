@@ -5,7 +5,7 @@
   a ``.tmp`` folder and renamed once complete, so a crash mid-save leaves the previous checkpoint
   as the latest. The learning rate and the data are functions of the step, and the initial weights
   that interventions refer to are functions of the seed, so nothing else needs saving.
-* Safety (``trainer.checkpoint_safety``): a checkpoint never runs code, carries checksums checked
+* Safety (``trainer.checkpoints.safety``): a checkpoint never runs code, carries checksums checked
   on load, and a corrupted, foreign or crafted one raises :class:`BadCheckpoint`, one line naming
   the file (the CLI's exit 2).
 * Analysis: :func:`export_model` writes ``{"format": "qkwatch-gpt", "config": asdict(model.config),
@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 # as exported, which a strict type checker refuses)
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from qkwatch.trainer.checkpoint_safety import (
+from qkwatch.trainer.checkpoints.safety import (
     LOCAL_STATE,
     BadCheckpoint,
     load_dcp,
@@ -50,12 +50,12 @@ from qkwatch.trainer.checkpoint_safety import (
     verify_export,
     write_checksums,
 )
-from qkwatch.trainer.checkpoint_safety import barrier as _barrier
-from qkwatch.trainer.checkpoint_safety import is_main as _is_main
-from qkwatch.trainer.checkpoint_safety import single_process_ok as _single_process_ok
+from qkwatch.trainer.checkpoints.safety import barrier as _barrier
+from qkwatch.trainer.checkpoints.safety import is_main as _is_main
+from qkwatch.trainer.checkpoints.safety import single_process_ok as _single_process_ok
 
 if TYPE_CHECKING:
-    from qkwatch.trainer.model import GPT
+    from qkwatch.trainer.model.gpt import GPT
 
 logger = logging.getLogger(__name__)
 
@@ -202,8 +202,8 @@ def load_exported(path: str | Path, device: str | torch.device = "cpu") -> GPT:
     Raises:
         BadCheckpoint: one line naming the file and the fault.
     """
-    from qkwatch.trainer.model import GPT
-    from qkwatch.trainer.model_config import ModelConfig
+    from qkwatch.trainer.model.config import ModelConfig
+    from qkwatch.trainer.model.gpt import GPT
 
     path = Path(path)
     payload = read_export(path)

@@ -23,7 +23,7 @@ the value, output and MLP weights and gain 1 on the queries and keys; norms star
 ReZero gates at 0; RAA's Householder vectors come in equal pairs (identity rotation).
 
 :func:`build_model` is where a model comes to exist: built on the meta device, handed to the
-parallelizer (``trainer.parallelize``: sharding, activation checkpointing, compile), then
+parallelizer (``trainer.run.parallelize``: sharding, activation checkpointing, compile), then
 materialised and initialised here, shard by shard.
 """
 
@@ -38,9 +38,9 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from qkwatch.trainer.model import GPT
-from qkwatch.trainer.model_config import ModelConfig
-from qkwatch.trainer.normalisation import SigmaReparamLinear
+from qkwatch.trainer.model.config import ModelConfig
+from qkwatch.trainer.model.gpt import GPT
+from qkwatch.trainer.model.normalisation import SigmaReparamLinear
 
 POWER_ITERATIONS_AT_INIT = 50
 """sigma-Reparam's estimate at initialisation; training then adds one iteration per step."""
@@ -134,7 +134,7 @@ def build_model(
 
     Args:
         parallelize: applied to the model while it is still on the meta device (for example
-            ``trainer.parallelize.parallelize`` bound to its config and env), so that a sharded
+            ``trainer.run.parallelize.parallelize`` bound to its config and env), so that a sharded
             model is materialised and initialised shard by shard: no rank ever holds all of it.
     """
     with torch.device("meta"):
@@ -150,7 +150,7 @@ def build_model(
 
 @torch.no_grad()
 def init_weights(model: GPT, init: InitConfig, seed: int) -> None:
-    """Initialise every parameter and buffer of a :class:`qkwatch.trainer.model.GPT` (sharded or not)."""
+    """Initialise every parameter and buffer of a :class:`qkwatch.trainer.model.gpt.GPT` (sharded or not)."""
     c = model.config
     regime_layers = set(range(c.n_layers) if init.qk_layers is None else init.qk_layers)
     done: set[str] = set()

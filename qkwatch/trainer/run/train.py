@@ -2,14 +2,14 @@
 
     torchrun --nproc_per_node 2 -m qkwatch.trainer --recipe debug_cpu [--set key=value ...] [--out DIR] [--resume]
 
-``setup`` (``trainer.run_setup``) builds the :class:`~qkwatch.trainer.run_setup.Run` the steps share.
+``setup`` (``trainer.run.setup``) builds the :class:`~qkwatch.trainer.run.setup.Run` the steps share.
 Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``interventions.before_step``
--> ``train_step`` (``trainer.step``: forward, loss with the RAA penalty and any intervention's term,
+-> ``train_step`` (``trainer.run.step``: forward, loss with the RAA penalty and any intervention's term,
 backward, clip, AdamW) -> ``maybe_intervene`` (seed 001's weight surgery) -> ``log_step`` ->
-``maybe_log_qkai`` -> ``maybe_validate`` (``trainer.reporting``) -> ``maybe_checkpoint``. A SIGTERM
-(preemption, ``trainer.preemption``) makes every rank checkpoint and stop at the next log step. What
+``maybe_log_qkai`` -> ``maybe_validate`` (``trainer.reporting.step_report``) -> ``maybe_checkpoint``. A SIGTERM
+(preemption, ``trainer.run.preemption``) makes every rank checkpoint and stop at the next log step. What
 a run writes, in ``--out``: ``run.json`` (the collector run's name and attempts), ``config.json``,
-``metrics.jsonl`` (rank 0, every ``train.log_every`` steps: ``trainer.metrics_log``),
+``metrics.jsonl`` (rank 0, every ``train.log_every`` steps: ``trainer.reporting.metrics_log``),
 ``checkpoints/step-N/`` (DCP) and ``model.pt`` (the qkwatch-gpt export).
 """
 
@@ -19,14 +19,14 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from qkwatch.trainer.checkpoint import export_model
-from qkwatch.trainer.config import RunConfig
-from qkwatch.trainer.monitoring import Monitor, crash_reason
-from qkwatch.trainer.parallelize import close_distributed, init_distributed
-from qkwatch.trainer.preemption import Preemption
-from qkwatch.trainer.reporting import log_step, maybe_log_qkai, maybe_validate
-from qkwatch.trainer.run_setup import Run, setup
-from qkwatch.trainer.step import train_step
+from qkwatch.trainer.checkpoints.checkpoint import export_model
+from qkwatch.trainer.reporting.monitoring import Monitor, crash_reason
+from qkwatch.trainer.reporting.step_report import log_step, maybe_log_qkai, maybe_validate
+from qkwatch.trainer.run.config import RunConfig
+from qkwatch.trainer.run.parallelize import close_distributed, init_distributed
+from qkwatch.trainer.run.preemption import Preemption
+from qkwatch.trainer.run.setup import Run, setup
+from qkwatch.trainer.run.step import train_step
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 
-from qkwatch.trainer.optim import clip_grad_norm_, lr_at, set_lr
-from qkwatch.trainer.run_setup import Run
+from qkwatch.trainer.run.optim import clip_grad_norm_, lr_at, set_lr
+from qkwatch.trainer.run.setup import Run
 
 
 @dataclass

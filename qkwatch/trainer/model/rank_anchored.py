@@ -8,12 +8,13 @@ the model has no rotation, no penalty is computed and no lambdas are read.
       L_PAR = lambda_l * sum_h ReLU(sum_i c_i^2 - tau)^2,   tau = tau_factor * r,
 
   with ``c_i`` the cosines of the principal angles between the top-``r`` query and key subspaces
-  of head ``h`` (``agent.metrics.principal_overlap``, the one implementation shared with the
-  agent), computed on the effective query/key maps (sigma-Reparam's scaled weights; the key
-  rotation leaves the key subspace unchanged, see :func:`attention_par`). The penalty is evaluated inside
+  of head ``h``: ``agent.metrics.par_penalty`` with ``tau_factor`` defaulting to its
+  ``TAU_FACTOR``, the one definition, shared with ``qkwatch.raa``. It is computed on the effective
+  query/key maps (sigma-Reparam's scaled weights; the key rotation leaves the key subspace
+  unchanged, see :func:`attention_par`). The penalty is evaluated inside
   ``Attention.forward`` (``Attention.weight_penalties``), where FSDP2 has the layer unsharded, and
   returned with the block's output, so its gradient reaches the shards like any other.
-* Householder key rotation: ``trainer.key_rotation.KeyRotation`` (``p`` reflections per key head,
+* Householder key rotation: ``trainer.model.key_rotation.KeyRotation`` (``p`` reflections per key head,
   identity at initialisation); the model has one when ``enabled and rotation``.
 * Entropy-floor scheduling: ``lambda_l = lambda_0 * sigmoid((H_l - H_star) / beta)`` is computed by
   the collector from each layer's running entropy, or, with no collector or an unreachable one, by
@@ -31,14 +32,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from qkwatch.agent.metrics import effective_key_map, principal_overlap, split_heads
-from qkwatch.trainer.model import Attention
-from qkwatch.trainer.monitoring import Monitor, ScheduleConfig
-from qkwatch.trainer.normalisation import effective_weight
+from qkwatch.agent.metrics import TAU_FACTOR, par_penalty, split_heads
+from qkwatch.trainer.model.gpt import Attention
+from qkwatch.trainer.model.normalisation import effective_weight
+from qkwatch.trainer.reporting.monitoring import Monitor, ScheduleConfig
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +69,8 @@ class RAAConfig:
     defaults and the reasoning behind them are in ``contract.scheduling.ScheduleConfig``."""
     fallback_lambdas: list[float] | None = None
     """Per-layer lambdas when scheduling is off, or when the monitor gives none (None: lambda_0 on every layer)."""
-    tau_factor: float = 0.45
-    """tau = tau_factor * r (seed 000: 0.45)."""
+    tau_factor: float = TAU_FACTOR
+    """tau = tau_factor * r (seed 000: 0.45, ``agent.metrics.TAU_FACTOR``)."""
     rank: int | None = None
     """r, the subspace rank of the overlap; None = d_head."""
     method: OverlapMethod = "auto"
@@ -109,40 +108,6 @@ class RAAConfig:
         return self.uses_par and self.scheduling
 
 
-def par_penalty(
-    wq: Tensor,
-    wk: Tensor,
-    rotation: Tensor | None,
-    *,
-    n_heads: int,
-    n_kv_heads: int,
-    rank: int | None,
-    tau_factor: float,
-    method: OverlapMethod = "auto",
-) -> Tensor:
-    """``sum_h ReLU(sum_i c_i^2 - tau)^2`` of one layer, differentiable in ``wq``, ``wk`` and the rotation.
-
-    Args:
-        wq: ``(n_heads * d_head, d_model)``, ``nn.Linear`` layout.
-        wk: ``(n_kv_heads * d_head, d_model)``.
-        rotation: ``(n_kv_heads, d_head, d_head)`` key rotation or None.
-        rank: ``r`` (None: ``d_head``); ``tau = tau_factor * r``.
-
-    Returns:
-        A scalar ``>= 0``. A head whose overlap is undefined (a rank-deficient, dead head) adds 0:
-        PAR cannot act on a subspace that does not exist.
-    """
-    q = split_heads(wq, n_heads)  # (nh, D, hs)
-    k = effective_key_map(split_heads(wk, n_kv_heads), rotation)  # (nkv, D, hs)
-    r = q.shape[-1] if rank is None else min(rank, q.shape[-1])
-    # refine=False: inside the forward a loss needs no 1e-5 accuracy, and skipping the float64
-    # recomputation of ill-conditioned heads means no host synchronisation and no graph break
-    overlap = principal_overlap(q, k, r, method=method, refine=False)  # (nh,)
-    overlap = overlap.to(torch.promote_types(wq.dtype, torch.float32))
-    excess = F.relu(torch.nan_to_num(overlap, nan=0.0) - tau_factor * r)
-    return excess.square().sum()
-
-
 def attention_par(attn: Attention, *, rank: int | None, tau_factor: float, method: OverlapMethod) -> Tensor:
     """PAR of one attention module from its effective weights (what ``Attention.weight_penalties`` calls).
 
@@ -152,12 +117,9 @@ def attention_par(attn: Attention, *, rank: int | None, tau_factor: float, metho
     ``tests/trainer/test_trainer_raa.py`` holds the invariance.
     """
     return par_penalty(
-        effective_weight(attn.q_proj),
-        effective_weight(attn.k_proj),
-        None,
-        n_heads=attn.n_heads,
-        n_kv_heads=attn.n_kv_heads,
-        rank=rank,
+        split_heads(effective_weight(attn.q_proj), attn.n_heads),  # (nh, D, hs)
+        split_heads(effective_weight(attn.k_proj), attn.n_kv_heads),  # (nkv, D, hs)
+        rank,
         tau_factor=tau_factor,
         method=method,
     )

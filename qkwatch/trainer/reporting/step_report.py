@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from qkwatch.agent.metrics import qkai, split_heads
-from qkwatch.trainer.init import full_tensor
-from qkwatch.trainer.model import GPT
-from qkwatch.trainer.run_setup import Run
-from qkwatch.trainer.step import StepStats
+from qkwatch.trainer.model.gpt import GPT
+from qkwatch.trainer.model.init import full_tensor
+from qkwatch.trainer.run.setup import Run
+from qkwatch.trainer.run.step import StepStats
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Named run configs, as functions returning a :class:`qkwatch.trainer.config.RunConfig`.
+"""Named run configs, as functions returning a :class:`qkwatch.trainer.run.config.RunConfig`.
 
 =====================  ==================================================================================
 recipe                 what it is for
@@ -10,7 +10,7 @@ small_cpu              seed 001's QK-identical initialisation on two middle laye
                        RAA on, with the entropy-floor lambdas
 collapse_cpu           the demo: seed 000's collapse band forming during a few CPU minutes, vanilla
                        by default (``--set raa.enabled=true`` for full RAA). The band is *induced* on
-                       layers 3-5 of 8 by the ``qk_collapse`` intervention (trainer.interventions)
+                       layers 3-5 of 8 by the ``qk_collapse`` intervention (trainer.run.interventions)
 instability_cpu        collapse_cpu's model with nothing induced, for learning-rate sweeps in the
                        style of Wortsman et al. 2023 (``--set optim.lr=...``): 300 steps, 5 % linear
                        warmup, cosine, AdamW (0.9, 0.95), clip 1.0, a report every 5 steps
@@ -37,16 +37,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qkwatch.trainer.checkpoint import CheckpointConfig
-from qkwatch.trainer.config import RunConfig, TrainConfig
-from qkwatch.trainer.data import DataConfig
-from qkwatch.trainer.init import InitConfig
-from qkwatch.trainer.interventions import InterventionConfig
-from qkwatch.trainer.model_config import ModelConfig
-from qkwatch.trainer.monitoring import ScheduleConfig
-from qkwatch.trainer.optim import OptimConfig
-from qkwatch.trainer.parallelize import ParallelConfig
-from qkwatch.trainer.raa import RAAConfig
+from qkwatch.trainer.checkpoints.checkpoint import CheckpointConfig
+from qkwatch.trainer.model.config import ModelConfig
+from qkwatch.trainer.model.init import InitConfig
+from qkwatch.trainer.model.rank_anchored import RAAConfig
+from qkwatch.trainer.reporting.monitoring import ScheduleConfig
+from qkwatch.trainer.run.config import RunConfig, TrainConfig
+from qkwatch.trainer.run.data import DataConfig
+from qkwatch.trainer.run.interventions import InterventionConfig
+from qkwatch.trainer.run.optim import OptimConfig
+from qkwatch.trainer.run.parallelize import ParallelConfig
 
 
 def debug_cpu() -> RunConfig:
@@ -90,7 +90,7 @@ def collapse_cpu() -> RunConfig:
 
     ``lambda_0`` follows ``ScheduleConfig``'s rule, PAR of a layer at the alert threshold ~ 1 nat:
     ``1 / (4 heads x (0.25 x 32)^2)`` ~ 4e-3, rounded up to 5e-3. Against the intervention's
-    ``mu = 1e-3`` PAR holds the band where the two penalties' gradients cancel (qkwatch/trainer/interventions.py):
+    ``mu = 1e-3`` PAR holds the band where the two penalties' gradients cancel (qkwatch/trainer/run/interventions.py):
     at full strength QKAI = (0.45 lambda + 0.9 mu) / (lambda + mu). ``lambda = 3 mu`` gives 0.5625;
     QKAI <= 0.55 takes ``lambda >= 3.5 mu`` (= 0.7 lambda_0). At the band's entropy of ~1.00 the
     schedule gives it ``sigmoid((1.00 - 0.85) / 0.04)`` = 0.977 lambda_0 = 4.9 mu, hence QKAI

@@ -6,7 +6,7 @@ place, names kept) and FSDP2: ``fully_shard`` on every block, then on the root. 
 parameters are gathered in bf16 and gradients reduced in fp32 (``MixedPrecisionPolicy``); on the
 CPU everything is fp32. NCCL on GPUs, gloo with an explicit CPU device mesh on the CPU.
 
-``trainer.init.build_model`` builds a model on the meta device, calls ``parallelize`` on it, then
+``trainer.model.init.build_model`` builds a model on the meta device, calls ``parallelize`` on it, then
 materialises it with ``to_empty`` and initialises it shard by shard: no rank ever holds the whole
 model. This module knows nothing of how a model is built or initialised.
 """
@@ -26,7 +26,7 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from qkwatch.trainer.model import GPT
+    from qkwatch.trainer.model.gpt import GPT
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def close_distributed(env: Env) -> None:
 
 
 def parallelize(model: GPT, config: ParallelConfig, env: Env) -> GPT:
-    """Activation checkpointing, compile and FSDP2 on a :class:`qkwatch.trainer.model.GPT`; returns it."""
+    """Activation checkpointing, compile and FSDP2 on a :class:`qkwatch.trainer.model.gpt.GPT`; returns it."""
     if config.activation_checkpointing:
         from torch.distributed._composable.checkpoint_activation import checkpoint
 

@@ -62,9 +62,9 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from qkwatch.agent.metrics import column_alignment, principal_overlap, split_heads
-from qkwatch.trainer.init import full_tensor, generator
-from qkwatch.trainer.model import GPT, Attention
-from qkwatch.trainer.normalisation import effective_weight
+from qkwatch.trainer.model.gpt import GPT, Attention
+from qkwatch.trainer.model.init import full_tensor, generator
+from qkwatch.trainer.model.normalisation import effective_weight
 
 logger = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from qkwatch.trainer.data import DataConfig, TaskSample, TrainData, binding, passkey, passkey_min_length
+from qkwatch.trainer.run.data import DataConfig, TaskSample, TrainData, binding, passkey, passkey_min_length
 
 if TYPE_CHECKING:
-    from qkwatch.trainer.model import GPT
+    from qkwatch.trainer.model.gpt import GPT
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Loaded:
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loaded:
     """A model.pt export, a run folder (its model.pt, else its latest checkpoint) or a DCP step folder."""
-    from qkwatch.trainer.checkpoint import load_exported, load_model_state
+    from qkwatch.trainer.checkpoints.checkpoint import load_exported, load_model_state
 
     path = Path(path)
     if path.is_dir() and (path / "model.pt").is_file():
@@ -87,7 +87,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Loa
 
 def exported_meta(path: Path) -> dict[str, Any]:
     """The ``meta`` of a qkwatch-gpt export (read with ``weights_only=True``, as :func:`load_exported` does)."""
-    from qkwatch.trainer.checkpoint import read_export
+    from qkwatch.trainer.checkpoints.checkpoint import read_export
 
     meta = read_export(path).get("meta", {})
     return meta if isinstance(meta, dict) else {}
@@ -95,9 +95,9 @@ def exported_meta(path: Path) -> dict[str, Any]:
 
 def _model_of(config_file: Path) -> GPT:
     """An untrained GPT of the run's ``config.json``; a config that does not describe one is a BadCheckpoint."""
-    from qkwatch.trainer.checkpoint_safety import BadCheckpoint
-    from qkwatch.trainer.model import GPT
-    from qkwatch.trainer.model_config import ModelConfig
+    from qkwatch.trainer.checkpoints.safety import BadCheckpoint
+    from qkwatch.trainer.model.config import ModelConfig
+    from qkwatch.trainer.model.gpt import GPT
 
     try:
         return GPT(ModelConfig(**_read_json(config_file)["model"]))
@@ -110,7 +110,7 @@ def _model_of(config_file: Path) -> GPT:
 def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:
     if (path / ".metadata").is_file():  # a DCP step folder: <run>/checkpoints/step-N
         return path.parent.parent, path
-    from qkwatch.trainer.checkpoint import CheckpointConfig, Checkpointer
+    from qkwatch.trainer.checkpoints.checkpoint import CheckpointConfig, Checkpointer
 
     latest = Checkpointer(path / "checkpoints", CheckpointConfig()).latest()
     if latest is None or not (path / "config.json").is_file():
@@ -120,7 +120,7 @@ def _run_and_step_dirs(path: Path) -> tuple[Path, Path]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object file of the run folder ({} when absent); anything else is a BadCheckpoint naming it."""
-    from qkwatch.trainer.checkpoint_safety import BadCheckpoint
+    from qkwatch.trainer.checkpoints.safety import BadCheckpoint
 
     if not path.is_file():
         return {}

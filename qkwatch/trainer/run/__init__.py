@@ -1,0 +1,7 @@
+"""One training run: what it is configured with and the loop that trains it.
+
+``config`` (``RunConfig``, ``--set`` overrides), ``recipes`` (named configs), ``setup`` (``Run``:
+what the loop's steps share), ``train`` (``run()``: the loop of named steps), ``step`` (one
+optimizer step), ``optim``, ``data``, ``parallelize`` (process group, mesh, FSDP2), ``preemption``
+(SIGTERM) and ``interventions`` (seed 001's controlled changes to ``W_Q`` and ``W_K``).
+"""
