@@ -1,5 +1,5 @@
 """A small nanoGPT (Karpathy's layout: fused ``c_attn``, ``n_head``, SDPA), the model the agent's
-tests and the agent-overhead benchmark attach to: the layout ``agent.adapters`` finds by itself in
+tests and the agent-overhead benchmark attach to: the layout ``agent.models.adapters`` finds by itself in
 a model it knows nothing about. Not a trainer model (that is ``trainer.model.gpt.GPT``)."""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class ParLoss:
 
         Raises:
             ValueError: ``tau_factor`` outside (0, 1) or ``rank < 1``.
-            qkwatch.agent.adapters.AdapterError: no attention found.
+            qkwatch.agent.models.adapters.AdapterError: no attention found.
         """
         if not 0 < tau_factor < 1:
             raise ValueError(f"tau_factor must lie in (0, 1), got {tau_factor}")

@@ -17,7 +17,7 @@ import torch
 
 import qkwatch
 from qkwatch import agent
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping.disk_spool import Spool
 from qkwatch.cli import main
 from qkwatch.contract.offline_reports import SpoolError
 from qkwatch.contract.spool_format import HEADER, MAGIC

@@ -24,7 +24,7 @@ def parts(args: argparse.Namespace) -> None:
     from qkwatch.agent.metrics import attention_spectrum, attention_stats, participation_ratio, qk_erank
     from qkwatch.agent.metrics.spectra import projection_norms
     from qkwatch.agent.metrics.summary import _layer_matrix, weight_metrics
-    from qkwatch.agent.probe import Plan
+    from qkwatch.agent.probe.plan import Plan
 
     model, _ = make(args, torch.device("cpu"))
     monitor = agent.attach(model, url=None, project="bench", run="parts", spool=tempfile.mkdtemp(), every=args.every)

@@ -11,10 +11,10 @@ What it builds, on this machine's loopback:
 * ``--ranks`` simulated agent ranks, ``--ranks-per-run`` per run of ``--layers`` layers, spread
   over ``--agent-procs`` processes. Each rank is the real agent's delivery path: its reports go
   through ``qkwatch/agent/report.py: encode`` (a :class:`qkwatch.agent.report.Packed` of synthetic
-  per-layer values, as ``Agent._write_report`` spools it), into a real ``qkwatch/agent/disk_spool.py:
-  Spool``, shipped by a real ``qkwatch/agent/shipper.py: Sender`` over ``qkwatch/agent/transport.py:
+  per-layer values, as ``Agent._write_report`` spools it), into a real ``qkwatch/agent/shipping/disk_spool.py:
+  Spool``, shipped by a real ``qkwatch/agent/shipping/shipper.py: Sender`` over ``qkwatch/agent/shipping/transport.py:
   HttpTransport`` (timed by a wrapper); rank 0 of each run creates the run with
-  ``qkwatch/agent/lambdas.py: fetch_first``, logs a loss every step and polls its lambdas with the real
+  ``qkwatch/agent/lambdas/poller.py: fetch_first``, logs a loss every step and polls its lambdas with the real
   ``LambdaPoller``. Rank r owns the layers ``l % world == r``, as under FSDP2.
 
 Values are functions of (run, layer, step), so a replay sends the same numbers. Every other run

@@ -68,7 +68,7 @@ class Recorder:
 
 
 class TimedTransport:
-    """The agent's ``HttpTransport``, timed call by call (``qkwatch/agent/transport.py: Transport``)."""
+    """The agent's ``HttpTransport``, timed call by call (``qkwatch/agent/shipping/transport.py: Transport``)."""
 
     def __init__(self, inner: Any, recorder: Recorder) -> None:
         self.inner = inner
@@ -87,7 +87,7 @@ class TimedTransport:
         return self._other("set_status", self.inner.set_status, run_id, body)
 
     def post_reports(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        from qkwatch.agent.transport import TransportError
+        from qkwatch.agent.shipping.transport import TransportError
 
         start = time.perf_counter()
         try:
@@ -110,7 +110,7 @@ class TimedTransport:
         self.inner.close()
 
     def _other(self, call: str, fn: Any, *args: Any) -> dict[str, Any]:
-        from qkwatch.agent.transport import TransportError
+        from qkwatch.agent.shipping.transport import TransportError
 
         start = time.perf_counter()
         try:
@@ -134,12 +134,13 @@ class SimRank:
     """One rank of a training job, without the model: synthetic values down the agent's real delivery path."""
 
     def __init__(self, spec: RankSpec, cfg: FleetConfig, url: str, spool_root: Path, recorder: Recorder) -> None:
-        from qkwatch.agent.disk_spool import SpoolConfig
         from qkwatch.agent.health import DropNotes, Health
         from qkwatch.agent.identity import RunIdentity
-        from qkwatch.agent.lambdas import LambdasConfig, fetch_first
-        from qkwatch.agent.shipper import SenderConfig
-        from qkwatch.agent.transport import HttpTransport
+        from qkwatch.agent.lambdas.lambdas import LambdasConfig
+        from qkwatch.agent.lambdas.poller import fetch_first
+        from qkwatch.agent.shipping.disk_spool import SpoolConfig
+        from qkwatch.agent.shipping.shipper import SenderConfig
+        from qkwatch.agent.shipping.transport import HttpTransport
         from qkwatch.contract.wire import RunConfig
 
         self.spec, self.cfg = spec, cfg

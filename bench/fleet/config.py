@@ -33,7 +33,7 @@ ACTIVATION_METRICS = (
     "pr_k",
     "pr_gap",
 )
-"""Per-layer activation metrics of every report (``qkwatch/agent/probe.py``), as a real report carries them."""
+"""Per-layer activation metrics of every report (``qkwatch/agent/probe/probe.py``), as a real report carries them."""
 HOT_LAYERS = (20, 21, 22, 23, 24, 25, 40)
 """Layers whose QKAI rises through the threshold in a collapsing run (20-25 are a band, 40 alone)."""
 BAND = (20, 21, 22, 23, 24, 25)

@@ -8,6 +8,13 @@ without ever blocking a step or losing a report, and read the per-layer lambdas 
             ...
 
 The heavy modules load on first use, so ``import qkwatch.agent`` (and the ``qkwatch`` command) stay light.
+
+Here: the agent and its report's path (``agent``, ``assembly``, ``report``, ``host_copy``,
+``delivery``), its settings, run identity, health counters and commands; in the subpackages, where
+a model keeps its attention (``models``), the hooks that measure it (``probe``), the spool and its
+sender (``shipping``), the RAA weights (``lambdas``), the pure math (``metrics``) and
+``qkwatch analyze`` (``offline``).
+
 The trainer meets the agent here and in :mod:`qkwatch.agent.metrics` only (``qkwatch/trainer/reporting/monitoring.py``).
 """
 
@@ -18,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers
     from torch import nn
 
-    from qkwatch.agent.adapters import Site
     from qkwatch.agent.agent import Agent
-    from qkwatch.agent.layouts import Layout
+    from qkwatch.agent.models.adapters import Site
+    from qkwatch.agent.models.layouts import Layout
 
 __all__ = [
     "Agent",
@@ -55,12 +62,12 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
     Each :class:`Site` gives the layer's per-head ``wq (H, D, hs)`` and ``wk (G, D, hs)`` through
     ``site.weights()``: views of the model's own parameters, so a loss built on them
     (``qkwatch.raa.par_loss``) reaches the projections' gradients. See
-    :func:`qkwatch.agent.adapters.find_sites`.
+    :func:`qkwatch.agent.models.adapters.find_sites`.
 
     Raises:
-        qkwatch.agent.adapters.AdapterError: no attention found, or a layout that does not fit.
+        qkwatch.agent.models.adapters.AdapterError: no attention found, or a layout that does not fit.
     """
-    from qkwatch.agent.adapters import find_sites as _find_sites
+    from qkwatch.agent.models.adapters import find_sites as _find_sites
 
     return _find_sites(model, layout)
 
@@ -79,11 +86,11 @@ def __getattr__(name: str) -> Any:
 
         return ScheduleConfig
     if name == "Site":  # one attention layer as the agent sees it (weights, tap, head counts)
-        from qkwatch.agent.adapters import Site
+        from qkwatch.agent.models.adapters import Site
 
         return Site
     if name in ("Layout", "Mapping"):  # Mapping: the older name of an explicit layout
-        from qkwatch.agent.layouts import Layout
+        from qkwatch.agent.models.layouts import Layout
 
         return Layout
     raise AttributeError(f"module 'qkwatch.agent' has no attribute {name!r}")

@@ -17,11 +17,11 @@ step before it applied, its own not yet) and the forward fills the probe; the ne
 ``agent.report``) and copies it to the host once. On the CPU the report is written to the spool
 right there (a few microseconds, one ``write``); on a GPU a host-copy thread waits for the copy
 and writes it (``agent.delivery``, with ``agent.host_copy``), so the step never waits for the
-device. A sender thread delivers the spool (``agent.shipper``); the step never waits for the
+device. A sender thread delivers the spool (``agent.shipping.shipper``); the step never waits for the
 network either.
 
 The parts, each configured by its own section of :class:`qkwatch.agent.config.AgentConfig`: the probe
-(``agent.probe``), the spool (``agent.disk_spool``), the sender, the lambdas and their poller
+(``agent.probe``), the spool (``agent.shipping.disk_spool``), the sender, the lambdas and their poller
 (``agent.lambdas``); the run's identity is ``agent.identity``'s, the health counters
 ``agent.health``'s.
 """
@@ -39,17 +39,17 @@ from typing import Any
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from qkwatch.agent.adapters import Site, find_sites
 from qkwatch.agent.assembly import ReportAssembly
 from qkwatch.agent.config import AgentConfig
-from qkwatch.agent.forks import track as track_forks
 from qkwatch.agent.health import DropNotes, Health, Overhead
 from qkwatch.agent.host_copy import HostCopyWriter
 from qkwatch.agent.identity import RunIdentity
-from qkwatch.agent.lambdas import fetch_first
-from qkwatch.agent.layouts import Layout
-from qkwatch.agent.probe import Plan
-from qkwatch.agent.transport import FaultLog, HttpTransport, transports
+from qkwatch.agent.lambdas.poller import fetch_first
+from qkwatch.agent.models.adapters import Site, find_sites
+from qkwatch.agent.models.layouts import Layout
+from qkwatch.agent.probe.plan import Plan
+from qkwatch.agent.shipping.forks import track as track_forks
+from qkwatch.agent.shipping.transport import FaultLog, HttpTransport, transports
 from qkwatch.contract.names import rank_suffix
 from qkwatch.contract.values import clean_metric_name
 from qkwatch.contract.wire import RunConfig
@@ -353,7 +353,7 @@ def attach(
     keeps notes already set. ``qkwatch runs tag/untag/note`` and ``PATCH /v1/runs/{id}`` change both.
 
     Raises:
-        ValueError: a bad setting (named). agent.adapters.AdapterError: no attention found.
+        ValueError: a bad setting (named). agent.models.adapters.AdapterError: no attention found.
     """
     cfg = AgentConfig.resolve(
         url=url,

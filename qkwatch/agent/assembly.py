@@ -21,10 +21,11 @@ from typing import Any
 
 from torch import Tensor
 
-from qkwatch.agent.adapters import Site
 from qkwatch.agent.delivery import ReportDelivery
 from qkwatch.agent.health import Overhead, health_scalars
-from qkwatch.agent.probe import Capture, Plan, Probe
+from qkwatch.agent.models.adapters import Site
+from qkwatch.agent.probe.plan import Capture, Plan
+from qkwatch.agent.probe.probe import Probe
 from qkwatch.agent.report import Packer, missing_layers_event
 
 logger = logging.getLogger(__name__)

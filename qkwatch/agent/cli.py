@@ -74,7 +74,7 @@ def _delivery_arguments(p: argparse.ArgumentParser) -> None:
 def run_sync(args: argparse.Namespace) -> int:
     import os
 
-    from qkwatch.agent.sync import SyncError, sync
+    from qkwatch.agent.shipping.sync import SyncError, sync
 
     try:
         results = sync(
@@ -91,9 +91,9 @@ def run_sync(args: argparse.Namespace) -> int:
 
 def run_resend(args: argparse.Namespace) -> int:
     """``qkwatch spool resend DIR``: each spool's dead letters back in it, then ``qkwatch sync``."""
-    from qkwatch.agent.disk_spool import Spool, SpoolLocked
-    from qkwatch.agent.shipper import requeue_dead_letters
-    from qkwatch.agent.sync import SyncError, find_spools
+    from qkwatch.agent.shipping.disk_spool import Spool, SpoolLocked
+    from qkwatch.agent.shipping.shipper import requeue_dead_letters
+    from qkwatch.agent.shipping.sync import SyncError, find_spools
 
     try:
         for path in find_spools(args.spool_dir):
@@ -112,7 +112,7 @@ def run_analyze(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from qkwatch.agent.layouts import LayoutError, custom
+    from qkwatch.agent.models.layouts import LayoutError, custom
     from qkwatch.agent.offline.analyze import AnalyzeError, analyze
     from qkwatch.agent.offline.render import band, to_csv, to_json, to_table
 

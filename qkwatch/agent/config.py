@@ -4,8 +4,10 @@
 ``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the eight the environment may give
 (:class:`AgentEnvironment`, ``QKWATCH_URL``... as the collector reads its own with
 pydantic-settings) and hands each remaining keyword to the component that owns it: the probe
-(:class:`qkwatch.agent.probe.ProbeConfig`), the spool (:class:`qkwatch.agent.disk_spool.SpoolConfig`), the sender
-(:class:`qkwatch.agent.shipper.SenderConfig`) and the lambdas (:class:`qkwatch.agent.lambdas.LambdasConfig`).
+(:class:`qkwatch.agent.probe.probe.ProbeConfig`), the spool
+(:class:`qkwatch.agent.shipping.disk_spool.SpoolConfig`), the sender
+(:class:`qkwatch.agent.shipping.shipper.SenderConfig`) and the lambdas
+(:class:`qkwatch.agent.lambdas.lambdas.LambdasConfig`).
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from qkwatch.agent.checks import SettingError, cadences, positive_ints, positive_seconds
-from qkwatch.agent.disk_spool import SpoolConfig
-from qkwatch.agent.lambdas import LambdasConfig
-from qkwatch.agent.probe import ProbeConfig
-from qkwatch.agent.shipper import SenderConfig
-from qkwatch.agent.transport import clean_token
+from qkwatch.agent.lambdas.lambdas import LambdasConfig
+from qkwatch.agent.probe.probe import ProbeConfig
+from qkwatch.agent.shipping.disk_spool import SpoolConfig
+from qkwatch.agent.shipping.shipper import SenderConfig
+from qkwatch.agent.shipping.transport import clean_token
 from qkwatch.contract.values import check_notes, tag_set
 
 NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,200}$")

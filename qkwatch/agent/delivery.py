@@ -4,7 +4,7 @@ On the CPU a report is encoded and written to the spool on the training thread (
 microseconds, one ``write``); on a GPU the host-copy thread (``agent.host_copy``) waits for the
 device-to-host copy and writes it, so the step never waits for the device, and a report that finds
 its queue full is counted with the spool's drops. Each write feeds the local schedule its
-entropies and wakes the sender (``agent.shipper``). How the run ended is spooled last, as the record
+entropies and wakes the sender (``agent.shipping.shipper``). How the run ended is spooled last, as the record
 after the last report, in order through the same host-copy thread.
 
 :class:`ReportDelivery` is the part of :class:`qkwatch.agent.agent.Agent` that does this; the
@@ -18,13 +18,13 @@ import logging
 import time
 from typing import Any
 
-from qkwatch.agent.disk_spool import Spool, encode_record
 from qkwatch.agent.health import DropNotes, Health
 from qkwatch.agent.host_copy import HostCopyWriter, start_host_copy
 from qkwatch.agent.identity import RunIdentity
-from qkwatch.agent.lambdas import Lambdas
+from qkwatch.agent.lambdas.lambdas import Lambdas
 from qkwatch.agent.report import Packed, encode, encode_logged
-from qkwatch.agent.shipper import Sender
+from qkwatch.agent.shipping.disk_spool import Spool, encode_record
+from qkwatch.agent.shipping.shipper import Sender
 from qkwatch.contract.wire import STATUS_REASON_MAX
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping.disk_spool import Spool
 
 
 @dataclass(frozen=True)

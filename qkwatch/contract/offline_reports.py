@@ -1,6 +1,6 @@
 """A run's reports read from its spool on disk, with no collector: ``qkwatch.read_reports(spool_dir)``.
 
-The agent writes every report to its spool before anything sends it (``qkwatch.agent.disk_spool``),
+The agent writes every report to its spool before anything sends it (``qkwatch.agent.shipping.disk_spool``),
 and offline (no URL) or with the collector down they stay there. This reads them back: every
 segment file of every rank's spool, in the order written, without taking the spool's lock (a
 running agent may keep writing; a record it is still writing is not read yet). Records the

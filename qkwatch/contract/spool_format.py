@@ -3,7 +3,7 @@ and what ``cursor.json`` and ``meta.json`` may hold.
 
 A record is ``MAGIC | u32 length | u32 crc32(payload) | payload`` (little endian; the payload is
 one JSON object: ``{"attempt_key", "report"}`` or an end status). The agent's spool
-(``qkwatch.agent.disk_spool``) writes and acknowledges records; ``qkwatch sync`` delivers them; the
+(``qkwatch.agent.shipping.disk_spool``) writes and acknowledges records; ``qkwatch sync`` delivers them; the
 offline reader (:mod:`qkwatch.contract.offline_reports`) and ``qkwatch report --spool`` read them
 with no collector. Standard library only, so a reader needs neither torch nor the collector.
 """

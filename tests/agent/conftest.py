@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from qkwatch.agent import disk_spool, spool_memory
+from qkwatch.agent.shipping import disk_spool, spool_memory
 from tests.agent.faults import Answer, FaultyOs, Hostile, mount_tmpfs
 
 

@@ -31,7 +31,7 @@ import torch
 
 from qkwatch import agent
 from qkwatch.agent.agent import Agent
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping.disk_spool import Spool
 from tests.agent.tiny import TinyGPT, train_step
 
 TOKEN = "s3cret-token-0123456789"

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from qkwatch import agent
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping.disk_spool import Spool
 from tests.agent.test_invisible import CASES
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from qkwatch.agent.layouts import LayoutError, custom
+from qkwatch.agent.models.layouts import LayoutError, custom
 from qkwatch.agent.offline.analyze import AnalyzeError, analyze
 from qkwatch.agent.offline.checkpoint import Checkpoint
 from tests.conftest import missing_service

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from qkwatch.agent.config import AgentConfig
-from qkwatch.agent.disk_spool import SpoolConfig
-from qkwatch.agent.lambdas import LambdasConfig
-from qkwatch.agent.probe import ProbeConfig
-from qkwatch.agent.shipper import SenderConfig
+from qkwatch.agent.lambdas.lambdas import LambdasConfig
+from qkwatch.agent.probe.probe import ProbeConfig
+from qkwatch.agent.shipping.disk_spool import SpoolConfig
+from qkwatch.agent.shipping.shipper import SenderConfig
 
 
 def test_argument_beats_environment_beats_default(monkeypatch) -> None:

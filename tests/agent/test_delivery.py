@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from qkwatch import agent
-from qkwatch.agent.sync import sync
-from qkwatch.agent.transport import HttpTransport
+from qkwatch.agent.shipping.sync import sync
+from qkwatch.agent.shipping.transport import HttpTransport
 from tests.agent.tiny import TinyGPT, train
 from tests.live import ROOT, BlackHole, LiveCollector, free_port
 
@@ -336,7 +336,7 @@ def test_shuffled_and_repeated_deliveries_store_each_report_once(tmp_path: Path,
     """A spool's reports delivered out of order, in random batches, several times over."""
     import random
 
-    from qkwatch.agent.disk_spool import Spool
+    from qkwatch.agent.shipping.disk_spool import Spool
 
     model = TinyGPT()
     a = agent.attach(

@@ -27,8 +27,8 @@ import torch
 
 import qkwatch
 from qkwatch import agent
-from qkwatch.agent import spool_memory
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping import spool_memory
+from qkwatch.agent.shipping.disk_spool import Spool
 from tests.agent.faults import FaultyOs
 from tests.agent.test_delivery import assert_exactly_once, points
 from tests.agent.tiny import TinyGPT, train
@@ -191,7 +191,7 @@ def test_a_read_only_spool_warns_and_the_run_trains_and_delivers(
 
 FORKING_TRAINER = """
 import multiprocessing, sys, time
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping.disk_spool import Spool
 spool = Spool(sys.argv[1])
 spool.append({"step": 0})
 child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(120,), daemon=True)

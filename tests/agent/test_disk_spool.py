@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qkwatch.agent.disk_spool import Spool, SpoolLocked
+from qkwatch.agent.shipping.disk_spool import Spool, SpoolLocked
 
 
 def reports(spool: Spool) -> list[int]:

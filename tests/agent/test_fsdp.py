@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qkwatch.agent.sync import sync
+from qkwatch.agent.shipping.sync import sync
 from tests.live import ROOT, LiveCollector
 
 pytestmark = pytest.mark.slow

@@ -263,9 +263,9 @@ def test_lambda_max_change_is_a_fraction_in_zero_to_one(change: object, tmp_path
 def test_dead_letters_can_be_requeued_and_are_then_delivered(hostile: Callable[..., Hostile], tmp_path: Path) -> None:
     """Reports a collector refused for good (400) go to dead-letter.jsonl; once requeued, a sync delivers
     every one of them. Before the fix nothing re-sent dead letters."""
-    from qkwatch.agent.disk_spool import Spool
-    from qkwatch.agent.shipper import requeue_dead_letters
-    from qkwatch.agent.sync import sync
+    from qkwatch.agent.shipping.disk_spool import Spool
+    from qkwatch.agent.shipping.shipper import requeue_dead_letters
+    from qkwatch.agent.shipping.sync import sync
 
     refusing = hostile(reports=json_answer({"detail": "no"}, status=400))
     steps = 8

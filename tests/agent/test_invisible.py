@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from qkwatch import agent
-from qkwatch.agent.adapters import FINDERS
-from qkwatch.agent.layouts import Layout
+from qkwatch.agent.models.adapters import FINDERS
+from qkwatch.agent.models.layouts import Layout
 from tests.agent.test_probe import OFFLINE, spooled
 
 VOCAB, T = 50, 12

@@ -17,7 +17,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from qkwatch.agent.lambdas import Lambdas
+from qkwatch.agent.lambdas.lambdas import Lambdas
 from qkwatch.contract.scheduling import ScheduleConfig, entropy_floor
 
 N = 4
@@ -37,7 +37,9 @@ def local(layer: int) -> float:
 
 def qkwatch_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
-        r.getMessage() for r in caplog.records if r.name == "qkwatch.agent.lambdas" and r.levelno == logging.WARNING
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "qkwatch.agent.lambdas.lambdas" and r.levelno == logging.WARNING
     ]
 
 

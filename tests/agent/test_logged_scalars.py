@@ -15,7 +15,7 @@ import torch
 
 from qkwatch import agent
 from qkwatch.agent.agent import MAX_LOGGED_STEPS
-from qkwatch.agent.disk_spool import SpoolConfig
+from qkwatch.agent.shipping.disk_spool import SpoolConfig
 from qkwatch.contract.wire import Report
 from tests.agent.tiny import TinyGPT, train
 from tests.live import LiveCollector

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from qkwatch import agent
-from qkwatch.agent.adapters import AdapterError, find_sites
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.models.adapters import AdapterError, find_sites
 from qkwatch.agent.offline.analyze import analyze
-from qkwatch.agent.probe import ProbeConfig
+from qkwatch.agent.probe.probe import ProbeConfig
+from qkwatch.agent.shipping.disk_spool import Spool
 from tests.agent.tiny import TinyGPT, batch, train
 
 OFFLINE = {"spectra_every": 0, "flush_seconds": 0.05}
@@ -526,7 +526,7 @@ def test_the_measure_thread_reports_what_the_hook_computes(tmp_path: Path, monke
     rows, every layer in one batch, equal those computed in the hook itself layer by layer, per
     layer and per head, report after report (the model trains between them, so a copy that
     aliased the model's buffers would differ)."""
-    from qkwatch.agent.probe import Probe
+    from qkwatch.agent.probe.probe import Probe
 
     batches: list[int] = []
     batch_of = Probe._activation_batch
@@ -558,7 +558,7 @@ def test_a_failure_in_the_measure_thread_is_a_missing_layer_not_a_crash(
 ) -> None:
     """An exception in the worker thread skips that layer's activation metrics with one warning; the
     first report names the layers as missing; training and the weight metrics carry on."""
-    from qkwatch.agent import activations
+    from qkwatch.agent.probe import activations
 
     def broken(*args, **kwargs):
         raise RuntimeError("spectrum exploded")
@@ -616,8 +616,8 @@ def test_weights_no_update_touched_are_not_measured_again(tmp_path: Path, monkey
     forward). Layers whose weights no in-place update touched since the last report keep their values
     without a new weight pass; an update to one layer remeasures that layer alone; every value equals
     numpy's."""
-    from qkwatch.agent import probe as probe_module
     from qkwatch.agent.metrics.summary import weight_metrics
+    from qkwatch.agent.probe import weights as probe_weights
 
     layers_measured: list[int] = []
 
@@ -625,7 +625,7 @@ def test_weights_no_update_touched_are_not_measured_again(tmp_path: Path, monkey
         layers_measured.append(wq.shape[0])
         return weight_metrics(wq, wk, rotation, **kw)
 
-    monkeypatch.setattr(probe_module, "weight_metrics", counted)
+    monkeypatch.setattr(probe_weights, "weight_metrics", counted)
     torch.manual_seed(0)
     model = TinyGPT()
     a = agent.attach(model, spool=str(tmp_path), run="w", every=1, **OFFLINE)

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from qkwatch import agent
-from qkwatch.agent.adapters import find_sites
 from qkwatch.agent.metrics.summary import weight_metrics
+from qkwatch.agent.models.adapters import find_sites
 from tests.agent.test_model_scoring import _common, _padded
 from tests.agent.test_probe import OFFLINE, spooled
 

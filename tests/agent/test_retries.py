@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from qkwatch.agent.disk_spool import Spool
 from qkwatch.agent.health import Health
-from qkwatch.agent.shipper import Sender
-from qkwatch.agent.transport import HttpTransport, TransportError, parse_retry_after
+from qkwatch.agent.shipping.disk_spool import Spool
+from qkwatch.agent.shipping.shipper import Sender
+from qkwatch.agent.shipping.transport import HttpTransport, TransportError, parse_retry_after
 from tests.live import LiveCollector
 
 
@@ -203,7 +203,7 @@ def test_other_4xx_go_to_the_dead_letter_file_with_one_warning(tmp_path: Path, c
     server = Scripted([(400, {}, {"detail": "reports.0.step: bad"}), (422, {}, {"detail": "worse"})])
     spool = spool_with(tmp_path, 3)
     s, health = sender(spool, server.url, batch_max=1)
-    with caplog.at_level(logging.WARNING, logger="qkwatch.agent.shipper"):
+    with caplog.at_level(logging.WARNING, logger="qkwatch.agent.shipping.shipper"):
         assert s.deliver_all(time.monotonic() + 60)
     dead = [json.loads(line) for line in (spool.path / "dead-letter.jsonl").read_text().splitlines()]
     assert [d["status"] for d in dead] == [400, 422]

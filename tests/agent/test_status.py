@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from qkwatch import agent
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping.disk_spool import Spool
 from tests.agent.test_delivery import FAST, assert_exactly_once, points
 from tests.agent.tiny import TinyGPT, train
 from tests.live import ROOT, LiveCollector

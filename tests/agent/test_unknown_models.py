@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 import qkwatch
 from qkwatch import agent
-from qkwatch.agent.adapters import AdapterError
+from qkwatch.agent.models.adapters import AdapterError
 from tests.agent.test_probe import OFFLINE, spooled
 
 
@@ -116,7 +116,7 @@ def test_a_partly_known_model_is_monitored_and_the_skipped_attention_named(
             self.lm = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=2, n_head=4, n_positions=64))
             self.memory = nn.MultiheadAttention(32, 4, batch_first=True)
 
-    with caplog.at_level(logging.WARNING, logger="qkwatch.agent.adapters"):
+    with caplog.at_level(logging.WARNING, logger="qkwatch.agent.models.adapters"):
         a = agent.attach(WithAdapter(), spool=str(tmp_path), run="partly", **OFFLINE)
     assert [s.name for s in a.sites] == ["lm.transformer.h.0.attn", "lm.transformer.h.1.attn"]
     (warning,) = [r.getMessage() for r in caplog.records if "skips" in r.getMessage()]

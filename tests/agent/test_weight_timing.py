@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qkwatch import agent
-from qkwatch.agent.disk_spool import Spool
+from qkwatch.agent.shipping.disk_spool import Spool
 from tests.agent.tiny import TinyGPT, batch
 
 FAST = {"spectra_every": 0, "flush_seconds": 0.05}

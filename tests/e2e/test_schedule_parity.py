@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from qkwatch.agent.lambdas import Lambdas
+from qkwatch.agent.lambdas.lambdas import Lambdas
 from qkwatch.contract.scheduling import ScheduleConfig, entropy_floor
 from tests.live import LiveCollector
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 from transformers import Trainer, TrainerCallback
 
-from qkwatch.agent.disk_spool import Spool, SpoolConfig
+from qkwatch.agent.shipping.disk_spool import Spool, SpoolConfig
 from qkwatch.integrations.huggingface import QKWatchCallback, RAATrainer, metric_name, scalars
 from qkwatch.raa import ParLoss, par_loss
 from qkwatch.trainer.model.config import ModelConfig

@@ -154,7 +154,7 @@ def test_hf_trainer_with_checkpointing_accumulation_and_compile(tmp_path: Path) 
     )
     trainer = Trainer(model=tiny_llama(), args=args, train_dataset=Tokens(32), callbacks=[qk])
     trainer.train()
-    from qkwatch.agent.disk_spool import Spool
+    from qkwatch.agent.shipping.disk_spool import Spool
 
     spool = Spool(tmp_path / "spool" / "tests" / "tricks" / "rank-0")
     try:
@@ -188,7 +188,7 @@ def test_lightning_and_the_hf_trainer_number_reports_by_optimizer_step(tmp_path:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
     def steps(spool: Path, run: str) -> list[int]:
-        from qkwatch.agent.disk_spool import Spool
+        from qkwatch.agent.shipping.disk_spool import Spool
 
         s = Spool(spool / "tests" / run / "rank-0")
         try:

@@ -25,14 +25,13 @@ A head whose weights hold a NaN or inf gives NaN: a diverging run still reports.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from functools import cache, partial
-from typing import Literal, NamedTuple
+from functools import partial
+from typing import Literal
 
 import torch
 from torch import Tensor
 
+from qkwatch.agent.metrics.cascade import Grams, cascade, finite_heads, finite_or_eye
 from qkwatch.agent.metrics.heads import group_heads
 
 Method = Literal["auto", "exact", "randomized"]
@@ -96,8 +95,8 @@ def principal_overlap(
     if _use_randomized(method, r, d):
         return _overlap_randomized(wq, wk, r, dt)
     if r == d:
-        return _cascade(wq, wk, dt, _full_rank_overlap, _householder_overlap, refine=refine)
-    return _cascade(wq, wk, dt, partial(_top_r, r=r), partial(_svd_top_r, r=r), refine=refine)
+        return cascade(wq, wk, dt, _full_rank_overlap, _householder_overlap, refine=refine)
+    return cascade(wq, wk, dt, partial(_top_r, r=r), partial(_svd_top_r, r=r), refine=refine)
 
 
 def stable_rank(wq: Tensor, wk: Tensor, *, dtype: torch.dtype | None = None) -> Tensor:
@@ -111,7 +110,7 @@ def stable_rank(wq: Tensor, wk: Tensor, *, dtype: torch.dtype | None = None) -> 
         ``(..., n_heads)`` in ``[1, d_head]``.
     """
     _check_pair(wq, wk)
-    return _cascade(wq, wk, _compute_dtype(wq, dtype), _full_rank, _householder)[..., 1]
+    return cascade(wq, wk, _compute_dtype(wq, dtype), _full_rank, _householder)[..., 1]
 
 
 def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
@@ -124,7 +123,7 @@ def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *, dtype: torch.dt
     _check_pair(wq, wk)
     r = _rank(wq, rank)
     dt = _compute_dtype(wq, dtype)
-    values = _cascade(wq, wk, dt, _full_rank, _householder)
+    values = cascade(wq, wk, dt, _full_rank, _householder)
     out = {"qkai": values[..., 0] / r, "stable_rank": values[..., 1], "qk_cos": values[..., 2]}
     if r < wq.shape[-1]:
         out["qkai"] = qkai(wq, wk, r, dtype=dt)
@@ -134,7 +133,7 @@ def geometry(wq: Tensor, wk: Tensor, rank: int | None = None, *, dtype: torch.dt
 # --- the tiers ------------------------------------------------------------------------------
 
 
-def _full_rank(grams: _Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+def _full_rank(grams: Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
     """Cholesky QR of both factors: ``[..., (sum c_i^2, stable rank, qk_cos)]`` and trustworthy."""
     lq, ok_q = _cholesky(grams.q, dt)  # (..., hs, hs)
     lk, ok_k = _cholesky(grams.k, dt)
@@ -145,7 +144,7 @@ def _full_rank(grams: _Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
     return torch.stack([overlap, srank, grams.column_cos()], -1), ok_q & ok_k & grams.finite
 
 
-def _full_rank_overlap(grams: _Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
+def _full_rank_overlap(grams: Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
     """Cholesky QR of both factors: ``sum c_i^2`` alone (no stable rank: nothing to decompose)."""
     lq, ok_q = _cholesky(grams.q, dt)
     lk, ok_k = _cholesky(grams.k, dt)
@@ -154,40 +153,12 @@ def _full_rank_overlap(grams: _Grams, dt: torch.dtype) -> tuple[Tensor, Tensor]:
     return c.square().sum((-2, -1)), ok_q & ok_k & grams.finite
 
 
-def _top_r(grams: _Grams, dt: torch.dtype, r: int) -> tuple[Tensor, Tensor]:
+def _top_r(grams: Grams, dt: torch.dtype, r: int) -> tuple[Tensor, Tensor]:
     """Eigenpairs of the Grams: (sum of the top-r c_i^2, trustworthy) per head."""
     bq, ok_q = _top_r_basis(grams.q, r, dt)  # U_Q = Wq Bq, Bq (..., hs, r)
     bk, ok_k = _top_r_basis(grams.k, r, dt)
     c = bq.mT @ grams.x @ bk  # (..., r, r)
     return c.square().sum((-2, -1)), ok_q & ok_k & grams.finite
-
-
-class _Grams(NamedTuple):
-    """``Wq^T Wq``, ``Wk^T Wk``, ``Wq^T Wk`` per head; non-finite heads replaced by harmless ones."""
-
-    q: Tensor
-    k: Tensor
-    x: Tensor
-    finite: Tensor
-
-    @classmethod
-    def of(cls, wq: Tensor, wk: Tensor, dt: torch.dtype, *, sync: bool = True) -> _Grams:
-        wq, wk = wq.to(dt), wk.to(dt)
-        gq, gk, x = wq.mT @ wq, wk.mT @ wk, wq.mT @ wk  # (..., hs, hs)
-        # A NaN or inf anywhere in a head's weights reaches its Gram: checking the small Grams is
-        # enough (a finite head whose Gram overflows is sent on to float64 like any other).
-        finite = torch.isfinite(gq.sum((-2, -1)) + gk.sum((-2, -1)) + x.sum((-2, -1)))
-        if not sync or not bool(finite.all()):  # without sync: always, instead of asking the device
-            eye = torch.eye(gq.shape[-1], dtype=dt, device=gq.device)
-            keep = finite[..., None, None]
-            gq, gk, x = torch.where(keep, gq, eye), torch.where(keep, gk, eye), torch.where(keep, x, 0 * eye)
-        return cls(gq, gk, x, finite)
-
-    def column_cos(self) -> Tensor:
-        """Mean over the head's columns ``j`` of ``|X_jj| / sqrt(Gq_jj Gk_jj)``."""
-        dot = self.x.diagonal(dim1=-2, dim2=-1)
-        norms = (self.q.diagonal(dim1=-2, dim2=-1) * self.k.diagonal(dim1=-2, dim2=-1)).sqrt()
-        return (dot / norms).abs().mean(-1)
 
 
 def _householder(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
@@ -203,7 +174,7 @@ def _householder(wq: Tensor, wk: Tensor) -> tuple[Tensor, Tensor]:
     diag = torch.cat([rq.diagonal(dim1=-2, dim2=-1), rk.diagonal(dim1=-2, dim2=-1)], -1).abs()
     full_rank = _well_separated(diag.amin(-1), diag.amax(-1), wq)
     nonzero = srank.isfinite()  # the stable rank needs only M != 0
-    cos = _Grams.of(wq, wk, torch.float64).column_cos()
+    cos = Grams.of(wq, wk, torch.float64).column_cos()
     return torch.stack([overlap, srank, cos], -1), torch.stack([full_rank, nonzero, cos.isfinite()], -1)
 
 
@@ -231,10 +202,10 @@ def _well_separated(small: Tensor, big: Tensor, w: Tensor) -> Tensor:
 
 def _overlap_randomized(wq: Tensor, wk: Tensor, r: int, dt: torch.dtype) -> Tensor:
     qg, kg, shape = group_heads(wq, wk)
-    uq = _randomized_top_r(_finite_or_eye(qg.to(dt)), r)
-    uk = _randomized_top_r(_finite_or_eye(kg.to(dt)), r)
+    uq = _randomized_top_r(finite_or_eye(qg.to(dt)), r)
+    uk = _randomized_top_r(finite_or_eye(kg.to(dt)), r)
     overlap = (uq.mT @ uk).square().sum((-2, -1))
-    bad = ~(_finite_heads(qg) & _finite_heads(kg))
+    bad = ~(finite_heads(qg) & finite_heads(kg))
     return overlap.masked_fill(bad, math.nan).reshape(shape)
 
 
@@ -254,89 +225,6 @@ def _randomized_top_r(w: Tensor, r: int) -> Tensor:
         basis = torch.linalg.qr(w @ basis).Q  # (..., D, q)
     u_small: Tensor = torch.linalg.svd(basis.mT @ w, full_matrices=False).U  # (..., q, q)
     return (basis @ u_small)[..., :r]
-
-
-# --- the cascade ----------------------------------------------------------------------------
-
-Tier = Callable[[_Grams, torch.dtype], tuple[Tensor, Tensor]]
-"""``tier(grams, dtype) -> (values, ok)``: one way to compute every head, and which to trust."""
-LastResort = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-"""``last_resort(wq, wk) -> (values, defined)``: the float64 Householder/SVD route."""
-
-
-def _cascade(
-    wq: Tensor, wk: Tensor, dt: torch.dtype, tier: Tier, last_resort: LastResort, *, refine: bool = True
-) -> Tensor:
-    """Run ``tier`` on every head in ``dt``, then recompute the untrustworthy heads more carefully.
-
-    ``tier(grams, dtype) -> (values, ok)`` with values ``(*heads, ...)``. Heads with ``ok`` false
-    are recomputed in float64 with the same tier, and those still not ok by
-    ``last_resort(wq, wk) -> (values, defined)``; undefined heads and heads whose weights hold a
-    NaN or inf give NaN. ``refine=False`` keeps the first tier's values (non-finite heads: NaN).
-    """
-    qg, kg, shape = group_heads(wq, wk)
-    values, ok, finite = _first_tier(qg, kg, dt, tier, sync=refine)
-    if not refine:
-        values = torch.where(_expand_like(finite, values), values, torch.full_like(values, math.nan))
-    elif not bool(ok.all()):  # one host sync per call, never one per head
-        values = values.clone()
-        values[~ok] = _refine(~ok, qg, kg, tier, last_resort).to(values.dtype)
-    return values.reshape((*shape, *values.shape[ok.ndim :]))
-
-
-def _first_tier(qg: Tensor, kg: Tensor, dt: torch.dtype, tier: Tier, *, sync: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """``tier`` on every head: ``(values, ok, finite)``; on the CPU, in chunks on worker threads.
-
-    The Grams are matrix products that use every core already, but the per-head LAPACK calls
-    after them (two Cholesky factorisations, two triangular solves, one ``eigvalsh`` a head) run
-    one matrix at a time on one core. Chunks of heads on ``2 x torch.get_num_threads()`` threads
-    (torch lets go of the GIL inside its operators) overlap the two: 384 heads of bench/weight_pass.py's
-    shape took 146-156 ms in 4 chunks against 190 ms in one pass on 2 cores (an ad hoc timing). Only
-    without autograd and with more than one torch thread: a user who set ``torch.set_num_threads(1)``
-    keeps one core.
-    """
-
-    def one(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        grams = _Grams.of(q, k, dt, sync=sync)
-        values, ok = tier(grams, dt)
-        return values, ok, grams.finite
-
-    chunks = _chunks(qg, kg)
-    if chunks <= 1:
-        return one(qg, kg)
-    parts = list(_pool().map(one, qg.tensor_split(chunks), kg.tensor_split(chunks)))
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
-
-
-MIN_HEADS_PER_CHUNK = 16
-
-
-def _chunks(qg: Tensor, kg: Tensor) -> int:
-    threads = torch.get_num_threads()
-    if threads <= 1 or qg.device.type != "cpu" or qg.ndim < 3 or kg.ndim != qg.ndim or qg.shape[0] != kg.shape[0]:
-        return 1
-    if torch.is_grad_enabled() and (qg.requires_grad or kg.requires_grad):
-        return 1
-    heads = math.prod(qg.shape[:-2])
-    return max(1, min(2 * threads, qg.shape[0], heads // MIN_HEADS_PER_CHUNK, 8))
-
-
-@cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=8, thread_name_prefix="qkwatch-geometry")
-
-
-def _refine(pending: Tensor, qg: Tensor, kg: Tensor, tier: Tier, last_resort: LastResort) -> Tensor:
-    q = qg.expand(*pending.shape, *qg.shape[-2:])[pending]  # (n_pending, D, hs): copies these heads only
-    k = kg.expand(*pending.shape, *kg.shape[-2:])[pending]
-    finite = _finite_heads(q) & _finite_heads(k)
-    q, k = _finite_or_eye(q), _finite_or_eye(k)
-    values, ok = tier(_Grams.of(q, k, torch.float64), torch.float64)
-    if not bool(ok.all()):
-        last, defined = last_resort(q[~ok], k[~ok])
-        last = torch.where(_expand_like(defined, last), last, torch.full_like(last, math.nan))
-        values = values.index_put(((~ok).nonzero(as_tuple=True)), last)
-    return torch.where(_expand_like(finite, values), values, torch.full_like(values, math.nan))
 
 
 # --- small pieces ---------------------------------------------------------------------------
@@ -379,23 +267,6 @@ def _stable_rank_of_core(core: Tensor) -> Tensor:
     fro2 = core.square().sum((-2, -1))
     spec2: Tensor = torch.linalg.eigvalsh(core.mT @ core)[..., -1]
     return fro2 / spec2
-
-
-def _finite_heads(w: Tensor) -> Tensor:
-    return torch.isfinite(w).all(-1).all(-1)
-
-
-def _finite_or_eye(w: Tensor) -> Tensor:
-    """Replace each non-finite head by a well-conditioned stand-in (its result is masked to NaN)."""
-    finite = _finite_heads(w)
-    if bool(finite.all()):
-        return w
-    stand_in = torch.eye(*w.shape[-2:], dtype=w.dtype, device=w.device)
-    return torch.where(finite[..., None, None], w, stand_in)
-
-
-def _expand_like(mask: Tensor, values: Tensor) -> Tensor:
-    return mask.reshape(*mask.shape, *([1] * (values.ndim - mask.ndim)))
 
 
 def _unit(dt: torch.dtype) -> float:

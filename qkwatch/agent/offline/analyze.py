@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkwatch.agent.layouts import Layout, LayoutError, count_layers, detect, first
 from qkwatch.agent.metrics import householder, split_heads, split_qkv
 from qkwatch.agent.metrics.summary import HEAD_METRICS, weight_metrics
+from qkwatch.agent.models.layouts import Layout, LayoutError, count_layers, detect, first
 from qkwatch.agent.offline.checkpoint import Checkpoint, CheckpointError, open_checkpoint
 
 CHUNK_BYTES = 512 * 2**20
@@ -60,7 +60,7 @@ def analyze(
     """Weight metrics of every layer of the checkpoint at ``path``.
 
     Args:
-        layout: where the projections are (:func:`qkwatch.agent.layouts.custom` makes one from key
+        layout: where the projections are (:func:`qkwatch.agent.models.layouts.custom` makes one from key
             patterns); None, or one carrying only head counts, detects it from the checkpoint's keys.
 
     Raises:

@@ -345,7 +345,7 @@ def test_chunked_first_tier_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> 
     Grouped heads (8 query heads on 2 key heads), an ill-conditioned head (refined in float64) and
     a non-finite one (NaN) lie in different chunks; torch.set_num_threads(1) turns chunking off.
     """
-    import qkwatch.agent.metrics.subspace as subspace
+    import qkwatch.agent.metrics.cascade as cascade
 
     gen = torch.Generator().manual_seed(3)
     wq = torch.randn(12, 8, 96, 16, generator=gen)
@@ -355,11 +355,11 @@ def test_chunked_first_tier_equals_one_pass(monkeypatch: pytest.MonkeyPatch) -> 
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        qg, kg, _ = subspace.group_heads(wq, wk)
-        assert subspace._chunks(qg, kg) == 4
+        qg, kg, _ = cascade.group_heads(wq, wk)
+        assert cascade._chunks(qg, kg) == 4
         chunked = geometry(wq, wk)
         torch.set_num_threads(1)
-        assert subspace._chunks(qg, kg) == 1
+        assert cascade._chunks(qg, kg) == 1
         one_pass = geometry(wq, wk)
     finally:
         torch.set_num_threads(threads)

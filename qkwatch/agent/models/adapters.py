@@ -6,11 +6,12 @@ Known models:
   ``Attention.remove_outlier`` (the ``outlier_removed`` variant) is carried on the site.
 * HuggingFace ``transformers`` models whose attention goes through ``AttentionInterface``
   (Llama, Mistral, Qwen2/3 with GQA and RoPE; BERT; GPT-2 with its fused Conv1D):
-  ``agent.hf_models``, which taps the model's own attention function without renaming it.
+  ``agent.models.hf_models``, whose tap (``agent.models.hf_taps``) wraps the model's own attention
+  function without renaming it.
 * nanoGPT's ``CausalSelfAttention`` (fused ``c_attn``, no rotary embedding): q and k are read
   off ``c_attn``'s output.
-* anything else through an explicit :class:`qkwatch.agent.layouts.Layout` (module paths of the projections,
-  head counts, and the module to tap after RoPE).
+* anything else through an explicit :class:`qkwatch.agent.models.layouts.Layout` (module paths of the
+  projections, head counts, and the module to tap after RoPE).
 
 Every adapter only reads: attaching leaves the model's outputs and gradients bit for bit as they
 were (``tests/agent/test_invisible.py`` runs every adapter in :data:`FINDERS`, and a layout).
@@ -25,11 +26,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor, nn
 
-import qkwatch.agent.frameworks as frameworks
-from qkwatch.agent.hf_models import find as _huggingface
-from qkwatch.agent.layouts import Layout
+import qkwatch.agent.models.frameworks as frameworks
 from qkwatch.agent.metrics import SPLITS, split_heads
-from qkwatch.agent.sites import (
+from qkwatch.agent.models.hf_models import find as _huggingface
+from qkwatch.agent.models.layouts import Layout
+from qkwatch.agent.models.sites import (
     AdapterError,
     Projections,
     Site,
@@ -39,7 +40,7 @@ from qkwatch.agent.sites import (
     projection_site,
     wanted,
 )
-from qkwatch.agent.unknown import head_count, rotary_module, skipped, suggest_layout
+from qkwatch.agent.models.unknown import head_count, rotary_module, skipped, suggest_layout
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs
@@ -90,7 +91,7 @@ def find_sites(model: nn.Module, layout: Layout | None = None) -> list[Site]:
 
 
 class _GPTAttention(Protocol):
-    """What the agent uses of qkwatch's GPT attention (``trainer.model.Attention``)."""
+    """What the agent uses of qkwatch's GPT attention (``trainer.model.gpt.Attention``)."""
 
     n_heads: int
     n_kv_heads: int

@@ -40,10 +40,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from qkwatch.agent.checks import positive_ints, positive_seconds
-from qkwatch.agent.disk_spool import Position, Record, Spool, encode_record
 from qkwatch.agent.health import Health
 from qkwatch.agent.identity import RunIdentity
-from qkwatch.agent.transport import Transport, TransportError
+from qkwatch.agent.shipping.disk_spool import Position, Record, Spool, encode_record
+from qkwatch.agent.shipping.transport import Transport, TransportError
 from qkwatch.contract.answers import RunAnswer
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Records the disk refused, held in memory until it takes them again or the sender delivers them.
 
-The spool (``agent.disk_spool``) holds here what a full or read-only disk refuses (ENOSPC, EROFS,
+The spool (``agent.shipping.disk_spool``) holds here what a full or read-only disk refuses (ENOSPC, EROFS,
 a short write): in order, up to ``max_bytes``, beyond which the oldest not in flight are dropped
 (the spool counts them). The sender reads them after every record on disk, at positions in a
 segment number no file has (at or above :data:`MEMORY_SEGMENTS`, random per process, so their

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from qkwatch.agent.disk_spool import Spool, SpoolLocked
 from qkwatch.agent.health import Health
-from qkwatch.agent.shipper import Sender
-from qkwatch.agent.transport import HttpTransport
+from qkwatch.agent.shipping.disk_spool import Spool, SpoolLocked
+from qkwatch.agent.shipping.shipper import Sender
+from qkwatch.agent.shipping.transport import HttpTransport
 
 logger = logging.getLogger(__name__)
 

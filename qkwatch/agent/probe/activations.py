@@ -42,7 +42,7 @@ from qkwatch.agent.metrics import (
     qk_erank,
     visible_keys,
 )
-from qkwatch.agent.sites import Scoring, Site
+from qkwatch.agent.models.sites import Scoring, Site
 
 ACTIVATION_HEAD_METRICS = ("attn_entropy", "attn_entropy_nats", "attn_top1", "logit_std", "qk_erank")
 
@@ -76,7 +76,7 @@ class Sampler:
         """The rows the metrics read (own copies with ``copy``: the model may reuse its buffers).
 
         ``q (B, H, T_q, hs)``, ``k (B, G, T_k, hs)``; ``mask``, ``causal`` and ``scoring`` as the tap
-        gave them (``agent.sites.TapFn``; ``causal`` None: the site's).
+        gave them (``agent.models.sites.TapFn``; ``causal`` None: the site's).
         """
         q, k = q.detach(), k.detach()
         t_q, t_k = q.shape[-2], k.shape[-2]

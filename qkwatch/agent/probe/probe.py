@@ -15,16 +15,12 @@ Under ``torch.compile`` the hooks trace as no-ops except for one opaque custom o
 (``qkwatch::tap``): the graph keeps it without a break or a guard, and at run time it hands the
 real queries and keys to the same measurement.
 
-A report's weights are those its activations ran with: they are read when the step is armed
-(``Agent.step(s)``, before step ``s``'s forward and after the optimizer step before it), never at
-the report, which is packed after the step's own optimizer step. Plain weights are read there, every
-owned layer in one batched call. Sharded ones (FSDP2's DTensors) are read in a forward pre-hook of
-the attention module, where FSDP2 has them unsharded, so no extra all-gather is needed; a layer
-whose pre-hook did not run at the last weight report (a compiled forward), and every layer at the
-first, is gathered (``full_tensor()``) when the step is armed instead. Each rank measures only the
-layers it owns (``layer % world == rank``), so a rank pays about 1/world of the cost. Activations
-come from the site's tap, the queries and keys of the whole micro-batch and the mask the model
-attended under; which rows are read, and how padding is left out, is ``agent.activations``.
+A report's weights are those its activations ran with: they are read when the step is armed,
+before its forward (``agent.probe.weights``; sharded ones in a forward pre-hook, where FSDP2 has
+them unsharded, so no extra all-gather is needed). Each rank measures only the layers it owns
+(``layer % world == rank``), so a rank pays about 1/world of the cost. Activations come from the
+site's tap, the queries and keys of the whole micro-batch and the mask the model attended under;
+which rows are read, and how padding is left out, is ``agent.probe.activations``.
 """
 
 from __future__ import annotations
@@ -38,15 +34,14 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from qkwatch.agent.activations import ACTIVATION_HEAD_METRICS, Inputs, Sampler
 from qkwatch.agent.checks import SettingError, positive_ints
-from qkwatch.agent.compiled_tap import register_tap, sink, unregister_tap
-from qkwatch.agent.metrics.summary import weight_metrics
-from qkwatch.agent.plan import Capture, Measured, Plan
-from qkwatch.agent.sites import Scoring, Site, TapFn
-from qkwatch.agent.weight_versions import version_key
+from qkwatch.agent.models.sites import Scoring, Site, TapFn
+from qkwatch.agent.probe.activations import ACTIVATION_HEAD_METRICS, Inputs, Sampler
+from qkwatch.agent.probe.compiled_tap import register_tap, sink, unregister_tap
+from qkwatch.agent.probe.plan import Capture, Measured, Plan
+from qkwatch.agent.probe.weights import WeightReading, sharded
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +98,9 @@ class ProbeConfig:
         )
 
 
-class Probe:
+class Probe(WeightReading):
+    """Hooks on the owned layers of ``sites`` that measure them on the steps a :class:`Plan` arms."""
+
     def __init__(
         self,
         sites: list[Site],
@@ -136,7 +133,7 @@ class Probe:
         """Layers whose weight pre-hook ran at the last weight report (sharded); None before the first."""
         # Sharded weights (FSDP2's DTensors) are whole only inside the forward: read them there.
         # Plain ones are read at the report, every layer in one batched call.
-        self.in_forward = any(_sharded(p) for site in sites for p in site.module.parameters())
+        self.in_forward = any(sharded(p) for site in sites for p in site.module.parameters())
         for site in sites:
             if self.in_forward:
                 # every layer gets the pre-hook (it only notes that the forward ran there, unless
@@ -198,20 +195,7 @@ class Probe:
                 else:
                     self._store(site.layer, *measured)
 
-    # --- hooks ------------------------------------------------------------------------------
-
-    def _weights_hook(self, site: Site) -> Callable[[nn.Module, tuple[Any, ...]], None]:
-        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
-            if torch.compiler.is_compiling():
-                return  # traced as a no-op: no graph break, no guard, no recompile (see _read_weights)
-            plan = self.plan
-            if plan is None or not plan.weights or site.layer in self.capture.forward_seen:
-                return  # not a report step (or a recomputation under activation checkpointing)
-            self.capture.forward_seen.add(site.layer)
-            if site.layer in self.owned and site.layer not in self.capture.weights_seen:  # not read at arm()
-                self._guarded(site, "weights", lambda: self._measure_weights(site, plan))
-
-        return hook
+    # --- the activation hook ------------------------------------------------------------------
 
     def _activation_hook(self, site: Site) -> TapFn:
         def wanted() -> bool:
@@ -276,118 +260,12 @@ class Probe:
             self._warned.add(key)
             logger.warning("qkwatch could not measure %s of layer %d (%s): %s", what, site.layer, site.name, exc)
 
-    def _read_weights(self, plan: Plan) -> None:
-        """The weights of the armed step, before its forward: all owned layers batched (plain
-        weights), or, sharded, the layers whose pre-hook did not run at the last weight report (a
-        compiled forward; at the first report, not known yet, ``disarm`` reads them).
-
-        Called at a step chosen by the step number alone, on every rank: a parameter sharded by
-        FSDP2 (a DTensor) is gathered with ``full_tensor()``, a collective every rank joins for
-        every such layer in the same order, though each measures only its own.
-        """
-        if not self.in_forward:
-            self._guarded(self.sites[0], "weights", partial(self._weights_batched, plan))
-            return
-        if self._hooked is None:
-            return  # the first report: the pre-hooks read them in the forward; any they miss, at disarm
-        self._read_sharded([site for site in self.sites if site.layer not in self._hooked], plan)
-
-    def _read_sharded(self, sites: list[Site], plan: Plan) -> None:
-        """Sharded layers' weights gathered whole (``full_tensor()``: every rank joins, in layer order)."""
-        for site in sites:
-            wq, wk, rotation = site.weights()
-            wq, wk, rotation = _full(wq), _full(wk), None if rotation is None else _full(rotation)
-            if site.layer in self.owned:
-                self._guarded(site, "weights", partial(self._weights_of, site, wq, wk, rotation, plan))
-
     # --- measurements -----------------------------------------------------------------------
-
-    def _weights_batched(self, plan: Plan) -> None:
-        """Every owned layer whose weights changed since they were last measured, in one
-        ``weight_metrics`` call per shape (one, for a uniform model); on the CPU with
-        ``measure_thread``, in the worker thread from the stacked copies, so that the optimizer step
-        may update the weights meanwhile.
-
-        A layer whose query and key weights are views of parameters that nothing has changed since
-        (``weight_versions.version_key``: same storage, version counter, sum and norm; frozen layers,
-        a step that did not update this layer) keeps the values measured then.
-        """
-        groups: dict[tuple[object, ...], list[tuple[Site, tuple[Tensor, Tensor, Tensor | None]]]] = {}
-        versions: dict[int, tuple[object, ...] | None] = {}
-        for site in self.sites:
-            if site.layer not in self.owned:
-                continue
-            wq, wk, rotation = site.weights()
-            version = versions[site.layer] = version_key((wq, wk, rotation), plan.spectra)
-            cached = self._weights_cache.get(site.layer)
-            if version is not None and cached is not None and cached[0] == version:
-                self._store(site.layer, *cached[1])
-                self.capture.weights_seen.add(site.layer)
-                continue
-            wq, wk, rotation = wq.detach(), wk.detach(), None if rotation is None else rotation.detach()
-            key = (wq.shape, wk.shape, None if rotation is None else rotation.shape, wq.device, wq.dtype)
-            groups.setdefault(key, []).append((site, (wq, wk, rotation)))
-        for members in groups.values():
-            sites = [site for site, _ in members]
-            wq = torch.stack([w[0] for _, w in members])  # (L, H, D, hs); a copy
-            wk = torch.stack([w[1] for _, w in members])
-            rotations = [w[2] for _, w in members if w[2] is not None]  # all or none: the key says which
-            rot = torch.stack(rotations) if rotations else None
-            if self.measure_thread and wq.device.type == "cpu":
-                self._weights_queued.update((site.layer, versions[site.layer]) for site in sites)
-                self._pending.append((sites, "weights", self._submit(self._weight_batch, wq, wk, rot, plan.spectra)))
-                continue
-            for site, measured in zip(sites, self._weight_batch(wq, wk, rot, plan.spectra), strict=True):
-                self._keep_weights(site, measured, versions[site.layer])
-
-    def _weight_batch(self, wq: Tensor, wk: Tensor, rotation: Tensor | None, spectra: bool) -> list[Measured]:
-        """Stacked layers' weight metrics, layer by layer (per head only with ``heads``); the worker
-        thread's work, or the training thread's."""
-        with torch.no_grad():  # grad mode is per thread
-            per_layer, per_head = weight_metrics(wq, wk, rotation, spectra=spectra)
-        return [
-            ({k: v[i] for k, v in per_layer.items()}, {k: v[i] for k, v in per_head.items()} if self.heads else {})
-            for i in range(wq.shape[0])
-        ]
-
-    def _keep_weights(self, site: Site, measured: Measured, version: tuple[object, ...] | None) -> None:
-        """Store a layer's measured weights, remembered under their version key (None: not cached)."""
-        self._store(site.layer, *measured)
-        self.capture.weights_seen.add(site.layer)
-        if version is None:
-            self._weights_cache.pop(site.layer, None)
-        else:
-            self._weights_cache[site.layer] = (version, measured)
-
-    def _measure_weights(self, site: Site, plan: Plan) -> None:
-        """In the forward (FSDP2: the weights are whole only there): here, or in the worker thread
-        from copies (the unsharded weights are freed after the forward)."""
-        wq, wk, rotation = site.weights()
-        if not (self.measure_thread and wq.device.type == "cpu"):
-            self._weights_of(site, wq, wk, rotation, plan)
-            return
-        copies = [None if w is None else w.detach().clone() for w in (wq, wk, rotation)]
-        assert copies[0] is not None and copies[1] is not None, "site.weights() gives both projections"
-        self._pending.append(
-            ([site], "weights", self._submit(self._weight_values, copies[0], copies[1], copies[2], plan.spectra))
-        )
-
-    def _weight_values(self, wq: Tensor, wk: Tensor, rotation: Tensor | None, spectra: bool) -> list[Measured]:
-        """One layer's weight metrics (the worker thread's work), per head only with ``heads``."""
-        with torch.no_grad():
-            per_layer, per_head = weight_metrics(wq, wk, rotation, spectra=spectra)
-        return [(per_layer, per_head if self.heads else {})]
 
     def _submit(self, fn: Callable[..., list[Measured]], *args: Any) -> Future[list[Measured]]:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qkwatch-measure")
         return self._worker.submit(fn, *args)
-
-    def _weights_of(self, site: Site, wq: Tensor, wk: Tensor, rotation: Tensor | None, plan: Plan) -> None:
-        rotation = None if rotation is None else rotation.detach()
-        per_layer, per_head = weight_metrics(wq.detach(), wk.detach(), rotation, spectra=plan.spectra)
-        self._store(site.layer, per_layer, per_head if self.heads else {})
-        self.capture.weights_seen.add(site.layer)
 
     def _measure_activations(self, site: Site, inputs: Inputs) -> None:
         per_layer, heads = self.sampler.metrics(site, inputs)
@@ -436,12 +314,3 @@ def _no_autocast() -> contextlib.ExitStack:
     for device in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
         stack.enter_context(torch.autocast(device, enabled=False))
     return stack
-
-
-def _sharded(t: Tensor) -> bool:
-    return hasattr(t, "full_tensor")  # a DTensor (FSDP2, tensor parallelism)
-
-
-def _full(t: Tensor) -> Tensor:
-    """A plain tensor from a possibly sharded (DTensor) parameter."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t

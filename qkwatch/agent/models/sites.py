@@ -1,6 +1,6 @@
 """What the agent knows of one attention layer (a :class:`Site`), and the taps that read its q and k.
 
-A site is found by an adapter (``agent.adapters``, ``agent.hf_models``) and used by the probe:
+A site is found by an adapter (``agent.models.adapters``, ``agent.models.hf_models``) and used by the probe:
 its weights are read in the attention module's forward (under FSDP2 its parameters are unsharded
 there) and its tap hands the probe the queries and keys the model attends with, together with the
 mask the model attends under. Nothing here changes what the model computes: hooks only read.

@@ -1,6 +1,6 @@
 """The words of the agent's lambda events and warnings: what the collector asked, and what was applied.
 
-Pure functions of :mod:`qkwatch.agent.lambdas`' records; an event's values are strict JSON, in a
+Pure functions of :mod:`qkwatch.agent.lambdas.lambdas`' records; an event's values are strict JSON, in a
 double's range and briefly quoted, so that an event never gets a report refused.
 """
 

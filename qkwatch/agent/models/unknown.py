@@ -3,7 +3,7 @@
 :func:`suggest_layout` looks for the projections an attention layer is made of, under the names
 people give them (``q``/``k``, ``q_proj``, ``query``, ``to_q``, ``wq``; fused ``qkv``, ``Wqkv``,
 ``query_key_value``, ``in_proj``), finds the part of their path that counts the layers, and writes
-the ``layout=qkwatch.Layout(...)`` that :func:`qkwatch.agent.adapters.find_sites` then follows.
+the ``layout=qkwatch.Layout(...)`` that :func:`qkwatch.agent.models.adapters.find_sites` then follows.
 :func:`skipped` names the attention-looking modules a finder did not turn into a layer, so that
 attaching never monitors some layers and silently not the others.
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from qkwatch.agent.sites import Site
+from qkwatch.agent.models.sites import Site
 
 QUERY = ("q_proj", "query", "to_q", "wq", "q_lin", "query_proj", "q")
 KEY = ("k_proj", "key", "to_k", "wk", "k_lin", "key_proj", "k")

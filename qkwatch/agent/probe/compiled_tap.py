@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from qkwatch.agent.sites import Scoring, TapFn
+from qkwatch.agent.models.sites import Scoring, TapFn
 
 _TAPS: dict[int, TapFn] = {}
 _SINKS: dict[str, Tensor] = {}

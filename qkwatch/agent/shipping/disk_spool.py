@@ -22,12 +22,10 @@ reports the agent's GPU host-copy writer could not take: :meth:`Spool.count_drop
 
 The disk may fill or turn read-only: no error of it leaves :meth:`Spool.append_encoded`. What it
 refuses is held in memory, bounded, delivered from there and spooled once the disk takes writes
-again (``agent.spool_memory``); a spool directory that cannot be used at all works from memory
-alone. Damaged metadata is repaired with one warning (``contract.spool_format.checked_cursor``):
-a cursor that is not a position, or points past the records on disk, reads as "nothing delivered
-yet" (the collector stores a re-sent report once); a ``meta.json`` that is not an object, or a
-field of the wrong type, is left out; a stray ``seg-backup.log`` is ignored. A forked child closes
-its copies of the spool's descriptors (``agent.forks``), so the ``flock`` dies with its owner.
+again (``agent.shipping.spool_memory``); a spool directory that cannot be used at all works from
+memory alone. Damaged metadata is repaired with one warning (``agent.shipping.spool_files``); a
+stray ``seg-backup.log`` is ignored. A forked child closes its copies of the spool's descriptors
+(``agent.shipping.forks``), so the ``flock`` dies with its owner.
 """
 
 from __future__ import annotations
@@ -44,15 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from qkwatch.agent.checks import positive_ints, positive_seconds
-from qkwatch.agent.forks import ProcessLock
-from qkwatch.agent.spool_memory import MEMORY_SEGMENTS, HeldRecords, framed
+from qkwatch.agent.shipping.forks import ProcessLock
+from qkwatch.agent.shipping.spool_files import SpoolFiles
+from qkwatch.agent.shipping.spool_memory import MEMORY_SEGMENTS, HeldRecords, framed
 from qkwatch.contract.spool_format import (
     MAX_RECORD,
     Position,
     Record,
     checked_cursor,
-    clean_meta,
-    cursor_of,
     scan,
     segment_files,
 )
@@ -88,7 +85,7 @@ class SpoolLocked(Exception):
     """Another process owns this spool (an agent still running, or a sync in progress)."""
 
 
-class Spool:
+class Spool(SpoolFiles):
     """One directory of records; safe for one writer thread and one reader thread of one process."""
 
     def __init__(
@@ -134,29 +131,6 @@ class Spool:
         if problem:
             self._warn_once("cursor", "spool %s: cursor.json %s; reading from %s", self.path, problem, self._cursor)
         self._segment = max(self._segment, self._cursor.segment)  # no segment yet: begin where the cursor is
-
-    # --- metadata -------------------------------------------------------------------------
-
-    def read_meta(self) -> dict[str, Any]:
-        """``meta.json`` (fields of the wrong type left out, with a warning), or the last meta written."""
-        if self._meta is not None:
-            return dict(self._meta)
-        value = self._read_json("meta.json")
-        if value is None:
-            return {}
-        meta, wrong = clean_meta(value)
-        if wrong:
-            self._warn_once("meta", "spool %s: ignoring meta.json fields of the wrong type: %s", self.path, wrong)
-        return meta
-
-    def write_meta(self, meta: dict[str, Any]) -> None:
-        self._meta = dict(meta)
-        if not self._usable:
-            return
-        try:
-            _write_json_atomic(self.path / "meta.json", meta)
-        except OSError as exc:
-            self._warn_once("meta-write", "spool %s: could not write meta.json (%s); kept in memory", self.path, exc)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -237,14 +211,6 @@ class Spool:
                 "spool %s: dropping a torn record of %d bytes at the end of %s", self.path, size - good, file.name
             )
             os.truncate(file, good)
-
-    def _load_cursor(self) -> tuple[Position, int]:
-        """``cursor.json``'s position and dropped count; a damaged one reads as 0, with a warning."""
-        state = self._read_json("cursor.json")
-        cursor, dropped = cursor_of(state) if state is not None else (Position(0, 0), 0)
-        if cursor is None or dropped is None:
-            self._warn_once("cursor", "spool %s: cursor.json is damaged (%s); reading it as 0", self.path, state)
-        return cursor or Position(0, 0), dropped or 0
 
     # --- reading and acknowledging --------------------------------------------------------
 
@@ -345,21 +311,6 @@ class Spool:
                     total += max(0, stat.st_size - (cursor.offset if number == cursor.segment else 0))
         return total
 
-    def dead_letter(self, entry: dict[str, Any]) -> None:
-        if not self._usable:
-            self._warn_once("dead-letter", "spool %s: refused reports are not kept (no spool on disk)", self.path)
-            return
-        try:
-            with open(self.path / "dead-letter.jsonl", "a") as fh:
-                fh.write(json.dumps(entry, allow_nan=False) + "\n")
-        except OSError as exc:
-            self._warn_once(
-                "dead-letter",
-                "spool %s: could not write dead-letter.jsonl (%s); refused reports are not kept",
-                self.path,
-                exc,
-            )
-
     def segments(self) -> list[int]:
         return [number for number, _ in segment_files(self.path, self._stray)]
 
@@ -386,43 +337,11 @@ class Spool:
         if self._owner is not None:
             self._owner.release()
 
-    def _save_cursor(self) -> None:
-        if not self._usable:
-            return
-        try:
-            _write_json_atomic(self.path / "cursor.json", {**self._cursor.as_dict(), "dropped": self.dropped})
-        except OSError as exc:  # kept in memory; a restart may re-send what was delivered, stored once
-            self._warn_once("cursor-write", "spool %s: could not save cursor.json (%s)", self.path, exc)
-
-    @property
-    def _usable(self) -> bool:
-        """Whether this process owns the spool on disk (False: it works from memory alone, or is closed)."""
-        return self._owner is not None and self._owner.held and not self._closed
-
     def _segment_path(self, number: int) -> Path:
         return self.path / f"seg-{number:08d}.log"
 
-    def _read_json(self, name: str) -> dict[str, Any] | None:
-        """A JSON object of the spool's; None (with a warning) if it is missing, unreadable or not an object."""
-        try:
-            value = json.loads((self.path / name).read_text())
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except (OSError, ValueError) as exc:
-            self._warn_once(name, "spool %s: ignoring %s: %s", self.path, name, exc)
-            return None
-        if not isinstance(value, dict):
-            self._warn_once(name, "spool %s: ignoring %s: not a JSON object", self.path, name)
-            return None
-        return value
-
     def _stray(self, file: Path) -> None:
         self._warn_once(f"stray:{file.name}", "spool %s: ignoring %s (not a segment)", self.path, file.name)
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
 
 
 def _unlink(path: Path) -> None:
@@ -442,9 +361,3 @@ def _stat(path: Path) -> os.stat_result | None:
 def encode_record(payload: dict[str, Any]) -> bytes:
     """A record's bytes as the spool stores them (compact JSON; NaN and infinities refused)."""
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _write_json_atomic(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, allow_nan=False))
-    os.replace(tmp, path)

@@ -1,9 +1,8 @@
-"""HuggingFace ``transformers`` models: where their attention is, and a tap that changes nothing.
+"""The tap of a HuggingFace ``transformers`` attention layer: its own attention function, wrapped
+where the model looks it up, so that attaching changes nothing.
 
-Every transformers model of the ``AttentionInterface`` era (Llama, Mistral, Qwen2/3 with GQA and
-RoPE; BERT; GPT-2 with its fused ``Conv1D``) computes q and k in the attention module's forward
-(RoPE applied) and hands them, with the mask it built, to an attention function it looks up at
-call time: ``eager_attention_forward`` from its own module's globals, or
+A transformers attention module looks its attention function up at call time:
+``eager_attention_forward`` from its own module's globals, or
 ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``. The tap wraps the function the model
 will call under its own name, so the model's config, its mask building and every
 ``_attn_implementation == ...`` branch in its code stay exactly as they were; the wrapper hands q,
@@ -15,7 +14,8 @@ The tap takes what the function is called with, not what a textbook attention wo
 ``query_pre_attn_scalar``; a muP model by ``1 / d_head``), its ``softcap`` (Gemma 2), the additive
 mask as it is (ALiBi lives there in Falcon), T5's ``position_bias``, and a ``sliding_window`` that a
 kernel applies itself (flash attention, with a padding mask only). Nothing is recomputed as
-``q . k / sqrt(d)`` unless the model does that.
+``q . k / sqrt(d)`` unless the model does that. Bloom computes its attention inline: its tap hooks
+the fused projection instead (:func:`install_bloom_tap`).
 
 (qkwatch once registered a wrapper under a new name, ``qkwatch_<impl>``: transformers then built
 no mask for a name it did not know, and attached eager models stopped being causal.)
@@ -28,171 +28,22 @@ import logging
 import math
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from qkwatch.agent.metrics import mask_values, split_qkv_output, visible_keys
-from qkwatch.agent.qk_norm import with_qk_norm
-from qkwatch.agent.sites import (
-    AdapterError,
-    Projections,
-    Scoring,
-    Site,
-    TapFn,
-    is_projection,
-    numbered,
-    projection_site,
-    wanted,
-)
-from qkwatch.agent.unknown import CROSS
+from qkwatch.agent.models.sites import AdapterError, Projections, Scoring, TapFn, wanted
 
 logger = logging.getLogger(__name__)
 
 EAGER = "eager_attention_forward"
 """The name a modeling module's forward calls its eager attention by (a global of that module)."""
 
+
 _TAPS: dict[int, TapFn] = {}
 """id(attention module) -> tap; read by the wrappers."""
-
-
-def find(model: nn.Module) -> list[Site]:
-    """Every attention layer of the transformers models in ``model``, in order.
-
-    ``model`` may be a transformers model itself, an encoder-decoder (each self-attention stack's
-    layers, by path; cross-attention is left out), or hold one anywhere inside it (a LightningModule's
-    ``self.model``, DDP's ``.module``, ``torch.compile``'s ``_orig_mod``, PEFT's base model, or
-    several models side by side): an attention module counts when it, or a module above it, carries
-    a transformers config (``config._attn_implementation``). Each site is named by its path in ``model``.
-    """
-    configs = configs_by_path(model)
-    sites: list[Site] = []
-    for name, module in numbered(model):
-        config = configs.get(name)
-        cross = CROSS.search(name.rsplit(".", 1)[-1]) is not None
-        projections = _projections(module, config) if config is not None and not cross else None
-        if config is None or projections is None:
-            continue
-        heads = _heads(module, config)
-        if heads is None:
-            continue
-        n_heads, n_kv, d_head = heads
-        causal = bool(getattr(module, "is_causal", True))
-        if _model_type(config) == "bloom":
-            install = partial(_install_bloom_tap, module, projections, n_heads)
-        else:
-            install = partial(install_attention_tap, config, module)
-        site = projection_site(
-            len(sites), name, module, projections, n_heads, n_kv, d_head=d_head, causal=causal, install_tap=install
-        )
-        sites.append(with_qk_norm(site, module, "q_norm", "k_norm"))
-    return sites
-
-
-def configs_by_path(model: nn.Module) -> dict[str, Any]:
-    """Module path -> the transformers config that governs it: its own, else the nearest above it."""
-    out: dict[str, Any] = {}
-    for name, module in model.named_modules():
-        own = getattr(module, "config", None)
-        if own is not None and hasattr(own, "_attn_implementation"):
-            out[name] = own
-            continue
-        parent = name.rsplit(".", 1)[0] if "." in name else ""
-        if name and parent in out:
-            out[name] = out[parent]
-    return out
-
-
-def _heads(module: nn.Module, config: Any) -> tuple[int, int, int | None] | None:
-    """``(n_heads, n_kv_heads, d_head)`` of one attention module: its own attributes first (a model
-    with several stacks has different counts in each), then its config's; None when neither says."""
-    n_heads = _attr(module, "num_heads", "num_attention_heads", "n_head") or _cfg(
-        config, "num_attention_heads", "n_head"
-    )
-    if not n_heads:
-        return None
-    groups = _attr(module, "num_key_value_groups")
-    n_kv = n_heads // groups if groups else _cfg(config, "num_key_value_heads") or n_heads
-    width = _cfg(config, "hidden_size", "n_embd")
-    d_head = (
-        _attr(module, "head_dim", "attention_head_size")
-        or _cfg(config, "head_dim")
-        or (width // n_heads if width else None)  # None: the weights' head size
-    )
-    return n_heads, n_kv, d_head
-
-
-def _attr(module: nn.Module, *names: str) -> int | None:
-    for name in names:
-        value = getattr(module, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-FUSED_SPLITS: dict[str, str] = {
-    "gpt_neox": "per_head",  # query_key_value viewed (..., H, 3 hs)
-    "bloom": "per_head",  # query_key_value viewed (..., H, 3, hs)
-    "phi3": "qkv",  # qkv_proj: [q; k; v] with GQA
-    "modernbert": "qkv",  # Wqkv viewed (..., 3, H, hs)
-    "gpt2": "qkv",  # c_attn, a Conv1D
-}
-"""How each architecture with a fused QKV projection orders its rows (``agent.metrics.SPLITS``), read off
-its modeling code; Falcon and GPT-BigCode depend on their config (:func:`_fused_split`). A fused
-projection of any other architecture is not guessed at: the module is skipped, and named."""
-
-FUSED_NAMES = ("query_key_value", "qkv_proj", "Wqkv", "c_attn")
-
-
-def _projections(module: nn.Module, config: Any) -> Projections | None:
-    for q, k in (("q_proj", "k_proj"), ("query", "key"), ("q", "k")):
-        q_mod, k_mod = getattr(module, q, None), getattr(module, k, None)
-        if is_projection(q_mod) and is_projection(k_mod):
-            return Projections(q=q_mod, k=k_mod)
-    if getattr(module, "is_cross_attention", False):
-        return None
-    for name in FUSED_NAMES:
-        fused = getattr(module, name, None)
-        if fused is None:
-            continue
-        conv1d = type(fused).__name__ == "Conv1D"
-        if not (conv1d or is_projection(fused)):
-            return None
-        split = _fused_split(module, config, conv1d)
-        return None if split is None else Projections(qkv=fused, conv1d=conv1d, split=split)
-    return None
-
-
-def _fused_split(module: nn.Module, config: Any, conv1d: bool) -> str | None:
-    """The row order of ``module``'s fused projection, or None where qkwatch does not know it."""
-    kind = _model_type(config)
-    if conv1d:
-        return "qkv"  # GPT-2's Conv1D c_attn and its descendants
-    if kind == "falcon":
-        if getattr(module, "new_decoder_architecture", False):
-            return "per_kv_head"  # (..., G, H/G + 2, hs): each group's queries, then its key and value
-        return "qkv" if getattr(module, "multi_query", False) else "per_head"
-    if kind == "gpt_bigcode":
-        return "qkv" if getattr(module, "multi_query", False) else "per_head"
-    return FUSED_SPLITS.get(kind)
-
-
-def _model_type(config: Any) -> str:
-    kind = getattr(config, "model_type", "")
-    return kind if isinstance(kind, str) else ""
-
-
-def _cfg(config: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
-# --- the tap: the model's own attention function, wrapped where the model looks it up ------------
 
 
 def install_attention_tap(config: Any, module: nn.Module, fn: TapFn) -> Callable[[], None]:
@@ -344,7 +195,7 @@ def _biased(mask: Tensor | None, causal: bool, bias: Tensor, t_q: int, t_k: int)
     return bias.masked_fill(~seen, -math.inf), False
 
 
-def _install_bloom_tap(module: nn.Module, projections: Projections, n_heads: int, fn: TapFn) -> Callable[[], None]:
+def install_bloom_tap(module: nn.Module, projections: Projections, n_heads: int, fn: TapFn) -> Callable[[], None]:
     """Bloom computes its attention inline (no attention function to wrap): the queries and keys come off
     its fused projection, per head (no rotary embedding), and the ALiBi bias and additive causal mask
     it adds are read from its call (``alibi (B H, 1, T_k)``, ``attention_mask (B, 1, T_q, T_k)``). A

@@ -22,7 +22,7 @@ weights and the tensors the model attends with where the framework computes them
   columns are the decoupled RoPE part, one key shared by every head. The RMSNorms on the two
   latents also divide each token by its latent's RMS: a positive per-token factor the weights
   cannot hold (it moves no column space). Activations come from the model's attention function,
-  as for every transformers model (``agent.hf_models``).
+  as for every transformers model (``agent.models.hf_taps``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from qkwatch.agent.hf_models import configs_by_path, install_attention_tap
 from qkwatch.agent.metrics import split_heads
-from qkwatch.agent.qk_norm import with_qk_norm
-from qkwatch.agent.sites import (
+from qkwatch.agent.models.hf_models import configs_by_path
+from qkwatch.agent.models.hf_taps import install_attention_tap
+from qkwatch.agent.models.qk_norm import with_qk_norm
+from qkwatch.agent.models.sites import (
     AdapterError,
     Projections,
     Scoring,

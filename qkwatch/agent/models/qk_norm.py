@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from qkwatch.agent.sites import Site
+from qkwatch.agent.models.sites import Site
 
 logger = logging.getLogger(__name__)
 
