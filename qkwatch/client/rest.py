@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from qkwatch.client.history_grid import HistoryGrid, history_columns, history_frame
 from qkwatch.client.results import (
     Alert,
     AuditEntry,
@@ -40,7 +41,6 @@ from qkwatch.client.results import (
     Event,
     Health,
     Heatmap,
-    HistoryGrid,
     Ingested,
     Lambdas,
     Page,
@@ -48,8 +48,6 @@ from qkwatch.client.results import (
     Run,
     RunMetrics,
     Series,
-    history_columns,
-    history_frame,
 )
 from qkwatch.client.runs import RunsMixin, run_ref
 from qkwatch.contract.thresholds import Thresholds, as_text

@@ -17,7 +17,8 @@ from qkwatch.commands.connection import client_args, fail, open_client
 from qkwatch.commands.errors import one_line_errors
 
 if TYPE_CHECKING:  # for annotations only: the handler imports these when it runs
-    from qkwatch.client.backtest import Judging, RuleScore, RunBacktest
+    from qkwatch.client.backtest import Judging, RunBacktest
+    from qkwatch.client.backtest_scores import RuleScore
     from qkwatch.rules.ruleset import RuleSet
 
 
@@ -92,7 +93,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 @one_line_errors("alerts backtest")
 def cmd_alerts_backtest(args: argparse.Namespace) -> int:
-    from qkwatch.client import backtest, run_history
+    from qkwatch.client import backtest, backtest_scores, run_history
     from qkwatch.client.outcomes import OutcomeRule
     from qkwatch.client.rest import CollectorError
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
@@ -136,7 +137,7 @@ def cmd_alerts_backtest(args: argparse.Namespace) -> int:
     except CollectorError as exc:
         return fail(exc)
     results = [backtest.backtest(h, rules, judging=judging) for h in histories]
-    summary = backtest.summarize(results)
+    summary = backtest_scores.summarize(results)
     how = _judged_how(judging)
     if args.json:
         body = {

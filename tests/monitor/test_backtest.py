@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 
 from qkwatch.cli import main
 from qkwatch.client import backtest as bt
+from qkwatch.client.backtest_scores import summarize
 from qkwatch.client.outcomes import OutcomeRule
 from qkwatch.client.rest import Client, CollectorError
 from qkwatch.client.run_history import RunHistory, read
@@ -114,7 +115,7 @@ def test_lead_over_the_loss_is_the_loss_alerts_first_firing_minus_the_rules():
     early = bt.Judging(OUTCOME, loss_alert=LossRule.parse("level:at=110,above=1"))
     late = bt.backtest(history(ramp(steps, 100, (1, 2, 3)), falling_then(steps, 160)), RULES, judging=early)
     assert (late.loss_step, late.rule("qkai_high").lead_vs_loss, late.rule(bt.LOSS_ROW).lead_vs_loss) == (110, -10, 0)
-    summary = {s.rule: s for s in bt.summarize([late])}
+    summary = {s.rule: s for s in summarize([late])}
     assert summary["qkai_high"].median_lead_vs_loss == -10 and summary[bt.ANY_RULE].median_lead_vs_loss == -10
     assert summary[bt.LOSS_ROW].flagged == 1  # scored as a row of its own, not part of (any rule)
 
@@ -140,7 +141,7 @@ def test_against_a_reference_a_run_that_ends_worse_by_delta_is_degraded_at_its_l
     # without a held-out loss a run is judged by its loss alone, and says so
     bare = bt.backtest(history(ramp(steps, 50, (0, 1, 2)), falling_then(steps, None)), RULES, judging=judging)
     assert bare.outcome == "healthy" and "no val_loss logged" in bare.why
-    summary = {s.rule: s for s in bt.summarize([result, close])}
+    summary = {s.rule: s for s in summarize([result, close])}
     assert (summary["qkai_high"].false_alarms, summary["qkai_high"].false_alarm_rate) == (1, 1.0)
     with pytest.raises(ValueError, match="degradation delta must be a number > 0"):
         bt.Judging(delta=0)
@@ -292,7 +293,7 @@ def test_the_summary_scores_recall_false_alarms_and_median_leads():
     calm = bt.backtest(history(ramp(steps, 999, ()), falling_then(steps, None), run="p/calm"), RULES, OUTCOME)
     unknown = bt.backtest(history(ramp(steps, 0, (0,)), run="p/unknown"), RULES, OUTCOME)
     assert [r.rule("qkai_high").lead_steps for r in (early, earlier, late)] == [80, 130, -70]
-    scores = {s.rule: s for s in bt.summarize([early, earlier, late, missed, alarm, calm, unknown])}
+    scores = {s.rule: s for s in summarize([early, earlier, late, missed, alarm, calm, unknown])}
     assert list(scores) == ["qkai_high", "collapse_band", bt.ANY_RULE, bt.LOSS_ROW]
     high = scores["qkai_high"]
     assert (high.bad_runs, high.flagged, high.late, high.recall) == (4, 2, 1, 0.5)

@@ -24,8 +24,9 @@ from fastapi.dependencies.models import Dependant
 from starlette.concurrency import run_in_threadpool
 
 from qkwatch.monitor.settings import Settings
-from qkwatch.monitor.store.models import RunRow, TokenRow
+from qkwatch.monitor.store.models import RunRow
 from qkwatch.monitor.store.store import NotFound, Store, hash_token
+from qkwatch.monitor.store.tokens import TokenRow
 from qkwatch.monitor.store.transactions import Snapshot
 
 SCOPES = ("ingest", "read", "control")

@@ -13,7 +13,9 @@ from pydantic import BaseModel, computed_field
 
 from qkwatch.contract.wire import RunStatus
 from qkwatch.monitor.alerting.records import AlertRow
-from qkwatch.monitor.store.models import AuditRow, EventRow, RunRow
+from qkwatch.monitor.store.events import EventRow
+from qkwatch.monitor.store.lambdas import AuditRow
+from qkwatch.monitor.store.models import RunRow
 
 Value = float | str | None
 

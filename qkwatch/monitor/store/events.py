@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -13,6 +14,16 @@ from qkwatch.monitor.store import sql
 
 EventIn = tuple[int, str, str, dict[str, Any], float]
 """(step, kind, message, data, time) of an event to store."""
+
+
+@dataclass(frozen=True)
+class EventRow:
+    attempt: int
+    step: int
+    kind: str
+    message: str
+    data: dict[str, Any]
+    time: float
 
 
 def insert(conn: sa.Connection, run_pk: int, attempt: int, events: list[EventIn]) -> None:
@@ -35,7 +46,7 @@ def insert(conn: sa.Connection, run_pk: int, attempt: int, events: list[EventIn]
         )
 
 
-def select(conn: sa.Connection, run: m.RunRow, kind: str | None, attempt: int | None, limit: int) -> list[m.EventRow]:
+def select(conn: sa.Connection, run: m.RunRow, kind: str | None, attempt: int | None, limit: int) -> list[EventRow]:
     """The run's events (of ``kind``, of ``attempt``), by step."""
     e = m.events
     q = sa.select(e).where(e.c.run_pk == run.pk)
@@ -44,4 +55,4 @@ def select(conn: sa.Connection, run: m.RunRow, kind: str | None, attempt: int | 
     if attempt is not None:
         q = q.where(e.c.attempt == attempt)
     rows = conn.execute(q.order_by(e.c.step, e.c.attempt, e.c.kind).limit(limit)).all()
-    return [m.EventRow(r.attempt, r.step, r.kind, r.message, clip_depth(json.loads(r.data)), r.time) for r in rows]
+    return [EventRow(r.attempt, r.step, r.kind, r.message, clip_depth(json.loads(r.data)), r.time) for r in rows]

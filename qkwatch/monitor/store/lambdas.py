@@ -26,6 +26,26 @@ Change = tuple[int, float | None, float | None]
 """(layer, old override, new override); None: no override."""
 
 
+@dataclass(frozen=True)
+class LambdaState:
+    version: int
+    step: int | None
+    n_layers: int | None
+    h: dict[int, float | None]
+    overrides: dict[int, float]
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    layer: int
+    old: float | None
+    new: float | None
+    who: str
+    at: float
+    step: int | None
+    version: int
+
+
 # --- running entropies (the schedule's input) -------------------------------------------------
 
 
@@ -106,7 +126,7 @@ def feed_schedule(
 # --- what GET /lambdas serves -----------------------------------------------------------------
 
 
-def state(conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
+def state(conn: sa.Connection, run: m.RunRow) -> LambdaState:
     """The running entropies and the overrides of the run."""
     # One round trip for both (GET /lambdas is on the trainer's path).
     ls, lo = m.lambda_state, m.lambda_overrides
@@ -120,7 +140,7 @@ def state(conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
     ov = {r.layer: r.v for r in rows if r.kind == 1}
     n = run.config.n_layers
     n_layers = n if n is not None else (min(max(h) + 1, MAX_LAYERS) if h else None)
-    return m.LambdaState(version=run.lambda_version, step=run.lambda_step, n_layers=n_layers, h=h, overrides=ov)
+    return LambdaState(version=run.lambda_version, step=run.lambda_step, n_layers=n_layers, h=h, overrides=ov)
 
 
 # --- overrides ----------------------------------------------------------------------------------
@@ -128,7 +148,7 @@ def state(conn: sa.Connection, run: m.RunRow) -> m.LambdaState:
 
 def set_overrides(
     conn: sa.Connection, run_id: str, overrides: dict[int, float | None], who: str, now: float
-) -> tuple[m.RunRow, m.LambdaState]:
+) -> tuple[m.RunRow, LambdaState]:
     """Validate every override against the run's schedule, then apply the ones that change (audited).
 
     Raises:
@@ -216,8 +236,8 @@ def _write_overrides(
     conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk).values(lambda_version=version, updated_at=now))
 
 
-def audit(conn: sa.Connection, run: m.RunRow) -> list[m.AuditRow]:
+def audit(conn: sa.Connection, run: m.RunRow) -> list[AuditRow]:
     """Every override change of the run, oldest first."""
     a = m.lambda_audit
     rows = conn.execute(sa.select(a).where(a.c.run_pk == run.pk).order_by(a.c.id)).all()
-    return [m.AuditRow(r.layer, r.old, r.new, r.who, r.at, r.step, r.version) for r in rows]
+    return [AuditRow(r.layer, r.old, r.new, r.who, r.at, r.step, r.version) for r in rows]

@@ -1,7 +1,8 @@
 """Database tables (SQLAlchemy Core) and the row classes the store hands upwards.
 
 The alert rows (:class:`qkwatch.monitor.alerting.records.AlertRow` and ``PendingNotification``)
-live in ``alerting``, which formats them and must not import the store.
+live in ``alerting``, which formats them and must not import the store. The token, event, lambda and
+ingest rows live with the store module that makes them (``tokens``, ``events``, ``lambdas``, ``ingest``).
 
 Points carry no surrogate key: their natural key (run, metric id, head, step, layer, attempt) is
 the primary key, ordered so that a batch's points of one metric are written together and a
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import sqlalchemy as sa
 
@@ -332,25 +332,6 @@ class RunRow:
 
 
 @dataclass(frozen=True)
-class TokenRow:
-    id: str
-    project: str
-    name: str
-    scopes: frozenset[str]
-    hash: str
-    revoked_at: float | None
-
-
-@dataclass(frozen=True)
-class IngestResult:
-    inserted: int
-    duplicates: int
-    replayed_batch: bool = False
-    notifications: int = 0
-    """Alert notifications queued by this batch (the notifier is woken when > 0)."""
-
-
-@dataclass(frozen=True)
 class Series:
     steps: list[int]
     values: Sequence[float | None]
@@ -369,36 +350,6 @@ class Heatmap:
     layers: list[int]
     values: Sequence[Sequence[float | None]]
     downsampled: bool
-
-
-@dataclass(frozen=True)
-class LambdaState:
-    version: int
-    step: int | None
-    n_layers: int | None
-    h: dict[int, float | None]
-    overrides: dict[int, float]
-
-
-@dataclass(frozen=True)
-class AuditRow:
-    layer: int
-    old: float | None
-    new: float | None
-    who: str
-    at: float
-    step: int | None
-    version: int
-
-
-@dataclass(frozen=True)
-class EventRow:
-    attempt: int
-    step: int
-    kind: str
-    message: str
-    data: dict[str, Any]
-    time: float
 
 
 @dataclass(frozen=True)

@@ -202,7 +202,7 @@ class Store(Transactions):
         *,
         max_metric_names: int | None = None,
         allow: Callable[[m.RunRow], None] | None = None,
-    ) -> m.IngestResult:
+    ) -> ingest.IngestResult:
         """Store a batch whole or not at all, exactly once (batch id + natural key of each point).
 
         In the same transaction the batch's metric names get their ids (read there, never cached),
@@ -316,7 +316,7 @@ class Store(Transactions):
 
     def list_events(
         self, run: m.RunRow, *, kind: str | None = None, attempt: int | None = None, limit: int = 1000
-    ) -> list[m.EventRow]:
+    ) -> list[events.EventRow]:
         with self._read() as conn:
             return events.select(conn, run, kind, attempt, limit)
 
@@ -340,14 +340,14 @@ class Store(Transactions):
 
     # --- lambdas ----------------------------------------------------------------------------
 
-    def lambda_state(self, run_id: str) -> tuple[m.RunRow, m.LambdaState]:
+    def lambda_state(self, run_id: str) -> tuple[m.RunRow, lambdas.LambdaState]:
         with self._read() as conn:
             run = runs.by_id(conn, run_id)
             return run, lambdas.state(conn, run)
 
     def set_overrides(
         self, run_id: str, overrides: dict[int, float | None], who: str, now: float | None = None
-    ) -> tuple[m.RunRow, m.LambdaState]:
+    ) -> tuple[m.RunRow, lambdas.LambdaState]:
         """Apply operator overrides (None removes one) after validating all of them; audited.
 
         Raises:
@@ -356,7 +356,7 @@ class Store(Transactions):
         with self._write() as conn:
             return lambdas.set_overrides(conn, run_id, overrides, who, _now(now))
 
-    def lambda_audit(self, run: m.RunRow) -> list[m.AuditRow]:
+    def lambda_audit(self, run: m.RunRow) -> list[lambdas.AuditRow]:
         with self._read() as conn:
             return lambdas.audit(conn, run)
 
@@ -364,16 +364,16 @@ class Store(Transactions):
 
     def create_token(
         self, project: str, scopes: Sequence[str], name: str | None = None, now: float | None = None
-    ) -> tuple[m.TokenRow, str]:
+    ) -> tuple[tokens.TokenRow, str]:
         """Mint a token; returns its row and the secret, which is not stored (only its sha256)."""
         with self._write() as conn:
             return tokens.create(conn, project, scopes, name, _now(now))
 
-    def token_by_hash(self, digest: str) -> m.TokenRow | None:
+    def token_by_hash(self, digest: str) -> tokens.TokenRow | None:
         with self._read() as conn:
             return tokens.by_hash(conn, digest)
 
-    def list_tokens(self) -> list[m.TokenRow]:
+    def list_tokens(self) -> list[tokens.TokenRow]:
         with self._read() as conn:
             return tokens.select_all(conn)
 

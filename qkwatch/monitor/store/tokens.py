@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -13,17 +14,27 @@ from qkwatch.monitor.store import sql
 from qkwatch.monitor.store.engine import is_postgres
 
 
+@dataclass(frozen=True)
+class TokenRow:
+    id: str
+    project: str
+    name: str
+    scopes: frozenset[str]
+    hash: str
+    revoked_at: float | None
+
+
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
 def create(
     conn: sa.Connection, project: str, scopes: Sequence[str], name: str | None, now: float
-) -> tuple[m.TokenRow, str]:
+) -> tuple[TokenRow, str]:
     """Mint a token; returns its row and the secret, which is not stored (only its sha256)."""
     token_id = secrets.token_hex(6)
     secret = f"qkw_{token_id}_{secrets.token_urlsafe(32)}"
-    row = m.TokenRow(
+    row = TokenRow(
         id=token_id,
         project=project,
         name=name or token_id,
@@ -44,11 +55,11 @@ def create(
     return row, secret
 
 
-def by_hash(conn: sa.Connection, digest: str) -> m.TokenRow | None:
+def by_hash(conn: sa.Connection, digest: str) -> TokenRow | None:
     r = conn.execute(sa.select(m.tokens).where(m.tokens.c.hash == digest)).first()
     if r is None:
         return None
-    return m.TokenRow(
+    return TokenRow(
         id=r.id,
         project=r.project,
         name=r.name,
@@ -58,9 +69,9 @@ def by_hash(conn: sa.Connection, digest: str) -> m.TokenRow | None:
     )
 
 
-def select_all(conn: sa.Connection) -> list[m.TokenRow]:
+def select_all(conn: sa.Connection) -> list[TokenRow]:
     rows = conn.execute(sa.select(m.tokens).order_by(m.tokens.c.created_at)).all()
-    return [m.TokenRow(r.id, r.project, r.name, frozenset(r.scopes.split(",")), r.hash, r.revoked_at) for r in rows]
+    return [TokenRow(r.id, r.project, r.name, frozenset(r.scopes.split(",")), r.hash, r.revoked_at) for r in rows]
 
 
 def revoke(conn: sa.Connection, token_id: str, now: float) -> bool:
