@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from qkwatch.demo_natural import serving
+from qkwatch.demo.natural import serving
 from qkwatch.monitor.client import Client
 from tests.live import ROOT, LiveCollector, free_port
 

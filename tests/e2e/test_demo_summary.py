@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from qkwatch.demo_readout import progress_line, summary_table
+from qkwatch.demo.readout import progress_line, summary_table
 from tests.live import LiveCollector
 from tests.monitor.ui.runs import BAND, STEPS, seed
 

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qkwatch.demo_readout import layer_range, progress_line, summary_table
-from qkwatch.demo_runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, commands, shown, start_run
+from qkwatch.demo.readout import layer_range, progress_line, summary_table
+from qkwatch.demo.runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, commands, shown, start_run
 
 if TYPE_CHECKING:
     from qkwatch.launch import CollectorProcess
@@ -76,7 +76,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from qkwatch.trainer.cli import resolve_config
 
     if args.natural:
-        from qkwatch.demo_natural import run_natural
+        from qkwatch.demo.natural import run_natural
 
         return run_natural(args)
 
