@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from qkwatch.client.report_data import BAND_METRICS, MAX_POINTS, MAX_STEPS
+from qkwatch.client.report_data import MAX_POINTS, MAX_STEPS, band_metrics
 from qkwatch.client.report_figures import Json, RunData, finite
 from qkwatch.contract.offline_reports import SpoolReports
 from qkwatch.contract.values import decode_value
@@ -20,7 +20,7 @@ from qkwatch.contract.values import decode_value
 
 def spool_run_data(spool: SpoolReports) -> RunData:
     """``spool``'s run as the report draws it."""
-    heatmaps = {m: heatmap(spool, m) for m in BAND_METRICS}
+    heatmaps = {m: heatmap(spool, m) for m in band_metrics()}
     reports = spool.reports
     return RunData(
         run={

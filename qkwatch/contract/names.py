@@ -1,52 +1,19 @@
-"""The metric names both sides use: what the agent reports, what the collector exports it as.
+"""The rank suffix of the agent's own health series.
 
 A report carries per-layer metrics (``layers``) and run scalars (``scalars``); their names follow
-:data:`qkwatch.contract.values.METRIC_NAME_PATTERN`. The collector exports the ones named here to
-Prometheus in base units (``_ratio`` for a fraction, ``_seconds``, ``_bytes``; ``_total`` only on
-counters). The agent's own health series are reported once per rank: with several ranks each
-name carries the suffix ``_rank<r>`` (:func:`rank_suffix`), which :func:`agent_rank` reads back.
+:data:`qkwatch.contract.values.METRIC_NAME_PATTERN`, and what each is and what the collector exports
+it as is in the catalogue (:mod:`qkwatch.contract.metrics`). The agent's own health series are
+reported once per rank: with several ranks each name carries the suffix ``_rank<r>``
+(:func:`rank_suffix`), which :func:`agent_rank` reads back.
 """
 
 from __future__ import annotations
 
 import re
 
-# metric in the reports -> (exported name, help)
-LAYER_GAUGES = {
-    "qkai": ("qkwatch_qkai_ratio", "Query-key alignment index of the layer (mean over heads), latest report."),
-    "stable_rank": ("qkwatch_stable_rank", "Stable rank of Wq Wk^T of the layer (mean over heads), latest report."),
-    "attn_entropy": ("qkwatch_attn_entropy", "Normalised attention entropy of the layer, latest report."),
-    "logit_max": (
-        "qkwatch_attn_logit_max",
-        "Largest scaled attention logit q.k/sqrt(d_head) of the layer's sampled rows, latest report.",
-    ),
-    "lambda": ("qkwatch_lambda", "RAA penalty weight the trainer applied to the layer, latest report."),
-}
-# run-level scalars the agent reports about itself (and the loss) -> (exported name, help)
-SCALAR_GAUGES = {
-    "loss": ("qkwatch_train_loss", "Training loss, latest report."),
-    "agent_queue_depth": (
-        "qkwatch_agent_queue_depth",
-        "Reports the agent spooled that the collector has not acknowledged yet.",
-    ),
-    "agent_spool_bytes": ("qkwatch_agent_spool_bytes", "Bytes the agent spooled to disk, undelivered."),
-    "agent_step_overhead_seconds": (
-        "qkwatch_agent_step_overhead_seconds",
-        "Seconds the agent added to the training step.",
-    ),
-}
-SCALAR_COUNTERS = {
-    "agent_sent_total": ("qkwatch_agent_sent", "Reports the agent delivered."),
-    "agent_retried_total": ("qkwatch_agent_retried", "Deliveries the agent retried."),
-    "agent_dropped_total": ("qkwatch_agent_dropped", "Reports the agent could not keep."),
-    "agent_dead_lettered_total": (
-        "qkwatch_agent_dead_lettered",
-        "Reports the collector refused for good (kept in the agent's dead-letter.jsonl).",
-    ),
-}
+from qkwatch.contract.metrics import CATALOGUE
 
-
-AGENT_SCALARS = [name for name in [*SCALAR_GAUGES, *SCALAR_COUNTERS] if name.startswith("agent_")]
+AGENT_SCALARS = [m.name for m in CATALOGUE.values() if m.per_rank]
 """The agent's own health series: one per rank. With several ranks each agent reports its own,
 suffixed ``_rank<r>`` (``agent_dropped_total_rank3``); they are exported under one name with a
 ``rank`` label (``"0"`` for a single-process run's unsuffixed series), for ranks below

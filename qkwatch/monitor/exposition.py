@@ -26,7 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from qkwatch.contract.names import AGENT_SCALARS, LAYER_GAUGES, SCALAR_COUNTERS, SCALAR_GAUGES, agent_rank
+from qkwatch.contract import metrics as catalogue
+from qkwatch.contract.names import AGENT_SCALARS, agent_rank
 from qkwatch.contract.thresholds import as_text
 from qkwatch.monitor.settings import Settings
 from qkwatch.monitor.store.models import LatestRow, RunRow
@@ -54,8 +55,11 @@ class RunCollector(Collector):
         return []  # values are only known at scrape time; skip the registration-time collect()
 
     def collect(self) -> Iterator[Metric]:
+        # read at every scrape: a metric added to the catalogue is exported with no other change
+        layer_gauges, scalar_gauges = catalogue.exported("layer"), catalogue.exported("run")
+        scalar_counters = catalogue.exported("run", "counter")
         try:
-            names = [*LAYER_GAUGES, *SCALAR_GAUGES, *SCALAR_COUNTERS]
+            names = [*layer_gauges, *scalar_gauges, *scalar_counters]
             runs, rows = self.store.latest_snapshot(
                 names,
                 self.settings.metrics_max_runs,
@@ -68,18 +72,18 @@ class RunCollector(Collector):
             return
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             metric: GaugeMetricFamily(name, doc, labels=["project", "run", "layer"])
-            for metric, (name, doc) in LAYER_GAUGES.items()
+            for metric, (name, doc) in layer_gauges.items()
         }
         families.update(
             {
                 metric: GaugeMetricFamily(name, doc, labels=_scalar_labels(metric))
-                for metric, (name, doc) in SCALAR_GAUGES.items()
+                for metric, (name, doc) in scalar_gauges.items()
             }
         )
         families.update(
             {
                 metric: CounterMetricFamily(name, doc, labels=_scalar_labels(metric))
-                for metric, (name, doc) in SCALAR_COUNTERS.items()
+                for metric, (name, doc) in scalar_counters.items()
             }
         )
         by_run: dict[tuple[str, str], list[LatestRow]] = defaultdict(list)
@@ -97,21 +101,24 @@ class RunCollector(Collector):
         """Add one run's series to ``families``, in export order up to the per-run cap; returns how
         many of ``rows`` were left out (a rank at or over the cap, a malformed rank, past the cap, a
         value of the wrong kind such as the loss sent per layer)."""
-        series = [s for r in rows if (s := self._series(r)) is not None]
+        series = [s for r in rows if (s := self._series(r, families)) is not None]
         series.sort(key=lambda s: s[0])
         kept = series[: self.settings.metrics_max_series_per_run]
         for _, metric, labels, value in kept:
             families[metric].add_metric(labels, value)
         return len(rows) - len(kept)
 
-    def _series(self, r: LatestRow) -> tuple[SeriesKey, str, list[str], float] | None:
+    def _series(
+        self, r: LatestRow, families: dict[str, GaugeMetricFamily | CounterMetricFamily]
+    ) -> tuple[SeriesKey, str, list[str], float] | None:
         """The series a latest row is exported as: (export order, metric, labels, value); None: not exported."""
+        scope = catalogue.CATALOGUE.get(r.metric if r.layer >= 0 else agent_rank(r.metric)[0])
         if r.layer >= 0:
-            if r.metric not in LAYER_GAUGES:
+            if r.metric not in families or scope is None or scope.scope != "layer":
                 return None
             return (1, r.layer, r.metric), r.metric, [r.project, r.run_name, str(r.layer)], r.value
         metric, rank = agent_rank(r.metric)
-        if metric not in SCALAR_GAUGES and metric not in SCALAR_COUNTERS:
+        if metric not in families or scope is None or scope.scope != "run":
             return None
         if metric not in AGENT_SCALARS:
             return (0, 0, metric), metric, [r.project, r.run_name], r.value

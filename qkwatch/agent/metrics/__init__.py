@@ -34,6 +34,7 @@ from qkwatch.agent.metrics.subspace import (
     qkai,
     stable_rank,
 )
+from qkwatch.agent.metrics.summary import WeightMetric, weight_metric
 
 __all__ = [
     "ACCURACY",
@@ -42,6 +43,7 @@ __all__ = [
     "SPLITS",
     "STAT_NAMES",
     "TAU_FACTOR",
+    "WeightMetric",
     "attention_spectrum",
     "attention_stats",
     "column_alignment",
@@ -63,4 +65,5 @@ __all__ = [
     "split_qkv_output",
     "stable_rank",
     "visible_keys",
+    "weight_metric",
 ]

@@ -1,6 +1,14 @@
-"""Per-layer summaries of the weight metrics, as reported: one call for a whole stack of layers."""
+"""Per-layer summaries of the weight metrics, as reported: one call for a whole stack of layers.
+
+A metric of your own from the weights is one function registered with :func:`weight_metric`
+(and one entry in the catalogue, ``qkwatch.contract.metrics``): every report then carries it per
+layer (the mean over heads) and per head, and the collector, its exposition, the live page, the
+report and the Grafana board follow the catalogue.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -10,6 +18,29 @@ from qkwatch.agent.metrics.spectra import projection_norms
 from qkwatch.agent.metrics.subspace import geometry
 
 HEAD_METRICS = ("qkai", "stable_rank", "qk_cos")
+
+WeightMetric = Callable[[Tensor, Tensor], Tensor]
+"""``(wq (..., n_heads, d_model, d_head), wk (..., n_kv_heads, d_model, d_head)) -> (..., n_heads)``:
+a value per head (``wk`` is the effective key map, the key rotation applied)."""
+REGISTERED: dict[str, WeightMetric] = {}
+"""The weight metrics added with :func:`weight_metric`, by name."""
+
+
+def weight_metric(name: str) -> Callable[[WeightMetric], WeightMetric]:
+    """Register a per-head metric of the weights under ``name``; it is reported from the next report on::
+
+    @weight_metric("wq_wk_ratio")
+    def wq_wk_ratio(wq, wk):
+        return wq.norm(dim=(-2, -1)) / wk.norm(dim=(-2, -1)).repeat_interleave(wq.shape[-3] // wk.shape[-3], -1)
+    """
+
+    def register(fn: WeightMetric) -> WeightMetric:
+        if name in HEAD_METRICS or name in REGISTERED:
+            raise ValueError(f"a weight metric named {name!r} exists already")
+        REGISTERED[name] = fn
+        return fn
+
+    return register
 
 
 def weight_metrics(
@@ -49,7 +80,11 @@ def weight_metrics(
         per_layer.update(
             wq_fro=nq["fro"], wk_fro=nk["fro"], wq_spec=nq["spec"], wk_spec=nk["spec"], wk_erank=nk["erank"]
         )
-    return per_layer, {name: geo[name] for name in HEAD_METRICS}
+    per_head = {name: geo[name] for name in HEAD_METRICS}
+    for name, fn in REGISTERED.items():
+        per_head[name] = fn(wq, wk_eff)
+        per_layer[name] = per_head[name].float().mean(-1)
+    return per_layer, per_head
 
 
 def _layer_matrix(w: Tensor) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from qkwatch.contract import colour_scale
+from qkwatch.contract import metrics as catalogue
 from qkwatch.contract.thresholds import Thresholds, as_text
 from qkwatch.dashboards.grafana.cells import alert_state_cells, status_cells, time_cells
 from qkwatch.dashboards.grafana.colours import ENTROPY_EDGES, qkai_steps, thresholds
@@ -17,6 +18,9 @@ from qkwatch.dashboards.grafana.layout import Layout
 from qkwatch.dashboards.grafana.panels import band_matrix, layer_trend, table
 from qkwatch.dashboards.grafana.run_board_live import agent_panels, now_panels
 from qkwatch.dashboards.grafana.variables import RUNS_BY_ACTIVITY, custom_variable, query_variable
+
+DRAWN_ABOVE = frozenset({"qkai", "attn_entropy", "stable_rank", "lambda", "logit_max"})
+"""The catalogue's primary metrics the board draws with panels of their own (the rest: a trend panel each)."""
 
 
 def run_dashboard(t: Thresholds) -> dict[str, Any]:
@@ -165,6 +169,19 @@ FROM qkwatch_alerts_v WHERE run_id = '$run' ORDER BY starts_at DESC""",
             "the collector's growth rules (e.g. logit_growth) compare each layer with its own early value.",
         )
     )
+    # every other primary metric of the catalogue: one trend panel each, titled and described by its entry
+    for metric in catalogue.layer_metrics():
+        if metric.primary and metric.name not in DRAWN_ABOVE:
+            panels.append(
+                layer_trend(
+                    lay,
+                    metric.display,
+                    "$run",
+                    metric.name,
+                    w=24,
+                    description=f"{metric.summary} Each layer's value over steps (mean per bucket of at most 400).",
+                )
+            )
 
     panels += now_panels(lay, t)
     panels += agent_panels(lay)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from qkwatch.contract import colour_scale
+from qkwatch.contract import metrics as catalogue
 from qkwatch.monitor.api.deps import SettingsDep
 
 router = APIRouter(include_in_schema=False)
@@ -41,11 +42,13 @@ def page() -> HTMLResponse:
 @router.get("/ui/config.json")
 def config(settings: SettingsDep) -> JSONResponse:
     """What the page draws with: the collapse threshold, where its (and ``qkwatch report``'s) QKAI colour
-    scale breaks from calm to alarming, that scale's colours, and the target entropy H*."""
+    scale breaks from calm to alarming, that scale's colours, the target entropy H*, and the metric
+    catalogue (which metrics it offers, in which order, on which scale)."""
     body = {
         "collapse_threshold": settings.collapse_threshold,
         "h_star": settings.h_star,
         "colour_scale": colour_scale.as_json(),
+        "metrics": catalogue.as_json(),
     }
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 

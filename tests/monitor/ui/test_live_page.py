@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from qkwatch.client.report_figures import threshold_scale
 from qkwatch.contract import colour_scale
+from qkwatch.contract import metrics as catalogue
 from qkwatch.contract.thresholds import Thresholds
 from qkwatch.dashboards import generate
 from qkwatch.monitor.main import create_app
@@ -173,7 +174,12 @@ def compare_dom(page, tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_compare_view_draws_one_heatmap_per_run_with_the_threshold_break(page, compare_dom: str) -> None:
     url, vanilla, raa = page
     config = served_config(url)
-    assert config == {"collapse_threshold": 0.70, "h_star": 0.85, "colour_scale": colour_scale.as_json()}
+    assert config == {
+        "collapse_threshold": 0.70,
+        "h_star": 0.85,
+        "colour_scale": colour_scale.as_json(),
+        "metrics": catalogue.as_json(),
+    }
     below, above = config["colour_scale"]["below"], config["colour_scale"]["above"]
 
     shown = figures(compare_dom)
@@ -331,7 +337,12 @@ def test_config_is_served_without_a_token_and_follows_the_settings(sqlite_url: s
         assert client.get("/v1/runs").status_code == 401
         r = client.get("/ui/config.json")
     assert r.status_code == 200
-    assert r.json() == {"collapse_threshold": 0.65, "h_star": 0.8, "colour_scale": colour_scale.as_json()}
+    assert r.json() == {
+        "collapse_threshold": 0.65,
+        "h_star": 0.8,
+        "colour_scale": colour_scale.as_json(),
+        "metrics": catalogue.as_json(),
+    }
     assert r.headers["cache-control"] == "no-store"
 
 
