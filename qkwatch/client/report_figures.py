@@ -18,23 +18,6 @@ from qkwatch.contract.colour_scale import GAP, colorscale
 from qkwatch.contract.thresholds import as_text
 from qkwatch.contract.values import decode_value
 
-
-def _entry(metric: str) -> catalogue.Metric | None:
-    return catalogue.CATALOGUE.get(metric)
-
-
-def on_threshold_scale(metric: str) -> bool:
-    """Drawn on the scale that breaks at the collapse threshold (the catalogue says)."""
-    entry = _entry(metric)
-    return entry is not None and entry.colour == "threshold" and entry.threshold == "collapse"
-
-
-def unit_range(metric: str) -> bool:
-    """A fraction: drawn on [0, 1] (the catalogue says)."""
-    entry = _entry(metric)
-    return entry is not None and entry.low == 0 and entry.high == 1
-
-
 RUN_COLORS = ("#1b9e77", "#7570b3", "#e7298a", "#66a61e")
 LAYER_COLORS = (
     "#1f77b4",
@@ -96,10 +79,10 @@ def finite(value: Any) -> float | None:
 
 def colour_scale(metric: str, heatmaps: list[Json], threshold: float) -> Figure:
     """One scale for a metric across runs: [0, 1] for unit metrics, else the data's extent."""
-    lo, hi = (0.0, 1.0) if unit_range(metric) else _extent(heatmaps)
+    lo, hi = (0.0, 1.0) if catalogue.is_fraction(metric) else _extent(heatmaps)
     if metric == "lambda":
         lo = min(0.0, lo)
-    if on_threshold_scale(metric) and lo < threshold < hi:
+    if catalogue.on_collapse_scale(metric) and lo < threshold < hi:
         return threshold_scale(lo, hi, threshold)
     return {"zmin": lo, "zmax": hi, "colorscale": "Viridis", "colorbar": {}}
 
@@ -185,7 +168,7 @@ def heatmap_summary(data: RunData, metric: str, threshold: float) -> str:
     if not h["steps"]:
         return f"{html.escape(metric)}: no reports"
     parts = [f"<b>{html.escape(metric)}</b>", f"step {h['steps'][-1]}"]
-    if on_threshold_scale(metric):
+    if catalogue.on_collapse_scale(metric):
         above = layers_above(data, threshold)
         parts.append(
             f"<span style='color:#b00020'>{len(above)} layer{'s' if len(above) > 1 else ''} above "

@@ -287,6 +287,18 @@ def register(metric: Metric) -> Metric:
     return metric
 
 
+def on_collapse_scale(name: str) -> bool:
+    """Drawn on the colour scale that breaks at the collapse threshold (QKAI's)."""
+    m = CATALOGUE.get(name)
+    return m is not None and m.colour == "threshold" and m.threshold == "collapse"
+
+
+def is_fraction(name: str) -> bool:
+    """A value in [0, 1], drawn on that range."""
+    m = CATALOGUE.get(name)
+    return m is not None and m.low == 0 and m.high == 1
+
+
 def layer_metrics() -> list[Metric]:
     """The per-layer metrics, the primary ones first."""
     return sorted((m for m in CATALOGUE.values() if m.scope == "layer"), key=lambda m: not m.primary)
