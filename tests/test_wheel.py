@@ -242,12 +242,22 @@ def linked_site(names: set[str], dest: Path) -> Path:
     return dest
 
 
-def profile_venv(wheel: Path, where: Path, extras: set[str], also: set[str] = frozenset()) -> Path:
+def profile_venv(wheel: Path, where: Path, extras: set[str], also: frozenset[str] | set[str] = frozenset()) -> Path:
     env = where / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
     installed = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "--no-deps", "-q"]
-        + ["--disable-pip-version-check", str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(env / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "-q",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

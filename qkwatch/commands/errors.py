@@ -7,7 +7,6 @@ import functools
 import sys
 from collections.abc import Callable
 
-
 COLLECTOR_LIBRARIES = frozenset(
     {"fastapi", "fastapi_offline", "starlette", "uvicorn", "sqlalchemy", "alembic", "prometheus_client", "orjson"}
 )
