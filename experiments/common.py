@@ -4,7 +4,7 @@ An experiment is a *campaign*: one collector (``qkwatch serve`` over SQLite unde
 ``experiments/out/<campaign>/``), a list of :class:`RunSpec` trained as subprocesses (``python -m
 trainer``, one CPU thread each, ``workers`` at a time) with the agent reporting to that collector,
 then ``qkwatch eval`` on each finished run, whose results the collector also stores on the run. The
-tables and figures are made from what the project's Python client (:class:`qkwatch.monitor.client.Client`)
+tables and figures are made from what the project's Python client (:class:`qkwatch.client.rest.Client`)
 reads back, never from the trainers' own files: this is the system's longest end-to-end path.
 
 A campaign resumes: a run the collector already holds as ``finished`` (with its evaluations) is not
@@ -18,10 +18,11 @@ import contextlib
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,33 @@ def at_init_main(
         print(line)
     print(f"wrote {path} ({results['wall_s']:.0f} s)")
     return 0
+
+
+def at_init_run(name: str, quick: bool, cfg: dict, seed: int, parts: Callable[[dict, dict, Any], None]) -> dict:
+    """An at-initialisation experiment run on one CPU thread (numpy's BLAS and torch), as plain JSON values.
+
+    Its results begin with which experiment ran, its settings and seed, and the versions and threads it
+    ran on; ``parts(results, cfg, generator)`` adds what it measures (the torch generator seeded with
+    ``seed``); ``wall_s`` is the whole run's time.
+    """
+    import torch
+
+    with one_blas_thread():
+        torch.set_num_threads(1)
+        started = time.time()
+        results: dict[str, Any] = {
+            "experiment": name,
+            "quick": quick,
+            "settings": cfg,
+            "seed": seed,
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "python": platform.python_version(),
+            "threads": torch.get_num_threads(),
+        }
+        parts(results, cfg, torch.Generator().manual_seed(seed))
+        results["wall_s"] = time.time() - started
+        return jsonable(results)
 
 
 def log(message: str) -> None:
@@ -260,6 +288,12 @@ def save(name: str, results: dict, *, strict: bool = False) -> Path:
         else json.dumps(results, indent=1, sort_keys=True, default=_plain)
     )
     path.write_text(text + "\n")
+    return path
+
+
+def save_json(data: Mapping[str, Any], path: Path) -> Path:
+    """Write ``data`` to ``path`` as the committed results are: sorted keys, one space indents, finite numbers only."""
+    path.write_text(json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n")
     return path
 
 

@@ -33,9 +33,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.instability_data import RunRecord
-from qkwatch.monitor.alerting.ruleset import RuleSet
-from qkwatch.monitor.backtest import replay
+from experiments.early_warning.instability_data import RunRecord
+from qkwatch.client.backtest import replay
+from qkwatch.rules.ruleset import RuleSet
 
 CAMPAIGN = "instability"
 TUNE_SEEDS = range(0, 8)
@@ -161,8 +161,8 @@ def results_path() -> Path:
 
 
 def export() -> Path:
-    from experiments import instability_data
     from experiments.common import Campaign, log
+    from experiments.early_warning import instability_data
 
     wanted = names(TUNE_SEEDS) + names(TEST_SEEDS)
     with Campaign(CAMPAIGN) as campaign:
@@ -177,8 +177,8 @@ def export() -> Path:
 
 def analyse() -> dict[str, Any]:
     """The comparison from the committed npz and the forecast as ``detectors.yml`` ships it."""
-    from experiments import instability_data
-    from experiments.instability import shipped_forecast
+    from experiments.early_warning import instability_data
+    from experiments.early_warning.detectors import shipped_forecast
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
 
     records = instability_data.load(data_path())
@@ -190,7 +190,7 @@ def analyse() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from experiments.sweep_analysis import save_json
+    from experiments.common import save_json
 
     p = argparse.ArgumentParser(prog="python -m experiments.forecast_baseline", description=__doc__.split("\n\n")[0])
     p.add_argument("--export", action="store_true", help="read the 12 trained collapse runs into the npz first")

@@ -1,7 +1,8 @@
 """``python -m experiments.report``: docs/reproduction.md from the experiments' results.
 
 Reads ``experiments/results/<experiment>.json`` (written by ``python -m experiments.<experiment>``
-from the collector's data), asks each experiment module for its section, and writes
+from the collector's data), asks each experiment's section module
+(``experiments.reproduction.<experiment>_section``) for its section, and writes
 
 * ``docs/reproduction.md``: the sections, each figure embedded as a PNG;
 * ``docs/reproduction/<figure>.png``: the figures, exported by kaleido through a headless Chromium
@@ -37,7 +38,7 @@ INTRO = """# The seeds, reproduced at CPU scale
 The papers this project is built on make measurable claims. This page puts each next to what the
 project measures at the scale of a 2-core CPU machine, through its own pieces: every training run
 streams through the agent into a collector, and every table and figure of a training experiment is
-made from what the project's Python client (`monitor.client.Client`) reads back from that
+made from what the project's Python client (`qkwatch.client.Client`) reads back from that
 collector. The at-initialisation experiments (seed 003, QKAI's scale) train nothing: they call the
 agent's metric functions (`qkwatch/agent/metrics`) directly on random weights and inputs.
 
@@ -63,7 +64,7 @@ def build(docs: Path = DOCS, png: bool = True) -> Path:
         if results is None:
             sections.append(f"## {name}: not run yet\n\n`{COMMANDS[name]}`\n")
             continue
-        module = importlib.import_module(f"experiments.{name}")
+        module = importlib.import_module(f"experiments.reproduction.{name}_section")
         text, figs = module.section(results)
         sections.append(text)
         figures += figs

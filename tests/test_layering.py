@@ -35,11 +35,13 @@ folders inside it, and a file is importable under one name only. The rules:
 * the glue's framework integrations (``qkwatch.integrations``) and ``qkwatch.raa`` are imported by
   nothing in the agent, the monitor or the trainer; they meet the agent through its public API.
 * no two modules of ours import each other, directly or around a circle (imports inside functions
-  count; so does a script's ``if __name__ == "__main__":`` block).
+  count; so does a script's ``if __name__ == "__main__":`` block): in the package, and among the
+  modules of ``experiments/`` and ``bench/``.
 * ``bench/`` and ``experiments/`` import nothing from ``tests/``, never patch ``sys.path`` (they run
   as modules, ``python -m bench.ingest``), and no package imports them; nor do the scripts of
   ``examples/`` (run as files, ``python examples/hf_trainer.py``, they ``import qkwatch``).
-* no module of the package is longer than :data:`MAX_LINES` lines.
+* no module of the package is longer than :data:`MAX_LINES` lines, and no module of ``experiments/``
+  or ``bench/`` longer than :data:`SCRIPT_MAX_LINES`.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,8 @@ INTEGRATIONS = "qkwatch.integrations"
 CONTRACT = "qkwatch.contract"
 MAX_LINES = 450
 """The longest a module of the package may be (one concept a module)."""
+SCRIPT_MAX_LINES = 400
+"""The longest a module of ``experiments/`` or ``bench/`` may be."""
 AGENT_PUBLIC = {"qkwatch.agent", "qkwatch.agent.metrics"}
 IMPURE_FOR_METRICS = {
     "threading",
@@ -129,6 +134,11 @@ def modules(package: str) -> dict[str, Path]:
 
 def ours() -> dict[str, Path]:
     return {module_of(p): p for p in sorted((ROOT / GLUE).rglob("*.py"))}
+
+
+def script_modules() -> dict[str, Path]:
+    """Module name -> file, for ``experiments/`` and ``bench/`` (``bench/fleet/agents.py``: ``bench.fleet.agents``)."""
+    return {module_of(p): p for folder in ("experiments", "bench") for p in sorted((ROOT / folder).rglob("*.py"))}
 
 
 def within(name: str, package: str) -> bool:
@@ -365,13 +375,14 @@ def test_bench_modules_import_as_a_package_from_the_repository_root() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of ours it imports (``from a import b`` counts ``a.b`` when that is a module).
+def import_graph(paths: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the modules of ``paths`` (default: the package's) it imports (``from a import b`` counts
+    ``a.b`` when that is a module).
 
     Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first, but those edges are
     Python's, not the code's: only what a file names counts.
     """
-    paths = ours()
+    paths = ours() if paths is None else paths
     return {name: {n for n in imports_of(path) if n in paths and n != name} for name, path in paths.items()}
 
 
@@ -398,8 +409,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_circles() -> None:
-    cycle = find_cycle(import_graph())
+@pytest.mark.parametrize("found", [ours, script_modules], ids=["qkwatch", "experiments-and-bench"])
+def test_no_import_circles(found: Callable[[], dict[str, Path]]) -> None:
+    cycle = find_cycle(import_graph(found()))
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
@@ -435,6 +447,12 @@ def test_one_real_package_and_one_name_a_file() -> None:
 def test_no_module_is_longer_than_the_limit(name: str, path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES}): split it along its seams"
+
+
+@pytest.mark.parametrize(("name", "path"), cases(script_modules()))
+def test_no_experiment_or_benchmark_is_longer_than_the_limit(name: str, path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= SCRIPT_MAX_LINES, f"{name} has {lines} lines (at most {SCRIPT_MAX_LINES}): split it by concept"
 
 
 def test_monitor_and_the_package_load_without_torch_at_runtime() -> None:

@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from experiments import seed000, seed001
+from experiments import seed000
+from experiments.reproduction import seed000_analysis, seed000_section, seed001_analysis, seed001_section
 
 STEPS = [0, 25, 50, 75, 100, 125, 150, 175, 200]
-"""Reports; the slopes are fitted from seed001.FIT_FROM (100) on."""
+"""Reports; the slopes are fitted from seed001_analysis.FIT_FROM (100) on."""
 
 
 def _grid(values_fn, depth: int) -> dict:
@@ -50,8 +51,8 @@ def _record(
 def _results() -> dict:
     runs = []
     for seed in (1, 2):
-        for depth in seed001.DEPTHS:
-            for regime in seed001.REGIMES:
+        for depth in seed001_analysis.DEPTHS:
+            for regime in seed001_analysis.REGIMES:
                 align = 0.6 + 0.05 * seed if regime == "qk_identical" else 0.2 + 0.01 * seed
                 runs.append(
                     _record(
@@ -76,7 +77,7 @@ def _results() -> dict:
 
 
 def test_slopes_are_per_100_steps_and_exact_for_lines() -> None:
-    rows = seed001.layer_slopes(_record("grid", 4, 1))
+    rows = seed001_analysis.layer_slopes(_record("grid", 4, 1))
     assert [r["pr_q"] for r in rows] == pytest.approx([2.0] * 4)
     assert [r["pr_k"] for r in rows] == pytest.approx([-1.0, -2.0, -3.0, -4.0])
     assert [r["pr_diff"] for r in rows] == pytest.approx([3.0, 4.0, 5.0, 6.0])
@@ -87,13 +88,13 @@ def test_slopes_ignore_the_transient_before_fit_from() -> None:
     record = _record("grid", 2, 1)
     pq = record["pr_q"]["values"]
     for i, step in enumerate(STEPS):
-        if step < seed001.FIT_FROM:
+        if step < seed001_analysis.FIT_FROM:
             pq[i] = [100.0, 100.0]  # a collapse from the initialisation: not part of the trend
-    assert [r["pr_q"] for r in seed001.layer_slopes(record)] == pytest.approx([2.0, 2.0])
+    assert [r["pr_q"] for r in seed001_analysis.layer_slopes(record)] == pytest.approx([2.0, 2.0])
 
 
 def test_table4_counts_cells_and_correlates_specialisation_with_compression() -> None:
-    t4 = seed001.table4(_results())
+    t4 = seed001_analysis.table4(_results())
     assert t4["all"]["pr_k"]["n"] == 3 * (4 + 6 + 8) == 54
     assert t4["all"]["pr_k"]["positive"] == 0 and t4["all"]["pr_diff"]["positive"] == 54
     assert t4["coupled"]["pr_k"]["mean"] == pytest.approx(-0.5 * np.mean([i + 1 for d in (4, 6, 8) for i in range(d)]))
@@ -104,15 +105,15 @@ def test_table4_counts_cells_and_correlates_specialisation_with_compression() ->
 
 
 def test_table3_welch_and_hedges_g() -> None:
-    t3 = seed001.table3(_results())
+    t3 = seed001_analysis.table3(_results())
     # seed means: (0.65 + 0.70) / 2 against (0.21 + 0.22) / 2
     assert t3["gap_by_depth"][4] == pytest.approx(0.675 - 0.215)
     assert t3["welch_p"] < 1e-6 and t3["hedges_g"] > 5
-    assert seed001._hedges_g([1, 2, 3], [4, 5, 6]) == pytest.approx(-3 * (1 - 3 / 15))
+    assert seed001_analysis._hedges_g([1, 2, 3], [4, 5, 6]) == pytest.approx(-3 * (1 - 3 / 15))
 
 
 def test_table5_confidence_is_the_fraction_of_seeds_in_the_predicted_direction() -> None:
-    t5 = seed001.table5(_results())
+    t5 = seed001_analysis.table5(_results())
     assert t5["forced_k_contraction"]["confidence"] == 1.0 and t5["forced_k_contraction"]["direction"] == -1
     assert t5["freeze_k"]["entropy_delta"] == pytest.approx([0.5, -0.1])
     assert t5["freeze_k"]["confidence"] == 0.5
@@ -120,7 +121,7 @@ def test_table5_confidence_is_the_fraction_of_seeds_in_the_predicted_direction()
 
 
 def test_seed001_section_renders_every_table_and_figure() -> None:
-    text, figs = seed001.section(_results())
+    text, figs = seed001_section.section(_results())
     assert {name for name, _ in figs} == {"seed001-pr", "seed001-alignment"}
     for name, _ in figs:
         assert f"reproduction/{name}.png" in text
@@ -130,7 +131,7 @@ def test_seed001_section_renders_every_table_and_figure() -> None:
 
 def _seed000_results() -> dict:
     runs = []
-    for i, variant in enumerate(seed000.VARIANTS):
+    for i, variant in enumerate(seed000_analysis.VARIANTS):
         final = 0.9 if variant == "vanilla" else 0.5
         steps = [0, 150, 400, 800]
         band = [0.3, 0.3, 0.6, final]
@@ -161,17 +162,17 @@ def _seed000_results() -> dict:
         "seeds": [0],
         "band": seed000.BAND,
         "onset": 150,
-        "variants": seed000.VARIANTS,
+        "variants": seed000_analysis.VARIANTS,
         "eval_samples": 40,
         "runs": runs,
     }
 
 
 def test_seed000_summary_reads_onset_final_peak_and_flagged() -> None:
-    rows = seed000.summary(_seed000_results())
+    rows = seed000_analysis.summary(_seed000_results())
     assert rows["vanilla"]["qkai_onset"] == 0.3 and rows["vanilla"]["qkai_final"] == 0.9
     assert rows["raa"]["qkai_peak"] == 0.6 and rows["raa"]["flagged"] == pytest.approx(0.3125)
     assert math.isnan(rows["vanilla"]["flagged"])
-    text, figs = seed000.section(_seed000_results())
+    text, figs = seed000_section.section(_seed000_results())
     assert "reproduction/seed000-band.png" in text and len(figs) == 2
     assert "0.00 / 0.20" in text  # passkey exact / digits

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from experiments.early_warning.instability_data import RunRecord
 from experiments.forecast_baseline import compare, constant_guess, crossings
-from experiments.instability_data import RunRecord
-from qkwatch.monitor.alerting.transitions import ReportValues
-from qkwatch.monitor.run_history import RunHistory
+from qkwatch.client.run_history import RunHistory
+from qkwatch.rules.transitions import ReportValues
 
 RULE = {
     "name": "f",

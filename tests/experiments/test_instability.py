@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 import experiments.common
-from experiments import instability, instability_report
-from experiments.instability_report import page
-from qkwatch.monitor.alerting.transitions import ReportValues
+from experiments import instability
+from experiments.early_warning import detectors, forecast_study, instability_forecast_report
+from experiments.early_warning.instability_report import page
+from qkwatch.rules.transitions import ReportValues
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,7 +58,7 @@ def test_a_two_run_miniature_trains_scores_and_writes_its_page(tmp_path: Path, m
         assert run["val_loss"] is not None and run["loss_curve"][0][0] == 0
     assert results["outcome_rule"] == "delta=0.5,for=5,window=20"
     assert {s["rule"] for s in results["test"]["scores"]} >= {"qkai_high", "collapse_band", "(any rule)"}
-    assert set(results["candidates_on_test"]) == set(instability.FAMILIES)
+    assert set(results["candidates_on_test"]) == set(detectors.FAMILIES)
     text = (tmp_path / "docs" / "instability-earlier.md").read_text()
     assert "`delta=0.5,for=5,window=20`" in text and "Of 2 runs," in text
     assert instability.main([*argv, "--report"]) == 0  # the page again, from the results alone
@@ -123,9 +124,9 @@ def test_the_forecast_is_chosen_on_tune_by_its_rule_and_only_then_measured_on_te
     rise (0.004/step: predicted 100, actual 105) that only the chosen rule is measured on."""
     tune = [_line_run("tune", {s: 0.30 + 0.002 * s for s in range(0, 400, 5)})]
     test = [_line_run("test", {s: 0.30 + 0.004 * s for s in range(0, 200, 5)})]
-    out = instability.forecast_tuning(tune, test, 0.70)  # type: ignore[arg-type]
+    out = forecast_study.forecast_tuning(tune, test, 0.70)  # type: ignore[arg-type]
     assert out["chosen"] == {
-        **instability.FORECAST_GRID[0],
+        **forecast_study.FORECAST_GRID[0],
         "window": 6,
         "horizon_steps": 250,
         "for_reports": 1,
@@ -134,10 +135,10 @@ def test_the_forecast_is_chosen_on_tune_by_its_rule_and_only_then_measured_on_te
     }
     assert out["tune_median"] == pytest.approx(5 / 180) and out["tune_median_lead_steps"] == 180
     by_rule = {json.dumps(c["rule"], sort_keys=True): c for c in out["candidates"]}
-    assert len(by_rule) == len(instability.FORECAST_GRID)
+    assert len(by_rule) == len(forecast_study.FORECAST_GRID)
     for c in out["candidates"]:  # eligible: crossed on every tune run, with a median lead of at least 25 steps
         lead = c["tune_median_lead_steps"]
-        assert c["eligible"] == (lead is not None and lead >= instability.FORECAST_MIN_LEAD_STEPS)
+        assert c["eligible"] == (lead is not None and lead >= forecast_study.FORECAST_MIN_LEAD_STEPS)
         if c["eligible"]:
             assert c["tune_median"] >= out["tune_median"]
     assert {x["rule"] for x in out["test"]} == {"qkai_forecast"} and out["test_runs"] == ["test"]
@@ -152,7 +153,7 @@ def test_no_forecast_is_chosen_that_misses_a_tune_run_or_looks_ahead_too_little(
     rising = _line_run("rising", {s: 0.30 + 0.002 * s for s in range(0, 400, 5)})
     late = _line_run("late", {s: 0.30 + 0.03 * max(s - 300, 0) for s in range(0, 400, 5)})
     for tune in ([flat, rising], [late]):
-        out = instability.forecast_tuning(tune, [rising], 0.70)  # type: ignore[arg-type]
+        out = forecast_study.forecast_tuning(tune, [rising], 0.70)  # type: ignore[arg-type]
         assert out["chosen"] is None and out["test"] == [] and not any(c["eligible"] for c in out["candidates"])
     leads = [c["tune_median_lead_steps"] for c in out["candidates"] if c["tune_crossed"]]
     assert leads and max(leads) <= 10
@@ -161,8 +162,8 @@ def test_no_forecast_is_chosen_that_misses_a_tune_run_or_looks_ahead_too_little(
 def test_the_first_forecast_attempt_is_shown_with_its_miss() -> None:
     """The committed first protocol (chosen on 4 collapse seeds, judged on 4 others) stays on the page as a
     miss, its figures read from its results file."""
-    first = json.loads((Path(__file__).resolve().parents[2] / instability_report.FIRST_FORECAST).read_text())
-    text = instability_report.first_forecast_section()
+    first = json.loads((Path(__file__).resolve().parents[2] / instability_forecast_report.FIRST_FORECAST).read_text())
+    text = instability_forecast_report.first_forecast_section()
     crossed = [x for x in first["test"] if x["relative_error"] is not None]
     assert f"median **{round(100 * first['test_median'])} %** over {len(crossed)} forecasts" in text
     assert "**not within 25 %.**" in text and first["test_median"] > 0.25

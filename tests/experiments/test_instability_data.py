@@ -1,4 +1,4 @@
-"""The sweep's per-step file keeps every value: a round trip through ``experiments.instability_data``.
+"""The sweep's per-step file keeps every value: a round trip through ``experiments.early_warning.instability_data``.
 
 Synthetic runs with what a real one can hold: a NaN loss, a layer a report did not measure beside a
 NaN one it did, two attempts, float32 metric values, scalars at their own steps. What comes back
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.instability_data import RunRecord, load, save
-from qkwatch.monitor.alerting.transitions import ReportValues
-from qkwatch.monitor.run_history import RunHistory
+from experiments.early_warning.instability_data import RunRecord, load, save
+from qkwatch.client.run_history import RunHistory
+from qkwatch.rules.transitions import ReportValues
 
 
 def _f32(x: float) -> float:
@@ -65,7 +65,7 @@ def test_every_value_comes_back_from_the_file(tmp_path: Path) -> None:
 
 
 def test_the_file_names_its_runs_in_order_and_no_file_names_none(tmp_path: Path) -> None:
-    from experiments.instability_data import names
+    from experiments.early_warning.instability_data import names
 
     runs = _runs()
     assert names(save(runs, tmp_path / "runs.npz")) == [r.name for r in runs]

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from experiments import qkai_scale
+from experiments.reproduction import qkai_scale_section
 from qkwatch.agent.metrics.subspace import qkai
 
 
@@ -93,7 +94,7 @@ def test_layer_level(results) -> None:
 
 def test_results_are_json_and_section_embeds_every_figure(results) -> None:
     json.dumps(results, allow_nan=False)
-    text, figs = qkai_scale.section(results)
+    text, figs = qkai_scale_section.section(results)
     assert text.startswith("## ")
     assert len(figs) == 3
     for name, fig in figs:

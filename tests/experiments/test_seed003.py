@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from experiments import seed003
+from experiments.reproduction import seed003_section
 from qkwatch.agent.metrics.attention import attention_spectrum
 
 
@@ -114,7 +115,7 @@ def test_attention_spectrum_against_an_independent_numpy_svd(causal: bool, remov
 
 def test_results_are_json_and_section_embeds_every_figure(results) -> None:
     json.dumps(results, allow_nan=False)
-    text, figs = seed003.section(results)
+    text, figs = seed003_section.section(results)
     assert text.startswith("## ")
     assert len(figs) == 4
     for name, fig in figs:

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from experiments.instability_data import RunRecord
-from experiments.sweep_analysis import (
+from experiments.early_warning.instability_data import RunRecord
+from experiments.early_warning.sweep_scoring import (
     Judged,
     Sweep,
     best_rates,
@@ -19,8 +19,8 @@ from experiments.sweep_analysis import (
     meets_bar,
     score,
 )
-from qkwatch.monitor.outcomes import Outcome
-from qkwatch.monitor.run_history import RunHistory
+from qkwatch.client.outcomes import Outcome
+from qkwatch.client.run_history import RunHistory
 
 
 def falling(n: int = 800, end: float = 1.5) -> list[float]:
@@ -103,10 +103,10 @@ def synthetic_board() -> dict:
     0.5 worse, and its metric ``x`` crosses 1.0 at step 200 (the loss never shows it: known at 799);
     the best-rate runs keep ``x`` at 0.5. The candidate threshold 1.0 is chosen (2.0 never fires);
     the shipped rule ``x_low`` (x > 0.4) fires on every run."""
-    from experiments.sweep_analysis import scoreboard
+    from experiments.early_warning.sweep_scoring import scoreboard
     from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
-    from qkwatch.monitor.alerting.ruleset import RuleSet
-    from qkwatch.monitor.alerting.transitions import ReportValues
+    from qkwatch.rules.ruleset import RuleSet
+    from qkwatch.rules.transitions import ReportValues
 
     runs, records = [], {}
     for lr in (3e-3, 0.3):
@@ -171,7 +171,7 @@ def test_the_scoreboard_chooses_on_tune_and_scores_every_split_beside_the_baseli
 
 
 def test_beating_a_baseline_means_more_flagged_for_no_more_false_alarms_or_fewer_for_as_many() -> None:
-    from experiments.sweep_analysis import beats
+    from experiments.early_warning.sweep_scoring import beats
 
     base = {"flagged": 3, "false_alarms": 1}
     assert beats({"flagged": 4, "false_alarms": 1}, base) and beats({"flagged": 3, "false_alarms": 0}, base)
@@ -183,9 +183,11 @@ def test_the_sweep_goes_on_from_the_committed_file_on_another_machine(tmp_path, 
     """Runs the per-step file holds are not trained again; scoring a file that lacks runs stops, naming them."""
     import pytest
 
-    from experiments import instability, instability_data, sweep_analysis
+    from experiments import instability, sweep_analysis
+    from experiments.early_warning import instability_data
+    from experiments.suite import load_runs
 
-    suite = instability.load_runs(sweep_analysis.SUITE)
+    suite = load_runs(sweep_analysis.SUITE)
     kept = suite[5].name
     path = instability_data.save([record(kept, falling(), [2.0])], tmp_path / "runs.npz")
     monkeypatch.setattr(sweep_analysis, "data_path", lambda: path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from experiments.sweep_report import page
+from experiments.early_warning.sweep_report import page
 from tests.experiments.test_sweep_analysis import synthetic_board
 
 

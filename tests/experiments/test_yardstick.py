@@ -10,14 +10,16 @@ import random
 
 import pytest
 
-from experiments import rule_search, yardstick
-from experiments.instability_data import RunRecord
-from experiments.rule_search import Pick, choose, criterion_key
-from experiments.yardstick import Judged, Run, coincide, fix_outcome, judge_runs, score, wilson
-from qkwatch.monitor import outcomes
-from qkwatch.monitor.cli import backtest as cli_backtest
-from qkwatch.monitor.loss_rules import TUNED_BASELINE
-from qkwatch.monitor.run_history import RunHistory
+from experiments import yardstick
+from experiments.early_warning import rule_search, yardstick_judging, yardstick_scoring
+from experiments.early_warning.instability_data import RunRecord
+from experiments.early_warning.rule_search import Pick, choose, criterion_key
+from experiments.early_warning.yardstick_judging import Judged, Run, coincide, fix_outcome, judge_runs
+from experiments.early_warning.yardstick_scoring import score, wilson
+from qkwatch.client import outcomes
+from qkwatch.client.run_history import RunHistory
+from qkwatch.commands import backtest as cli_backtest
+from qkwatch.rules.loss_rules import TUNED_BASELINE
 
 
 def record(name: str, final: float, bump: float = 0.0) -> RunRecord:
@@ -66,7 +68,7 @@ def test_runs_are_judged_with_their_side_and_raa_counts_once_where_it_is_vanilla
     assert judged["r-vanilla-0.003-s10"].side == "best" and judged["r-vanilla-0.003-s10"].reference is None
     # raa at 1e-3 and 3e-3 is vanilla plus 0.01 nats: counted once; at 1e-2 it differs by 0.2: counted
     assert judged["r-raa-0.001-s10"].twin == "r-vanilla-0.001-s10" and judged["r-raa-0.01-s10"].twin is None
-    assert len(yardstick.counted(list(judged.values()))) == 12 - 4
+    assert len(yardstick_judging.counted(list(judged.values()))) == 12 - 4
 
 
 def test_coincide_is_strictly_under_the_tolerance() -> None:
@@ -97,7 +99,7 @@ def test_score_counts_flags_before_the_outcome_leads_over_the_baseline_and_alarm
     assert s["median_lead_old_alert"] == pytest.approx(((10 - 50) + (599 - 400)) / 2)
     assert (s["healthy"], s["false_alarms"], s["false_alarm_rate"]) == (2, 1, 0.5)
     assert s["false_alarm_runs"] == ["ok2"] and s["false_alarm_steps"] == [0]  # at initialisation too
-    assert yardstick.verdict(s) == {
+    assert yardstick_scoring.verdict(s) == {
         "met": False,
         "missed": ["flagged 2/3, needs 3", "1/2 healthy runs alarmed, at most 0 allowed"],
     }
@@ -138,8 +140,8 @@ def test_the_replica_is_the_collectors_evaluator_on_committed_runs() -> None:
         for family, pool in rule_search.DETECTOR_FAMILIES.items()
         for i, c in enumerate(rng.sample(pool, 6))
     ]
-    replayed = yardstick.replayed(candidates, judged, 0.7)
-    mine = yardstick.detector_firings([{k: v for k, v in c.items() if k != "name"} for c in candidates], judged)
+    replayed = yardstick_judging.replayed(candidates, judged, 0.7)
+    mine = yardstick_judging.detector_firings([{k: v for k, v in c.items() if k != "name"} for c in candidates], judged)
     assert [m for m in mine] == [replayed[c["name"]] for c in candidates]
     assert sum(len(m) for m in mine) > 40  # the candidates do fire: the comparison is not of empty maps
 
@@ -154,6 +156,6 @@ def test_what_the_product_ships_is_what_the_committed_results_say() -> None:
 
 @pytest.mark.slow
 def test_the_search_on_the_committed_tune_runs_gives_the_committed_choice() -> None:
-    assert json.loads(json.dumps(yardstick.tune(yardstick.tune_runs_judged()))) == json.loads(
+    assert json.loads(json.dumps(yardstick_judging.tune(yardstick.tune_runs_judged()))) == json.loads(
         yardstick.TUNED.read_text()
     )

@@ -12,7 +12,7 @@ still catches most of the trouble, not a late one that catches one run more. Gri
 Detector candidates are rules of the collector's own kinds (threshold and growth). The search finds
 their first firings with the numpy replica below (:func:`first_firings`), thousands of candidates in
 seconds; the chosen rules are then replayed through the collector's evaluator
-(:func:`qkwatch.monitor.backtest.replay`) and the two must agree on every run
+(:func:`qkwatch.client.backtest.replay`) and the two must agree on every run
 (``experiments.yardstick`` checks it before it scores anything).
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from qkwatch.monitor.alerting.transitions import ReportValues
-from qkwatch.monitor.loss_rules import LossRule
+from qkwatch.rules.loss_rules import LossRule
+from qkwatch.rules.transitions import ReportValues
 
 
 def _grid(start: float, stop: float, step: float) -> list[float]:
@@ -61,7 +61,7 @@ LOSS_FAMILIES: dict[str, list[LossRule]] = {
         for b in (50, 100, 200)
     ],
 }
-"""Loss-only rules a user could write in any tracker (:mod:`qkwatch.monitor.loss_rules`)."""
+"""Loss-only rules a user could write in any tracker (:mod:`qkwatch.rules.loss_rules`)."""
 
 
 def _threshold(metric: str, op: str, values: Sequence[float], fors: Sequence[int]) -> list[dict[str, Any]]:
@@ -142,7 +142,7 @@ def _first_streak(holds: np.ndarray, n: int) -> int | None:
 
 def first_firing(rule: Mapping[str, Any], grid: Grid) -> int | None:
     """The step of the report at which the collector would first open an alert of ``rule`` (threshold
-    or growth kind; :mod:`qkwatch.monitor.alerting.transitions`), None when it never would."""
+    or growth kind; :mod:`qkwatch.rules.transitions`), None when it never would."""
     found = []
     for steps, values in grid.layers:
         holds = _holds(rule, values)

@@ -13,11 +13,15 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+from experiments.common import ROOT
+from experiments.early_warning import yardstick_report
+from experiments.early_warning.yardstick_report import pct, table
+
+DOCS = ROOT.parent / "docs"
 LABELS = ("diverged", "degraded", "spiked", "healthy")
 SHORT = {"diverged": "div", "degraded": "deg", "spiked": "spk", "healthy": "ok"}
 ORDER = ("tune", "test", "holdout")
@@ -38,8 +42,6 @@ def page(r: Mapping[str, Any], yardstick: Mapping[str, Any] | None = None) -> st
                 limits_section(r),
             ]
         )
-    from experiments import yardstick_report
-
     return "\n".join(
         [
             yardstick_report.section(yardstick),
@@ -64,7 +66,7 @@ def write(results: Mapping[str, Any], docs: Path = DOCS, yardstick: Mapping[str,
 
 def superseded_section(r: Mapping[str, Any], y: Mapping[str, Any]) -> str:
     """Issue 31's scoreboard, named for what it was: leads against a loss alert that is a near-clock."""
-    from experiments.yardstick import OLD_ALERT
+    from experiments.early_warning.yardstick_scoring import OLD_ALERT
 
     alarms = [y["parts"][p]["rows"][OLD_ALERT]["hot"] for p in ("tune", "tune_seed3")]
     fired, healthy = sum(a["false_alarms"] for a in alarms), sum(a["healthy"] for a in alarms)
@@ -118,7 +120,7 @@ def judged_section(r: Mapping[str, Any], level: str = "##") -> str:
     n = sum(len(g) for g in groups.values())
     return f"""{level} How a run is judged
 
-Fixed before any detector was scored (`qkwatch/monitor/outcomes.py`, and the commit of
+Fixed before any detector was scored (`qkwatch/client/outcomes.py`, and the commit of
 `instability_sweep_outcome.json` comes before the commit of any score):
 
 * **diverged**: a non-finite loss, or a run that did not train (the smoothed loss ends within 0.5
@@ -341,16 +343,6 @@ def limits_section(r: Mapping[str, Any], level: str = "##") -> str:
 * Nothing about the collapse band of the papers: {band} The induced band (the demo's) is not in this sweep.
 * One run per seed and cell: the outcome of a cell is four runs, and the held-out seed is one run per cell.
 """
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f} %"
 
 
 def rule_text(rule: Mapping[str, Any]) -> str:

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from experiments.yardstick import ANY, ANY_LOSS, BAR, FIXED_RULES, HELDOUT_RECIPES, OLD_ALERT
+from experiments.early_warning import detectors
+from experiments.early_warning.yardstick_judging import BAR, HELDOUT_RECIPES
+from experiments.early_warning.yardstick_scoring import ANY, ANY_LOSS, OLD_ALERT
 
-FIXED = {r["name"] for r in FIXED_RULES}
+FIXED = {r["name"] for r in detectors.FIXED}
 
 
 def section(r: Mapping[str, Any]) -> str:
@@ -49,7 +51,7 @@ def intro(r: Mapping[str, Any]) -> str:
 Does an attention rule warn earlier than the loss on a recipe nobody tuned anything on? Every qkwatch
 detector family and every loss-only rule a user could write were tuned the same way on one recipe
 (`instability_small`, the learning-rate sweep below: its seeds 0-2), then applied unchanged to two
-recipes written down before any tuning (`experiments/heldout_sweep.yml`, `qkwatch/trainer/recipes.py`):
+recipes written down before any tuning (`experiments/heldout_sweep.yml`, `qkwatch/trainer/run/recipes.py`):
 
 * `heldout_long`: 8 layers of d_model 64 (deeper and narrower), context 512, warmup 10 % instead of
   5 %, no weight decay; {held[0]["runs"]} runs;
@@ -144,7 +146,7 @@ Fixed before the held-out runs were trained (the header of `experiments/heldout_
 
 
 def describe(rule: Mapping[str, Any]) -> str:
-    from qkwatch.monitor.loss_rules import LossRule
+    from qkwatch.rules.loss_rules import LossRule
 
     return LossRule.parse(rule["text"]).describe()
 
@@ -164,7 +166,7 @@ def search(r: Mapping[str, Any]) -> str:
     unchosen = ", ".join(f"`{f}`" for f in t["unchosen"]) or "none"
     return f"""## The search on the tune recipe
 
-One criterion for every family (`experiments/rule_search.py`), on the tune recipe's seeds 0-2
+One criterion for every family (`experiments/early_warning/rule_search.py`), on the tune recipe's seeds 0-2
 ({t["hot_bad"]} hot-side bad runs, {t["healthy"]} healthy, {len(t["twins"])} raa runs counted as their vanilla
 twins): only candidates with no alarm on any healthy run compete; among those flagging at least 80 % of
 the hot-side bad runs, the earliest median first firing wins; when none does, the one that flags most.

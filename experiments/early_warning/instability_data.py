@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from qkwatch.monitor.alerting.transitions import ReportValues
-from qkwatch.monitor.client import Client
-from qkwatch.monitor.run_history import RunHistory, read
+from qkwatch.client.rest import Client
+from qkwatch.client.run_history import RunHistory, read
+from qkwatch.rules.transitions import ReportValues
 
 SCALARS = ("loss", "grad_norm", "lr")
 """Run-level scalars kept at every logged step."""
@@ -36,7 +36,7 @@ class RunRecord:
 
     name: str
     history: RunHistory
-    """Its reports and training loss, as :func:`qkwatch.monitor.run_history.read` gives them."""
+    """Its reports and training loss, as :func:`qkwatch.client.run_history.read` gives them."""
     val_steps: list[int] = field(default_factory=list)
     val_loss: list[float] = field(default_factory=list)
     scalars: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)

@@ -8,22 +8,25 @@ more than the data.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import statistics
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.common import log
+from experiments.common import ROOT, log
+from experiments.early_warning.instability_forecast_report import (
+    GOAL,
+    first_forecast_section,
+    forecast_section,
+    markdown_table,
+    pct,
+    rerun_section,
+    rule_text,
+)
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = ROOT.parent / "docs"
 FIGURES = "instability"
-GOAL = {"recall": 0.9, "lead_reports": 5, "false_alarms": 0, "forecast_error": 0.25}
-"""Issue 18's bar, fixed before the suite ran: recall >= 90 % before the outcome, a median lead of
->= 5 reports, no firing on a healthy test run; the forecast's median crossing error within 25 %."""
 
 
 PAGE = "instability-earlier.md"
@@ -99,7 +102,7 @@ Regenerate (about 75 CPU minutes: some 45 minutes on 2 idle cores, 85 on a loade
 
 ## How a run is judged
 
-The outcome comes from the logged training loss alone (`qkwatch/monitor/outcomes.py`), by a rule fixed
+The outcome comes from the logged training loss alone (`qkwatch/client/outcomes.py`), by a rule fixed
 before any detector was scored on the suite, and not moved since: `{r["outcome_rule"]}`. A
 non-finite loss, or a run that did not train, *diverged*; otherwise the loss is smoothed by a
 trailing mean of `window` logged values, and an *excursion* is a smoothed loss at least `delta`
@@ -111,7 +114,7 @@ rule sees every step.
 The rule was revised once, before any detector was scored: its first version (commit 924f0e1)
 did not smooth, and assumed a batch's loss varies by 0.05 nats; on this data it varies by about
 0.2, with rare easy batches 0.6 lower, and the first version called 11 of the first 20 runs
-"spiked" from batch noise alone. `qkwatch/monitor/outcomes.py` records the measurement and the revision.
+"spiked" from batch noise alone. `qkwatch/client/outcomes.py` records the measurement and the revision.
 """
 
 
@@ -123,9 +126,9 @@ def runs_section(r: dict[str, Any]) -> str:
     for (pressure, variant, induced), c in groups.items():
         label = f"{pressure} (**induced**)" if induced else pressure
         rows.append([label, variant, c["diverged"], c["spiked"], c["healthy"]])
-    table = _table(["pressure", "variant", "diverged", "spiked", "healthy"], rows)
+    table = markdown_table(["pressure", "variant", "diverged", "spiked", "healthy"], rows)
     bad = [x for x in r["runs"] if x["outcome"] != "healthy"]
-    listing = _table(
+    listing = markdown_table(
         ["run", "split", "outcome", "step", "why"],
         [[x["name"], x["split"], x["outcome"], x["outcome_step"], x["why"]] for x in bad],
     )
@@ -144,14 +147,14 @@ The runs that went bad:
 
 def detectors_section(r: dict[str, Any]) -> str:
     chosen = r["chosen"]
-    rows = [[f, _rule_text(c["rule"]), _pct(c["tune"]["recall"]), c["tune"]["false_alarms"]] for f, c in chosen.items()]
+    rows = [[f, rule_text(c["rule"]), pct(c["tune"]["recall"]), c["tune"]["false_alarms"]] for f, c in chosen.items()]
     unchosen = [f for f in r["families"] if f not in chosen]
     test = {s["rule"]: s for s in r["test"]["scores"]}
     score_rows = [
         [
             name,
             f"{s['flagged']}/{s['bad_runs']}",
-            _pct(s["recall"]),
+            pct(s["recall"]),
             s["late"],
             f"{s['false_alarms']}/{s['healthy_runs']}",
             _num(s["median_lead_steps"]),
@@ -166,7 +169,7 @@ def detectors_section(r: dict[str, Any]) -> str:
         quiet.append(
             [
                 family,
-                _rule_text(best["rule"]),
+                rule_text(best["rule"]),
                 f"{s['false_alarms']}/{s['healthy_runs']}",
                 f"{s['flagged']}/{s['bad_runs']}",
                 s["late"],
@@ -183,19 +186,19 @@ def detectors_section(r: dict[str, Any]) -> str:
         )
     return f"""## Detectors: chosen on tune, scored on test
 
-Each family's candidates are listed in `experiments/instability.py` (`FAMILIES`). On the tune
+Each family's candidates are listed in `experiments/early_warning/detectors.py` (`FAMILIES`). On the tune
 split a family takes the candidate that flags the most bad runs before their outcome while firing
 on no healthy run (ties: the longer median lead, then the more conservative candidate); a family
 where no candidate does that is left out of the defaults. The user's `qkai_high` (`qkai > {r["collapse_threshold"]:.2f}`
 for 3 reports) and `collapse_band` are kept as they are.
 
-{_table(["family", "chosen rule", "tune recall", "tune false alarms"], rows) if rows else "No family was chosen."}
+{markdown_table(["family", "chosen rule", "tune recall", "tune false alarms"], rows) if rows else "No family was chosen."}
 
 Not chosen (no candidate flagged a bad tune run without a false alarm): {", ".join(unchosen) or "none"}.
 
 On the **test** split, the default rules (the user's two plus those chosen):
 
-{_table(["rule", "flagged before outcome", "recall", "late", "false alarms (healthy runs)", "median lead (steps)", "median lead (reports)"], score_rows)}
+{markdown_table(["rule", "flagged before outcome", "recall", "late", "false alarms (healthy runs)", "median lead (steps)", "median lead (reports)"], score_rows)}
 
 {verdict}
 
@@ -203,7 +206,7 @@ Why nothing was chosen, family by family: each family's quietest candidate on th
 (the fewest firings on healthy runs), how many healthy runs it still fired on, and how it did on
 the bad ones. A detector that fires on most healthy runs would page on most healthy trainings.
 
-{_table(["family", "quietest candidate", "false alarms (healthy runs)", "flagged before outcome", "late"], quiet)}
+{markdown_table(["family", "quietest candidate", "false alarms (healthy runs)", "flagged before outcome", "late"], quiet)}
 
 Every candidate's test score is in `experiments/results/instability.json` (`candidates_on_test`).
 """
@@ -224,7 +227,7 @@ def _verdict(any_rule: dict[str, Any] | None) -> str:
     )
     got = (
         f"The default rules flagged {any_rule['flagged']} of {any_rule['bad_runs']} bad test runs before their "
-        f"outcome ({_pct(any_rule['recall'])}), with a median lead of {_num(any_rule['median_lead_reports'])} "
+        f"outcome ({pct(any_rule['recall'])}), with a median lead of {_num(any_rule['median_lead_reports'])} "
         f"reports, and fired on {any_rule['false_alarms']} of {any_rule['healthy_runs']} healthy test runs."
     )
     return f"{goal} {got} **{'Met.' if met else 'Not met.'}**"
@@ -245,205 +248,7 @@ The key contraction and the demo's collapse band are qkwatch's own interventions
 out of the detectors' choice and scores above. Their losses stay healthy (the band does not show
 in the loss in so few steps); what the default rules did on them:
 
-{_table(["run (**induced**)", "outcome by the loss", "default rules fired (first step)"], rows)}
-"""
-
-
-def forecast_section(r: dict[str, Any]) -> str:
-    rows = r["forecast"]
-    errors = [x["relative_error"] for x in rows if x["relative_error"] is not None]
-    shipped = r.get("shipped_forecast")
-    shipped_text = (
-        f"Besides any forecast chosen on tune, the error is measured for the forecast rule shipped in "
-        f"`qkwatch/dashboards/rules/detectors.yml` when the suite was analysed ({_rule_text(shipped)})."
-        if shipped
-        else ""
-    )
-    study = r.get("forecast_study")
-    if shipped and study and study.get("shipped_forecast") != shipped:
-        shipped_text += (
-            f" The file has since shipped the forecast chosen below ({_rule_text(study['shipped_forecast'])}); "
-            "its firings on this suite's runs with nothing induced, the false alarms of the table at the end "
-            "of this section, have not been measured yet."
-        )
-    if not rows:
-        return f"""## The forecast
-
-{shipped_text} No forecast fired in the suite, so its error could not be measured here.
-"""
-    median = statistics.median(errors) if errors else None
-    crossed = [x for x in rows if x["actual"] is not None]
-    table = _table(
-        ["run", "rule", "layer", "fired at", "predicted crossing", "actual crossing", "relative error"],
-        [
-            [x["run"], x["rule"], x["layer"], x["fired"], x["predicted"], x["actual"], _pct(x["relative_error"])]
-            for x in crossed
-        ],
-    )
-    never: dict[tuple[str, str], int] = {}
-    for x in rows:
-        if x["actual"] is None:
-            never[(x["run"], x["rule"])] = never.get((x["run"], x["rule"]), 0) + 1
-    never_runs = sorted({run for run, _ in never})
-    never_table = _table(
-        ["run", "rule", "forecasts that fired", "layers they named"],
-        [
-            [
-                run,
-                rule,
-                n,
-                ", ".join(
-                    str(v)
-                    for v in sorted(
-                        {x["layer"] for x in rows if x["run"] == run and x["rule"] == rule and x["actual"] is None}
-                    )
-                ),
-            ]
-            for (run, rule), n in sorted(never.items())
-        ],
-    )
-    healthy = {x["name"] for x in r["runs"] if x["outcome"] == "healthy" and not x.get("induced")}
-    met = "" if median is None else ("**Within 25 %.**" if median <= GOAL["forecast_error"] else "**Not within 25 %.**")
-    return f"""## The forecast
-
-A forecast alert says when its layer's value will cross the threshold. Its error is
-`|predicted - actual| / (actual - step it fired)`: how far off the crossing step was, relative to
-how far ahead it looked. Forecasts whose layer never crossed by the end of the run have no error
-and are counted apart ({sum(x["actual"] is None for x in rows)} of {len(rows)}, in {len(never_runs)} runs,
-{len(healthy & set(never_runs))} of them healthy runs with nothing induced).
-
-{shipped_text}
-
-Median relative error over {len(errors)} forecasts that crossed: {_pct(median)}. {met}
-
-{table}
-
-{tuning_text(r)}
-
-The forecasts whose layer never crossed (false alarms of a forecast, if it paged):
-
-{never_table}
-"""
-
-
-def tuning_text(r: dict[str, Any]) -> str:
-    """The forecast chosen for its crossing error on the induced tune runs, and its error on test
-    (``python -m experiments.instability --forecast``'s results where they exist)."""
-    study = r.get("forecast_study")
-    t = study["forecast_tuning"] if study else r.get("forecast_tuning")
-    if not t:
-        return ""
-    lead = t.get("min_lead_steps")
-    rule = (
-        f"a candidate is eligible when, on every tune run, at least one of its forecasts crossed and the "
-        f"median lead of those (actual crossing - step it fired) is at least {lead} steps; the eligible "
-        "one with the lowest median error on tune is chosen"
-        if lead is not None
-        else "the candidate with the lowest median error on tune (at least 3 forecasts that crossed) is chosen"
-    )
-    if t["chosen"] is None:
-        return f"No forecast candidate was eligible on the induced tune runs ({rule})."
-    candidates = sorted(
-        (c for c in t["candidates"] if c.get("eligible", c["tune_median"] is not None)),
-        key=lambda c: (c["tune_median"], -(c.get("tune_median_lead_steps") or 0)),
-    )
-    rows = [
-        [
-            _rule_text(c["rule"]),
-            c["tune_crossed"],
-            c["tune_forecasts"],
-            c.get("tune_median_lead_steps", "-"),
-            _pct(c["tune_median"]),
-        ]
-        for c in candidates[:15]
-    ]
-    test = [x for x in t["test"] if x["relative_error"] is not None]
-    met = (
-        ""
-        if t["test_median"] is None
-        else ("**Within 25 %.**" if t["test_median"] <= GOAL["forecast_error"] else "**Not within 25 %.**")
-    )
-    runs = ""
-    if t.get("tune_runs"):
-        runs = f" Tune runs: {', '.join(t['tune_runs'])}; test runs: {', '.join(t['test_runs'])}."
-    test_lead = t.get("test_median_lead_steps")
-    lead_text = f", a median {test_lead:g} steps ahead of the crossing" if test_lead is not None else ""
-    return f"""### The forecast chosen for its error
-
-Only the induced collapse runs cross the threshold, so the forecast's parameters can be chosen for
-their crossing error only there. The rule, fixed before the candidates were scored: {rule}; only
-then is it measured on the induced **test** runs.{runs} {len(t["candidates"])} candidates
-(the line's fit, window, horizon, reports running, margin), {len(candidates)} eligible.
-Chosen: {_rule_text(t["chosen"])}, {_pct(t["tune_median"])} on tune.
-On test: a median {_pct(t["test_median"])} over {len(test)} forecasts that crossed{lead_text}
-({len(t["test"]) - len(test)} more never crossed). {met}
-
-The 15 eligible candidates with the lowest error on tune:
-
-{_table(["candidate", "crossed (tune)", "fired (tune)", "median lead, steps (tune)", "median error (tune)"], rows)}
-
-The chosen forecast on the test runs:
-
-{_table(["run", "layer", "fired at", "predicted crossing", "actual crossing", "relative error"], [[x["run"], x["layer"], x["fired"], x["predicted"], x["actual"] if x["actual"] is not None else "never", _pct(x["relative_error"])] for x in t["test"]])}"""
-
-
-FIRST_FORECAST = Path("experiments/results/instability_forecast_first.json")
-"""The forecast's first protocol (chosen on 4 collapse seeds, judged on 4 others), before the rule changed."""
-
-
-def first_forecast_section() -> str:
-    """The first forecast protocol's outcome, which missed the bar: kept, and said, beside the one above."""
-    path = Path(__file__).resolve().parents[1] / FIRST_FORECAST
-    if not path.is_file():
-        return ""
-    t = json.loads(path.read_text())
-    test = [x for x in t["test"] if x["relative_error"] is not None]
-    after = [x for x in test if x.get("layer_crossed_before")]
-    before = [x["relative_error"] for x in test if not x.get("layer_crossed_before")]
-    return f"""### The first attempt, which missed the bar
-
-Before the protocol above, the same grid and rule chose a forecast on the induced collapse runs
-{", ".join(x.split("/")[-1] for x in t["tune_runs"])} and judged it on {", ".join(x.split("/")[-1] for x in t["test_runs"])}
-(`{FIRST_FORECAST}`). Chosen: {_rule_text(t["chosen"])}, {_pct(t["tune_median"])} on tune; on test a
-median **{_pct(t["test_median"])}** over {len(test)} forecasts that crossed: **not within 25 %.**
-{len(after)} of those forecast a layer that had crossed already and dipped back under the threshold
-({sum(x["predicted"] == x["fired"] for x in after)} of them said "about now", an error of 100 % when the crossing came a report later); the other
-{len(before)}, made before their layer's first crossing, had a median error of {_pct(statistics.median(before)) if before else "-"}. The forecast rule was
-changed then (a layer gets no forecast after its first crossing), seeds 1, 3, 5 and 7 joined the tune
-runs, and seeds 8 to 11 were trained afterwards as the test runs above.
-"""
-
-
-EARLIER_RUN = Path("experiments/results/instability_earlier_run.json")
-"""The LR sensitivity of an earlier run of the suite with the same seeds, to show a rerun's spread."""
-
-
-def rerun_section(r: dict[str, Any]) -> str:
-    """This run's LR sensitivity against the earlier run's: how much a rerun of the same seeds moves it."""
-    path = Path(__file__).resolve().parents[1] / EARLIER_RUN
-    if not path.is_file():
-        return ""
-    earlier = json.loads(path.read_text())
-    rows, diffs = [], []
-    for variant in sorted(r["lr_sensitivity"]):
-        now, then = (
-            r["lr_sensitivity"][variant]["sensitivity"],
-            earlier["lr_sensitivity"].get(variant, {}).get("sensitivity"),
-        )
-        if then is None:
-            continue
-        diffs.append(abs(now - then))
-        rows.append([variant, f"{now:.3f}", f"{then:.3f}", f"{now - then:+.3f}"])
-    if not rows:
-        return ""
-    return f"""### Run to run
-
-The same runs with the same seeds do not train to the same losses here: a rerun of the suite
-(`{EARLIER_RUN}`, the run committed in {earlier["commit"]}) moved each variant's LR sensitivity
-by up to {max(diffs):.3f} nats. The order qk_norm first is the same in both; differences smaller
-than that are not findings.
-
-{_table(["variant", "this run", f"earlier run ({earlier['commit']})", "difference"], rows)}
+{markdown_table(["run (**induced**)", "outcome by the loss", "default rules fired (first step)"], rows)}
 """
 
 
@@ -458,11 +263,11 @@ Wortsman et al.'s LR sensitivity: over the swept peak rates, the mean of `min(lo
 init) - best loss`, from each run's last validation loss; per seed, then the mean over the two.
 Lower is less sensitive.
 
-{_table(["variant", "LR sensitivity (nats)", "per seed"], rows)}
+{markdown_table(["variant", "LR sensitivity (nats)", "per seed"], rows)}
 
 Final validation loss (mean over seeds) per peak learning rate:
 
-{_table(["variant", *(f"{lr:g}" for lr in lrs)], curve_rows)}
+{markdown_table(["variant", *(f"{lr:g}" for lr in lrs)], curve_rows)}
 
 ![Final loss against the peak learning rate, per variant](instability/lr-sensitivity.png)
 """
@@ -494,7 +299,7 @@ The contraction shrinks the key projections of layers 3-5 toward rank one (an in
 qkwatch's, so **induced**), without the alignment term that drives the demo's QKAI up. The band's
 geometry at the last report that measured it (its step is given), against the other layers:
 
-{_table(["run", "variant", "step", "band QKAI", "band stable rank", "band stable rank, lowest", "others' stable rank", "band entropy", "others' entropy", "band PAR", "band PAR, highest", "val loss"], rows)}
+{markdown_table(["run", "variant", "step", "band QKAI", "band stable rank", "band stable rank, lowest", "others' stable rank", "band entropy", "others' entropy", "band PAR", "band PAR, highest", "val loss"], rows)}
 
 (PAR is logged only where RAA runs; "-" for the vanilla runs.)
 
@@ -570,19 +375,5 @@ def bad_runs_figure(r: dict[str, Any]) -> Any:
 # --- formatting --------------------------------------------------------------------------------------------
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join("-" if v is None else str(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.0f} %"
-
-
 def _num(x: float | None, digits: int = 1) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _rule_text(rule: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in rule.items() if k != "name")

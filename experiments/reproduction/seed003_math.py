@@ -1,21 +1,17 @@
-"""Seed 003's computations: the width sweep, the depth sweep and the project's model at initialisation.
+"""Seed 003's computations: the width sweep and the depth sweep (the project's model: ``seed003_model``).
 
-What they compute is described in :mod:`experiments.seed003`, which runs them (``compute``) with its
-settings, reports the results (``headlines``, ``section``) and is the command line.
+What they compute is described in :mod:`experiments.seed003`, which runs them (``run``) with its
+settings, says the headlines and is the command line.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import platform
-import time
 from typing import Any
 
 import numpy as np
 import torch
 
-from experiments.common import jsonable, one_blas_thread
 from qkwatch.agent.metrics.attention import attention_spectrum
 
 SEED = 3003
@@ -35,7 +31,7 @@ def _orthonormal_rows(t: int, d: int, gen: torch.Generator) -> torch.Tensor:
     return q.T.contiguous()  # (T, d), X X^T = I_T
 
 
-def _uniform(t: int, causal: bool) -> torch.Tensor:
+def uniform_attention(t: int, causal: bool) -> torch.Tensor:
     if not causal:
         return torch.full((t, t), 1.0 / t, dtype=torch.float64)
     return torch.ones(t, t, dtype=torch.float64).tril() / torch.arange(1, t + 1, dtype=torch.float64)[:, None]
@@ -76,7 +72,7 @@ def _width_draw(
         for causal in (False, True) if series in causal_series else (False,):
             key = f"{series}_{'causal' if causal else 'full'}"
             a = _softmax(s * gq @ gk.T / math.sqrt(d), causal)
-            u = _uniform(t, causal)
+            u = uniform_attention(t, causal)
             q_in = s * gq  # attention_spectrum divides q.k by sqrt(d_head = d) itself
             row: dict[str, dict[str, float]] = {}
             for removed in (False, True):
@@ -131,7 +127,7 @@ def _mean_sd(values: list[float]) -> dict[str, float]:
     return {"mean": float(arr.mean()), "sd": float(arr.std(ddof=1)) if arr.size > 1 else 0.0}
 
 
-def _fit_loglog(ts: list[int], ys: list[float]) -> float:
+def fit_loglog(ts: list[int], ys: list[float]) -> float:
     """Slope of ``log y`` against ``log T`` (least squares)."""
     x, y = np.log(np.asarray(ts, dtype=np.float64)), np.log(np.asarray(ys, dtype=np.float64))
     return float(np.polyfit(x, y, 1)[0])
@@ -170,10 +166,10 @@ def width(cfg: dict, gen: torch.Generator) -> dict:
             return [row[variant][str(t)][name]["mean"] for t in ts]
 
         fits[key] = {
-            "slope_cov_srank_removed": _fit_loglog(ts, m("removed", "cov_srank")),
-            "slope_out_srank_removed": _fit_loglog(ts, m("removed", "out_srank")),
-            "slope_attn_srank_removed": _fit_loglog(ts, m("removed", "attn_srank")),
-            "slope_cov_srank_excess_with": _fit_loglog(ts, m("with", "cov_srank_excess")),
+            "slope_cov_srank_removed": fit_loglog(ts, m("removed", "cov_srank")),
+            "slope_out_srank_removed": fit_loglog(ts, m("removed", "out_srank")),
+            "slope_attn_srank_removed": fit_loglog(ts, m("removed", "attn_srank")),
+            "slope_cov_srank_excess_with": fit_loglog(ts, m("with", "cov_srank_excess")),
             "cov_srank_removed_ratio_last_first": m("removed", "cov_srank")[-1] / m("removed", "cov_srank")[0],
         }
     return {
@@ -193,7 +189,7 @@ def width(cfg: dict, gen: torch.Generator) -> dict:
 
 def _bulk_gain(t: int, gen: torch.Generator, samples: int = 16) -> tuple[float, float]:
     """``g = sqrt(T / E||A - U||_F^2)`` for i.i.d. N(0, 1) logits: the outlier-free layer preserves the norm."""
-    u = _uniform(t, False)
+    u = uniform_attention(t, False)
     fro2 = [
         float((torch.softmax(torch.randn(t, t, generator=gen, dtype=torch.float64), -1) - u).square().sum())
         for _ in range(samples)
@@ -206,7 +202,7 @@ def _depth_draw(net: str, removed: bool, gain: float, t: int, d: int, n_layers: 
     gen = torch.Generator().manual_seed(seed)  # same seed with and without the outlier: paired draws
     x0 = (_orthonormal_rows(t, d, gen) * math.sqrt(d)).requires_grad_(True)
     readout = torch.randn(t, d, generator=gen, dtype=torch.float64)
-    u = _uniform(t, False)
+    u = uniform_attention(t, False)
     x = x0
     grads, cov, out, closed = [], [], [], []
     mats = []
@@ -313,100 +309,3 @@ def depth(cfg: dict, gen: torch.Generator) -> dict:
         "closed_form_rel_err_max": max(closed_errs) if closed_errs else None,
         "runs": out,
     }
-
-
-# --- (c) the project's model --------------------------------------------------------------------
-
-
-def model_at_init(cfg: dict) -> dict:
-    from qkwatch.trainer.model.init import InitConfig, build_model
-    from qkwatch.trainer.run import recipes
-
-    recipe = recipes.get(cfg["model_recipe"])
-    ts = cfg["model_T"]
-    out: dict[str, Any] = {"recipe": cfg["model_recipe"], "T": ts, "init": "default (GPT-2 normal, std 0.02)"}
-    for variant in ("vanilla", "outlier_removed"):
-        mc = dataclasses.replace(
-            recipe.model_config(), variant=variant, max_seq_len=max(ts), attention="auto", key_rotation=0
-        )
-        model = build_model(mc, InitConfig(), seed=0, device=torch.device("cpu")).eval()
-        captured: list[tuple[torch.Tensor, torch.Tensor]] = []
-        hooks = [
-            a.qk_tap.register_forward_hook(lambda _m, _i, o, sink=captured: sink.append(o)) for a in model.attentions()
-        ]
-        per_t = {}
-        for t in ts:
-            captured.clear()
-            idx = torch.randint(0, mc.vocab_size, (1, t), generator=torch.Generator().manual_seed(SEED + t))
-            with torch.no_grad():
-                model(idx)
-            layers = []
-            for q, k in captured:
-                spec = attention_spectrum(q[0], k[0], causal=True, remove_outlier=variant == "outlier_removed")
-                logits = q[0] @ k[0].mT / math.sqrt(q.shape[-1])
-                layers.append(
-                    {
-                        "attn_srank": float(spec["attn_srank"].mean()),
-                        "attn_gap1": float(spec["attn_gap1"].mean()),
-                        "logit_std": float(logits.std()),
-                    }
-                )
-            per_t[str(t)] = {
-                "attn_srank": float(np.mean([r["attn_srank"] for r in layers])),
-                "attn_gap1": float(np.mean([r["attn_gap1"] for r in layers])),
-                "logit_std": float(np.mean([r["logit_std"] for r in layers])),
-                "per_layer": layers,
-            }
-        for h in hooks:
-            h.remove()
-        out[variant] = per_t
-        out["shape"] = {"d_model": mc.d_model, "n_heads": mc.n_heads, "d_head": mc.d_head, "n_layers": mc.n_layers}
-    ref = {}
-    for t in ts:  # what exactly uniform causal attention gives: A = U_c
-        uc = _uniform(t, True)
-        s = torch.linalg.svdvals(uc)
-        ref[str(t)] = {
-            "attn_srank": float(s.square().sum() / s[0] ** 2),
-            "attn_gap1": float(s[0] - s[1]),
-            "sigma1": float(s[0]),
-        }
-    out["causal_uniform"] = ref
-    out["slope_removed_attn_srank"] = _fit_loglog(ts, [out["outlier_removed"][str(t)]["attn_srank"] for t in ts])
-    return out
-
-
-# --- the whole experiment ------------------------------------------------------------------------
-
-
-def compute(name: str, cfg: dict, quick: bool) -> dict:
-    """Every part of the experiment with settings ``cfg`` (numpy's BLAS and torch on one thread)."""
-    with one_blas_thread():
-        return _run(name, cfg, quick)
-
-
-def _run(name: str, cfg: dict, quick: bool) -> dict:
-    torch.set_num_threads(1)
-    started = time.time()
-    gen = torch.Generator().manual_seed(SEED)
-    results = {
-        "experiment": name,
-        "quick": quick,
-        "settings": cfg,
-        "seed": SEED,
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "threads": torch.get_num_threads(),
-        "dtype": "float64",
-    }
-    t0 = time.time()
-    results["width"] = width(cfg, gen)
-    results["width"]["wall_s"] = time.time() - t0
-    t0 = time.time()
-    results["depth"] = depth(cfg, gen)
-    results["depth"]["wall_s"] = time.time() - t0
-    t0 = time.time()
-    results["model"] = model_at_init(cfg)
-    results["model"]["wall_s"] = time.time() - t0
-    results["wall_s"] = time.time() - started
-    return jsonable(results)
