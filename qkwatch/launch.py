@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 if TYPE_CHECKING:
-    from qkwatch.monitor.client import Client
+    from qkwatch.client.rest import Client
 
 HOST = "127.0.0.1"
 LOG_TAIL_CHARS = 3000
@@ -214,8 +214,8 @@ class CollectorProcess:
         return self.proc.wait() if self.proc is not None else None
 
     def client(self, token: str | None = None, timeout: float = 30.0) -> Client:
-        """A :class:`qkwatch.monitor.client.Client` of this collector."""
-        from qkwatch.monitor.client import Client
+        """A :class:`qkwatch.client.rest.Client` of this collector."""
+        from qkwatch.client.rest import Client
 
         return Client(self.url, token=token, timeout=timeout)
 

@@ -34,8 +34,8 @@ from qkwatch.demo.readout import layer_range, progress_line, summary_table
 from qkwatch.demo.runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, commands, shown, start_run
 
 if TYPE_CHECKING:
+    from qkwatch.client.rest import Client
     from qkwatch.launch import CollectorProcess
-    from qkwatch.monitor.client import Client
     from qkwatch.trainer.run.config import RunConfig
 
 VARIANTS = {"vanilla": [], "raa": ["raa.enabled=true"]}
@@ -170,7 +170,7 @@ def run_names(client: Client) -> dict[str, str]:
 
 def queryable(url: str, names: dict[str, str], run_ids: list[str], workdir: Path) -> str:
     """What the demo prints while it serves: the commands that query its runs, each as it runs from here."""
-    from qkwatch.monitor.client import DEFAULT_URL
+    from qkwatch.client.rest import DEFAULT_URL
 
     default = url == DEFAULT_URL and os.environ.get("QKWATCH_URL", DEFAULT_URL) == DEFAULT_URL
     at = "" if default else f" --url {url}"
@@ -235,7 +235,7 @@ def band_layers(cfg: RunConfig) -> list[int]:
 
 def _announce_page(client: Client, url: str, trainees: list[Trainee], timeout: float = 180.0) -> None:
     """Print the live page's link, with both runs selected, once the agents have created them."""
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(t.run_id is None and t.process.poll() is None for t in trainees):
@@ -259,7 +259,7 @@ def _announce_page(client: Client, url: str, trainees: list[Trainee], timeout: f
 
 def _follow(client: Client, trainees: list[Trainee], band: list[int], steps: int) -> None:
     """Until every run ends: a progress line every PROGRESS_SECONDS, read from the collector."""
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     last = 0.0
     while any(t.process.poll() is None for t in trainees):

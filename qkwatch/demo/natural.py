@@ -14,7 +14,7 @@ one collector, which judges them with the candidate detectors (``qkwatch/dashboa
 The closing tables, read back from the collector: each run's final held-out loss (the mean of its
 last 3 evaluations) against the safe twin's, the first alert to fire and its step, and the step at
 which a loss-only alert on the run's own loss would have said anything (the one the instability
-suite tuned, ``qkwatch.monitor.loss_rules.TUNED_BASELINE``); then, per rule, the step it first fired
+suite tuned, ``qkwatch.rules.loss_rules.TUNED_BASELINE``); then, per rule, the step it first fired
 on each run (a firing, not the onset of its condition), and what fired on the twin that ended well.
 """
 
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 from qkwatch.demo.runs import DEFAULT_PORT, PROGRESS_SECONDS, PROJECT, Trainee, commands, shown, start_run
 
 if TYPE_CHECKING:
-    from qkwatch.monitor.backtest import Firing
-    from qkwatch.monitor.client import Client
+    from qkwatch.client.backtest import Firing
+    from qkwatch.client.rest import Client
 
 RECIPE = "instability_small"
 HOT, SAFE = 0.03, 0.003
@@ -116,7 +116,7 @@ def run_natural(args: argparse.Namespace) -> int:
 def serving(url: str, run_ids: dict[str, str], workdir: Path) -> str:
     """What the demo prints while it serves: the live page on the logits, and the report of the hot run
     beside its twin, each as it runs from here."""
-    from qkwatch.monitor.client import DEFAULT_URL
+    from qkwatch.client.rest import DEFAULT_URL
 
     default = url == DEFAULT_URL and os.environ.get("QKWATCH_URL", DEFAULT_URL) == DEFAULT_URL
     at = "" if default else f" --url {url}"
@@ -155,7 +155,7 @@ def _run_id(client: Client, t: Trainee) -> str:
 
 
 def _follow(client: Client, trainees: list[Trainee]) -> None:
-    from qkwatch.monitor.client import CollectorError
+    from qkwatch.client.rest import CollectorError
 
     last = 0.0
     while any(t.process.poll() is None for t in trainees):
@@ -192,10 +192,10 @@ def natural_table(client: Client, runs: dict[str, str]) -> str:
     """The closing tables, every figure read back from the collector: per run, where it ended, its first
     alert and the step a loss-only alert would have spoken; per rule, the step it first fired on each run
     (the collector's own evaluator replaying the stored reports: the firing, not the onset)."""
-    from qkwatch.monitor import backtest, run_history
-    from qkwatch.monitor.alerting.ruleset import RuleSet
-    from qkwatch.monitor.loss_rules import TUNED_BASELINE
-    from qkwatch.monitor.outcomes import final_heldout
+    from qkwatch.client import backtest, run_history
+    from qkwatch.client.outcomes import final_heldout
+    from qkwatch.rules.loss_rules import TUNED_BASELINE
+    from qkwatch.rules.ruleset import RuleSet
 
     rules = RuleSet.from_file(detectors(), client.collapse_threshold())
     histories = {run: run_history.read(client, run_id) for run, run_id in runs.items()}

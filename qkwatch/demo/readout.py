@@ -1,6 +1,6 @@
 """What ``qkwatch demo`` reads back from the collector, as text: a run's progress line and the closing table.
 
-Every figure comes from the collector's API (``qkwatch.monitor.client.Client``), not from the
+Every figure comes from the collector's API (``qkwatch.client.rest.Client``), not from the
 trainings, so the table shows what a user querying the collector would see: the band's QKAI,
 entropy and stable rank at the onset of the induced collapse and at the end, the layers RAA's
 schedule flagged, the final losses, and the alerts that fired or were still firing when the run ended.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from qkwatch.monitor.client import Client
+    from qkwatch.client.rest import Client
 
 
 def progress_line(client: Client, variant: str, run_id: str, band: list[int]) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from qkwatch.monitor.client import Client
+from qkwatch.client.rest import Client
 from tests.e2e.test_demo_commands import run_printed
 from tests.live import ROOT, free_port
 
@@ -174,8 +174,8 @@ def _check_backtest(client: Client, run: str) -> None:
     """The backtest reproduces the live collector on the demo's run: every alert the collector
     opened (rule, onset step, and the layer of a per-layer rule: a band's layers may move after it
     opens) is the replay's, read back over REST and run through the same evaluator and rules."""
-    from qkwatch.monitor import backtest, run_history
-    from qkwatch.monitor.alerting.ruleset import RuleSet
+    from qkwatch.client import backtest, run_history
+    from qkwatch.rules.ruleset import RuleSet
 
     rules = RuleSet.default(client.thresholds().collapse)
     bands = {b.name for b in rules.bands}

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from qkwatch.client.rest import Client
 from qkwatch.demo.natural import serving
-from qkwatch.monitor.client import Client
 from tests.live import ROOT, LiveCollector, free_port
 
 pytestmark = pytest.mark.slow
