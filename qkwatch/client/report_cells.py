@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from qkwatch.client.report_figures import Json, RunData, finite, layers_above, visible
+from qkwatch.contract.api import ALERT_STATE_TEXT
 
 
 def grid(cells: str, columns: int) -> str:
@@ -114,12 +115,9 @@ def time_text(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t)) if t else "-"
 
 
-STATE_TEXT = {"ended": "run ended while firing"}
-"""An alert's state as the report shows it: an alert still firing when its run ended is never "resolved"."""
-
-
 def state_text(state: str) -> str:
-    return STATE_TEXT.get(state, state)
+    """An alert's state as the report shows it: an alert still firing when its run ended is never "resolved"."""
+    return ALERT_STATE_TEXT.get(state, state)
 
 
 def end_text(a: Json) -> str:

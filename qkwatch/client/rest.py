@@ -50,6 +50,7 @@ from qkwatch.client.results import (
     Series,
 )
 from qkwatch.client.runs import RunsMixin, run_ref
+from qkwatch.contract import api
 from qkwatch.contract.thresholds import Thresholds, as_text
 from qkwatch.contract.wire import Report
 
@@ -180,25 +181,25 @@ class Client(RunsMixin):
             "attempt": attempt,
             "reports": [r.model_dump(mode="json") if isinstance(r, Report) else r for r in reports],
         }
-        return Ingested.of(self._json("POST", self._path(self._id(run), "/reports"), json=body))
+        return Ingested.of(self._json("POST", self._path(api.REPORTS, self._id(run)), json=body))
 
     # queries
     def series(self, run: str | Run | dict[str, Any], metric: str, layer: int = -1, **params: Any) -> Series:
         """One layer's values over steps (``layer`` -1: a run-level scalar). params: head, start, end,
         max_points, attempt."""
         return Series.of(
-            self._json("GET", self._path(run, "/series"), params={"metric": metric, "layer": layer, **params})
+            self._json("GET", self._path(api.SERIES, run), params={"metric": metric, "layer": layer, **params})
         )
 
     def heatmap(self, run: str | Run | dict[str, Any], metric: str = "qkai", **params: Any) -> Heatmap:
         """params: start, end, max_steps, agg ("max", "min", "mean"), head, attempt."""
-        return Heatmap.of(self._json("GET", self._path(run, "/heatmap"), params={"metric": metric, **params}))
+        return Heatmap.of(self._json("GET", self._path(api.HEATMAP, run), params={"metric": metric, **params}))
 
     def compare(
         self, runs: Iterable[str | Run | dict[str, Any]], metric: str, layer: int = -1, **params: Any
     ) -> Compare:
         query = [("run", run_ref(r)) for r in runs] + [("metric", metric), ("layer", layer), *params.items()]
-        return Compare.of(self._json("GET", "/v1/compare", params=query))
+        return Compare.of(self._json("GET", api.COMPARE, params=query))
 
     def history(
         self,
@@ -226,7 +227,7 @@ class Client(RunsMixin):
             ("attempt", attempt),
             ("encoding", "f64"),
         ]
-        body = self._json("GET", self._path(run, "/history"), params=params)
+        body = self._json("GET", self._path(api.HISTORY, run), params=params)
         if frame is None:
             try:
                 import pandas  # noqa: F401
@@ -239,7 +240,7 @@ class Client(RunsMixin):
     def export(self, run: str | Run | dict[str, Any], format: str = "csv", attempt: int | None = None) -> Iterator[str]:
         """Stream the run's points as lines of CSV (with a header) or JSON."""
         params: dict[str, str | int] = {"format": format, **({"attempt": attempt} if attempt else {})}
-        with self._http.stream("GET", self._path(run, "/export"), params=params) as response:
+        with self._http.stream("GET", self._path(api.EXPORT, run), params=params) as response:
             if response.status_code >= 400:
                 response.read()
                 raise CollectorError(response.status_code, _message(response))
@@ -250,21 +251,21 @@ class Client(RunsMixin):
         self, run: str | Run | dict[str, Any] | None = None, state: str | None = None, limit: int | None = None
     ) -> Page[Alert]:
         params = {"run": run_ref(run) if run is not None else None, "state": state, "limit": limit}
-        return Page.of(self._json("GET", "/v1/alerts", params=params), Alert)
+        return Page.of(self._json("GET", api.ALERTS, params=params), Alert)
 
     def lambdas(self, run: str | Run | dict[str, Any]) -> Lambdas:
-        return Lambdas.of(self._json("GET", self._path(self._id(run), "/lambdas")))
+        return Lambdas.of(self._json("GET", self._path(api.LAMBDAS, self._id(run))))
 
     def set_overrides(self, run: str | Run | dict[str, Any], overrides: dict[int | str, float | None]) -> Lambdas:
         """Set per-layer overrides (None removes one); needs the control scope."""
         return Lambdas.of(
             self._json(
-                "PUT", self._path(self._id(run), "/lambdas/overrides"), json={str(k): v for k, v in overrides.items()}
+                "PUT", self._path(api.LAMBDA_OVERRIDES, self._id(run)), json={str(k): v for k, v in overrides.items()}
             )
         )
 
     def lambdas_audit(self, run: str | Run | dict[str, Any]) -> Page[AuditEntry]:
-        return Page.of(self._json("GET", self._path(self._id(run), "/lambdas/audit")), AuditEntry)
+        return Page.of(self._json("GET", self._path(api.LAMBDA_AUDIT, self._id(run))), AuditEntry)
 
 
 __all__ = [

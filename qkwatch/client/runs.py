@@ -13,9 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 from qkwatch.client.results import Event, Page, Result, Run, RunMetrics
+from qkwatch.contract import api
 
 
 def run_ref(run: str | Result | dict[str, Any]) -> str:
@@ -49,9 +49,10 @@ class RunsMixin(ABC):
         """Send one request and decode its JSON answer."""
 
     @staticmethod
-    def _path(run: str | Run | dict[str, Any], suffix: str = "") -> str:
-        """``/v1/runs/<run>``: ``project/name`` travels with its slash encoded (``%2F``)."""
-        return f"/v1/runs/{quote(run_ref(run), safe='')}{suffix}"
+    def _path(template: str, run: str | Run | dict[str, Any]) -> str:
+        """``template`` (of :mod:`qkwatch.contract.api`) with the run filled in: ``project/name`` travels
+        with its slash encoded (``%2F``)."""
+        return api.path(template, run_ref(run))
 
     def _id(self, run: str | Run | dict[str, Any]) -> str:
         """The run's id; ``project/name`` is looked up (the ingest and lambda routes take ids only)."""
@@ -78,7 +79,7 @@ class RunsMixin(ABC):
             body["tags"] = _tags(tags)
         if notes is not None:
             body["notes"] = notes
-        return Run.of(self._json("POST", "/v1/runs", json=body))
+        return Run.of(self._json("POST", api.RUNS, json=body))
 
     def runs(
         self,
@@ -101,7 +102,7 @@ class RunsMixin(ABC):
             *(("tag", tag) for tag in _tags(tags)),
             *self._filters(**filters).items(),
         ]
-        return Page.of(self._json("GET", "/v1/runs", params=params), Run)
+        return Page.of(self._json("GET", api.RUNS, params=params), Run)
 
     def search_runs(
         self,
@@ -171,14 +172,16 @@ class RunsMixin(ABC):
         return out
 
     def run(self, run: str | Run | dict[str, Any]) -> Run:
-        return Run.of(self._json("GET", self._path(run)))
+        return Run.of(self._json("GET", self._path(api.RUN, run)))
 
     def set_status(
         self, run: str | Run | dict[str, Any], status: str, reason: str | None = None, attempt: int | None = None
     ) -> Run:
         """Say how the run ended ("finished", "crashed"); ``reason`` is stored as ``status_reason``."""
         body = {"status": status, "reason": reason, "attempt": attempt}
-        return Run.of(self._json("PATCH", self._path(run), json={k: v for k, v in body.items() if v is not None}))
+        return Run.of(
+            self._json("PATCH", self._path(api.RUN, run), json={k: v for k, v in body.items() if v is not None})
+        )
 
     def update_run(
         self,
@@ -200,7 +203,7 @@ class RunsMixin(ABC):
         for key, value in (("tags", tags), ("add_tags", add_tags), ("remove_tags", remove_tags)):
             if value is not None:
                 body[key] = _tags(value)
-        return Run.of(self._json("PATCH", self._path(run), json=body))
+        return Run.of(self._json("PATCH", self._path(api.RUN, run), json=body))
 
     def tag(self, run: str | Run | dict[str, Any], *tags: str) -> Run:
         """Add ``tags`` to the run (those it has are kept)."""
@@ -211,7 +214,7 @@ class RunsMixin(ABC):
         return self.update_run(run, remove_tags=tags)
 
     def delete_run(self, run: str | Run | dict[str, Any]) -> None:
-        self._request("DELETE", self._path(run))
+        self._request("DELETE", self._path(api.RUN, run))
 
     def events(
         self,
@@ -221,10 +224,10 @@ class RunsMixin(ABC):
         limit: int | None = None,
     ) -> Page[Event]:
         return Page.of(
-            self._json("GET", self._path(run, "/events"), params={"kind": kind, "attempt": attempt, "limit": limit}),
+            self._json("GET", self._path(api.EVENTS, run), params={"kind": kind, "attempt": attempt, "limit": limit}),
             Event,
         )
 
     def metrics(self, run: str | Run | dict[str, Any]) -> RunMetrics:
         """The metrics the run reported, each with its layers."""
-        return RunMetrics.of(self._json("GET", self._path(run, "/metrics")))
+        return RunMetrics.of(self._json("GET", self._path(api.METRICS, run)))

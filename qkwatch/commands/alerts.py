@@ -13,6 +13,7 @@ from qkwatch.commands.backtest import register as register_backtest
 from qkwatch.commands.connection import client_args, fail, open_client
 from qkwatch.commands.errors import one_line_errors
 from qkwatch.commands.tables import table
+from qkwatch.contract.api import ALERT_STATE_TEXT
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -54,10 +55,6 @@ def cmd_alerts(args: argparse.Namespace) -> int:
     return 0
 
 
-STATE_TEXT = {"ended": "run ended while firing"}
-"""How a table shows an alert's state; an ended alert is never shown as resolved."""
-
-
 def _alert_row(a: dict[str, Any]) -> list[str]:
     """One alert as table cells (``a`` as the API sends it)."""
     if a["state"] == "resolved":
@@ -70,7 +67,7 @@ def _alert_row(a: dict[str, Any]) -> list[str]:
     last = a.get("last_values")
     values = ", ".join(f"{layer}: {_value(v)}" for layer, v in zip(a["layers"], last, strict=False)) if last else "-"
     return [
-        STATE_TEXT.get(a["state"], a["state"]),
+        ALERT_STATE_TEXT.get(a["state"], a["state"]),  # an ended alert is never shown as resolved
         a["severity"],
         f"{a['project']}/{a['run_name']}",
         a["rule"],

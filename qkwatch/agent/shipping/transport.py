@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from qkwatch.contract import api
 from qkwatch.contract.answers import LambdasAnswer, ReportsAnswer, RunAnswer
 
 logger = logging.getLogger(__name__)
@@ -138,19 +139,19 @@ class HttpTransport:
         )
 
     def create_run(self, body: dict[str, Any]) -> dict[str, Any]:
-        return self._checked(RunAnswer, self._call("POST", "/v1/runs", json=body), "POST /v1/runs")
+        return self._checked(RunAnswer, self._call("POST", api.RUNS, json=body), f"POST {api.RUNS}")
 
     def post_reports(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = self._call("POST", f"/v1/runs/{run_id}/reports", json=body)
-        return self._checked(ReportsAnswer, answer, "POST /v1/runs/{id}/reports")
+        answer = self._call("POST", api.path(api.REPORTS, run_id, quoted=False), json=body)
+        return self._checked(ReportsAnswer, answer, f"POST {api.REPORTS}")
 
     def get_lambdas(self, run_id: str) -> dict[str, Any]:
-        answer = self._call("GET", f"/v1/runs/{run_id}/lambdas")
-        return self._checked(LambdasAnswer, answer, "GET /v1/runs/{id}/lambdas")
+        answer = self._call("GET", api.path(api.LAMBDAS, run_id, quoted=False))
+        return self._checked(LambdasAnswer, answer, f"GET {api.LAMBDAS}")
 
     def set_status(self, run_id: str, body: dict[str, Any]) -> dict[str, Any]:
         """``PATCH /v1/runs/{id}``: how the run (attempt) ended; idempotent, so safe to retry."""
-        return self._call("PATCH", f"/v1/runs/{run_id}", json=body)
+        return self._call("PATCH", api.path(api.RUN, run_id, quoted=False), json=body)
 
     def close(self) -> None:
         self._client.close()

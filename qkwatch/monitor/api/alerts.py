@@ -6,13 +6,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
+from qkwatch.contract import api
 from qkwatch.monitor.api.deps import Reader, StoreDep, load_run
 from qkwatch.monitor.api.schemas import AlertPublic, AlertsPublic
 
-router = APIRouter(prefix="/v1", tags=["alerts"])
+router = APIRouter(tags=["alerts"])
 
 
-@router.get("/alerts", response_model=AlertsPublic)
+@router.get(api.ALERTS, response_model=AlertsPublic)
 def list_alerts(
     store: StoreDep,
     principal: Reader,

@@ -6,7 +6,7 @@ import dataclasses
 
 from fastapi import APIRouter, HTTPException
 
-from qkwatch.contract import scheduling
+from qkwatch.contract import api, scheduling
 from qkwatch.contract.wire import OverridesPut, layer_key
 from qkwatch.monitor.api.deps import Controller, Reader, StoreDep, load_run
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
@@ -15,7 +15,7 @@ from qkwatch.monitor.store.lambdas import LambdaState
 from qkwatch.monitor.store.models import RunRow
 from qkwatch.monitor.store.store import Invalid, NotFound
 
-router = APIRouter(prefix="/v1/runs", tags=["lambdas"], route_class=StrictRunRefRoute)
+router = APIRouter(tags=["lambdas"], route_class=StrictRunRefRoute)
 
 
 def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
@@ -40,7 +40,7 @@ def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
     )
 
 
-@router.get("/{run_id}/lambdas", response_model=LambdasPublic)
+@router.get(api.LAMBDAS, response_model=LambdasPublic)
 def get_lambdas(run_id: RunRef, store: StoreDep, principal: Reader) -> LambdasPublic:
     """The weights the trainer should apply now; ``version`` changes whenever they do."""
     if "/" in run_id:  # project/name: resolved (and the project checked) first
@@ -53,7 +53,7 @@ def get_lambdas(run_id: RunRef, store: StoreDep, principal: Reader) -> LambdasPu
     return lambdas_public(run, state)
 
 
-@router.put("/{run_id}/lambdas/overrides", response_model=LambdasPublic)
+@router.put(api.LAMBDA_OVERRIDES, response_model=LambdasPublic)
 def put_overrides(run_id: RunRef, body: OverridesPut, store: StoreDep, principal: Controller) -> LambdasPublic:
     """Set (or with null remove) per-layer overrides; all are validated before any is applied."""
     run_id = load_run(store, run_id, principal).id
@@ -70,7 +70,7 @@ def put_overrides(run_id: RunRef, body: OverridesPut, store: StoreDep, principal
     return lambdas_public(run, state)
 
 
-@router.get("/{run_id}/lambdas/audit", response_model=AuditListPublic)
+@router.get(api.LAMBDA_AUDIT, response_model=AuditListPublic)
 def get_audit(run_id: RunRef, store: StoreDep, principal: Reader) -> AuditListPublic:
     rows = store.lambda_audit(load_run(store, run_id, principal))
     return AuditListPublic(data=[AuditPublic.of(r) for r in rows], count=len(rows))

@@ -24,6 +24,7 @@ import orjson
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from qkwatch.contract import api
 from qkwatch.contract.values import encode_value
 from qkwatch.monitor.api.deps import Reader, StoreDep, load_run
 from qkwatch.monitor.api.disposition import attachment
@@ -33,7 +34,7 @@ from qkwatch.monitor.api.schemas import ComparePublic, HeatmapPublic, HistoryPub
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR, ExportRow, RunRow, Series
 from qkwatch.monitor.store.store import Invalid, Store
 
-router = APIRouter(prefix="/v1", tags=["queries"], route_class=RunRefRoute)
+router = APIRouter(tags=["queries"], route_class=RunRefRoute)
 
 Metric = Annotated[str, Query(min_length=1, max_length=128)]
 MAX_STEP = 2**62
@@ -162,7 +163,7 @@ def check_series(store: Store, run: RunRow, metric: str, layer: int, head: int =
 
 
 @router.get(
-    "/runs/{run_id}/series",
+    api.SERIES,
     response_model=SeriesPublic,
     responses={
         404: {"description": "the run has no such metric, layer, head or attempt"},
@@ -201,7 +202,7 @@ def series(
 
 
 @router.get(
-    "/runs/{run_id}/heatmap",
+    api.HEATMAP,
     response_model=HeatmapPublic,
     responses={
         404: {"description": "the run has no such metric, head or attempt"},
@@ -244,7 +245,7 @@ def heatmap(
 
 
 @router.get(
-    "/runs/{run_id}/history",
+    api.HISTORY,
     response_model=HistoryPublic,
     responses={
         404: {"description": "the run has no such metric or attempt"},
@@ -309,7 +310,7 @@ def history(
     return Response(_dumps(content), media_type="application/json")
 
 
-@router.get("/compare", response_model=ComparePublic)
+@router.get(api.COMPARE, response_model=ComparePublic)
 def compare(
     run: Annotated[
         list[str], Query(min_length=1, max_length=50, description="run ids or project/name (repeat, or comma)")
@@ -338,7 +339,7 @@ COLUMNS = ("attempt", "step", "metric", "layer", "head", "value")
 
 
 @router.get(
-    "/runs/{run_id}/export",
+    api.EXPORT,
     response_class=StreamingResponse,
     responses={200: {"content": {"text/csv": {}, "application/x-ndjson": {}}}},
 )

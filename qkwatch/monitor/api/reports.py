@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request
 
+from qkwatch.contract import api
 from qkwatch.contract.wire import ReportBatch
 from qkwatch.monitor.api.deps import Ingester, SettingsDep, StoreDep, load_run
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
 from qkwatch.monitor.api.schemas import IngestPublic
 
-router = APIRouter(prefix="/v1/runs", tags=["ingest"], route_class=StrictRunRefRoute)
+router = APIRouter(tags=["ingest"], route_class=StrictRunRefRoute)
 
 
 @router.post(
-    "/{run_id}/reports",
+    api.REPORTS,
     response_model=IngestPublic,
     responses={
         404: {"description": "unknown run"},

@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import Field
 
+from qkwatch.contract import api
 from qkwatch.contract.values import MAX_TAGS
 from qkwatch.contract.wire import RunCreate, RunPatch, RunStatus, Tag
 from qkwatch.monitor.api.deps import Controller, Ingester, Principal, Reader, StoreDep, load_run, require
@@ -19,7 +20,7 @@ from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
 from qkwatch.monitor.api.schemas import EventPublic, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
 from qkwatch.monitor.store.models import RunRow
 
-router = APIRouter(prefix="/v1/runs", tags=["runs"], route_class=StrictRunRefRoute)
+router = APIRouter(tags=["runs"], route_class=StrictRunRefRoute)
 
 QKAI = "qkai"
 Time = Annotated[
@@ -49,7 +50,7 @@ def _bounds(after: float | datetime | None, before: float | datetime | None) -> 
     return seconds(after, -1e-6), seconds(before, 1e-6)
 
 
-@router.post("", response_model=RunPublic)
+@router.post(api.RUNS, response_model=RunPublic)
 def create_run(body: RunCreate, store: StoreDep, principal: Ingester) -> RunPublic:
     """Create a run, or resume the one with this project and name (see ``attempt_key`` in the wire schema)."""
     principal.check_project(body.project)
@@ -57,7 +58,7 @@ def create_run(body: RunCreate, store: StoreDep, principal: Ingester) -> RunPubl
     return RunPublic.of(run, attempt)
 
 
-@router.get("", response_model=RunsPublic)
+@router.get(api.RUNS, response_model=RunsPublic)
 def list_runs(
     store: StoreDep,
     principal: Reader,
@@ -119,7 +120,7 @@ def list_runs(
     return RunsPublic(data=[RunPublic.of(r) for r in rows], count=count)
 
 
-@router.get("/{run_id}", response_model=RunPublic)
+@router.get(api.RUN, response_model=RunPublic)
 def get_run(run_id: RunRef, store: StoreDep, principal: Reader) -> RunPublic:
     return RunPublic.of(load_run(store, run_id, principal))
 
@@ -130,7 +131,7 @@ WRITE_SCOPES = ANNOTATE_SCOPES
 """A PATCH needs one of these whatever it changes (a status needs ``ingest``)."""
 
 
-@router.patch("/{run_id}", response_model=RunPublic)
+@router.patch(api.RUN, response_model=RunPublic)
 def patch_run(
     run_id: RunRef, body: RunPatch, store: StoreDep, principal: Annotated[Principal, Depends(require(*WRITE_SCOPES))]
 ) -> RunPublic:
@@ -157,7 +158,7 @@ def _check_patch_scope(principal: Principal, body: RunPatch) -> None:
         )
 
 
-@router.delete("/{run_id}", status_code=204)
+@router.delete(api.RUN, status_code=204)
 def delete_run(run_id: RunRef, store: StoreDep, principal: Controller) -> Response:
     """Delete the run with all its points, events, alerts and lambda history."""
     run = load_run(store, run_id, principal)
@@ -165,7 +166,7 @@ def delete_run(run_id: RunRef, store: StoreDep, principal: Controller) -> Respon
     return Response(status_code=204)
 
 
-@router.get("/{run_id}/events", response_model=EventsPublic)
+@router.get(api.EVENTS, response_model=EventsPublic)
 def list_events(
     run_id: RunRef,
     store: StoreDep,
@@ -180,7 +181,7 @@ def list_events(
     return EventsPublic(data=[EventPublic.of(r) for r in rows], count=len(rows))
 
 
-@router.get("/{run_id}/metrics", response_model=MetricsListPublic)
+@router.get(api.METRICS, response_model=MetricsListPublic)
 def list_metrics(run_id: RunRef, store: StoreDep, principal: Reader) -> MetricsListPublic:
     """The metrics this run reported, each with its layers (``[-1]``: a run-level scalar)."""
     return MetricsListPublic(metrics=store.run_metrics(load_run(store, run_id, principal)))

@@ -14,7 +14,7 @@ from importlib import resources
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from qkwatch.contract import colour_scale
+from qkwatch.contract import api, colour_scale
 from qkwatch.contract import metrics as catalogue
 from qkwatch.monitor.api.deps import SettingsDep
 
@@ -43,12 +43,13 @@ def page() -> HTMLResponse:
 def config(settings: SettingsDep) -> JSONResponse:
     """What the page draws with: the collapse threshold, where its (and ``qkwatch report``'s) QKAI colour
     scale breaks from calm to alarming, that scale's colours, the target entropy H*, and the metric
-    catalogue (which metrics it offers, in which order, on which scale)."""
+    catalogue (which metrics it offers, in which order, on which scale) and how an alert's state reads."""
     body = {
         "collapse_threshold": settings.collapse_threshold,
         "h_star": settings.h_star,
         "colour_scale": colour_scale.as_json(),
         "metrics": catalogue.as_json(),
+        "alert_state_text": api.ALERT_STATE_TEXT,
     }
     return JSONResponse(body, headers={"Cache-Control": "no-store"})
 

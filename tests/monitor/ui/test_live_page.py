@@ -24,7 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from qkwatch.client.report_figures import threshold_scale
-from qkwatch.contract import colour_scale
+from qkwatch.contract import api, colour_scale
 from qkwatch.contract import metrics as catalogue
 from qkwatch.contract.thresholds import Thresholds
 from qkwatch.dashboards import generate
@@ -179,6 +179,7 @@ def test_compare_view_draws_one_heatmap_per_run_with_the_threshold_break(page, c
         "h_star": 0.85,
         "colour_scale": colour_scale.as_json(),
         "metrics": catalogue.as_json(),
+        "alert_state_text": api.ALERT_STATE_TEXT,
     }
     below, above = config["colour_scale"]["below"], config["colour_scale"]["above"]
 
@@ -342,6 +343,7 @@ def test_config_is_served_without_a_token_and_follows_the_settings(sqlite_url: s
         "h_star": 0.8,
         "colour_scale": colour_scale.as_json(),
         "metrics": catalogue.as_json(),
+        "alert_state_text": api.ALERT_STATE_TEXT,
     }
     assert r.headers["cache-control"] == "no-store"
 
