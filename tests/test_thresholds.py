@@ -213,7 +213,8 @@ def moved_collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
 def test_moved_collector_config_metrics_and_alerts(moved_collector) -> None:
     url, vanilla, _ = moved_collector
     config = httpx.get(f"{url}/ui/config.json").json()
-    assert config == {"collapse_threshold": 0.65, "h_star": 0.80, "colour_scale": colour_scale.as_json()}
+    drawn_with = {k: config[k] for k in ("collapse_threshold", "h_star", "colour_scale")}  # the rest: the catalogue
+    assert drawn_with == {"collapse_threshold": 0.65, "h_star": 0.80, "colour_scale": colour_scale.as_json()}
     metrics = httpx.get(f"{url}/metrics").text
     assert "# HELP qkwatch_collapsed_layers Layers whose latest qkai exceeds 0.65." in metrics
     assert 'qkwatch_collapsed_layers{project="demo",run="vanilla"} 3.0' in metrics
