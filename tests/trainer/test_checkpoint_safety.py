@@ -244,15 +244,18 @@ def test_an_export_with_flipped_weight_bytes_is_refused(out, capsys):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool])
-def test_the_agent_and_the_trainer_digest_a_tensor_alike(dtype):
-    """``qkwatch analyze`` checks an export with the agent's copy of the trainer's tensor digest."""
-    from qkwatch.agent.offline.checkpoint import tensor_sha256 as agent_digest
-    from qkwatch.trainer.checkpoints.safety import tensor_sha256 as trainer_digest
+def test_the_export_digest_is_the_sha256_of_the_tensor_bytes(dtype):
+    """The one digest the export is written with (the trainer) and checked with (``qkwatch eval`` and
+    ``qkwatch analyze``): the sha256 of the row-major bytes, whatever the tensor's strides."""
+    import hashlib
+
+    from qkwatch.agent.metrics import tensor_sha256
 
     tensor = (torch.randn(5, 7) * 3).to(dtype).t()  # not contiguous
-    digest = agent_digest(tensor)
-    assert digest == trainer_digest(tensor) == trainer_digest(tensor.contiguous())
-    assert digest != agent_digest(tensor.flip(0)) or dtype is torch.bool
+    digest = tensor_sha256(tensor)
+    row_major = bytes(tensor.contiguous().view(-1).view(torch.uint8).tolist())
+    assert digest == hashlib.sha256(row_major).hexdigest() == tensor_sha256(tensor.contiguous())
+    assert digest != tensor_sha256(tensor.flip(0)) or dtype is torch.bool
 
 
 def test_an_intact_checkpoint_resumes_and_evaluates(out, capsys):

@@ -15,6 +15,7 @@ from qkwatch.agent.metrics.attention import (
     scored_logits,
     visible_keys,
 )
+from qkwatch.agent.metrics.digest import export_fault, tensor_sha256
 from qkwatch.agent.metrics.heads import (
     SPLITS,
     effective_key_map,
@@ -49,6 +50,7 @@ __all__ = [
     "column_alignment",
     "effective_key_map",
     "effective_rank",
+    "export_fault",
     "geometry",
     "group_heads",
     "householder",
@@ -64,6 +66,7 @@ __all__ = [
     "split_qkv",
     "split_qkv_output",
     "stable_rank",
+    "tensor_sha256",
     "visible_keys",
     "weight_metric",
 ]

@@ -16,7 +16,6 @@ Supported:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import zipfile
 from collections.abc import Iterator
@@ -25,6 +24,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from qkwatch.agent.metrics.digest import export_fault
 
 
 class CheckpointError(Exception):
@@ -164,24 +165,9 @@ def _verify_export(path: Path, export: dict[str, Any]) -> None:
     sums = export.get("sha256")
     if sums is None:  # exported before exports carried checksums
         return
-    tensors = {k: v for k, v in export["model"].items() if isinstance(v, Tensor)}
-    if not isinstance(sums, dict) or set(sums) != set(tensors):
-        raise CheckpointError(f"{path}: its sha256 list does not name exactly the model's tensors")
-    for name, tensor in tensors.items():
-        if tensor_sha256(tensor) != sums[name]:
-            raise CheckpointError(
-                f"{path}: tensor {name} differs from its sha256 (the file is corrupted or was changed)"
-            )
-
-
-def tensor_sha256(tensor: Tensor) -> str:
-    """The sha256 of a tensor's bytes (in its dtype, row-major): the digest qkwatch-gpt exports carry.
-
-    The trainer, which writes them, has its own copy (the agent does not import the trainer);
-    ``tests/trainer/test_checkpoint_safety.py`` holds the two equal.
-    """
-    raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
+    fault = export_fault({k: v for k, v in export["model"].items() if isinstance(v, Tensor)}, sums)
+    if fault:
+        raise CheckpointError(f"{path}: {fault}")
 
 
 def _torch_load(file: Path) -> Any:

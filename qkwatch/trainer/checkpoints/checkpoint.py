@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 # as exported, which a strict type checker refuses)
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from qkwatch.agent.metrics import tensor_sha256
 from qkwatch.trainer.checkpoints.safety import (
     LOCAL_STATE,
     BadCheckpoint,
@@ -46,7 +47,6 @@ from qkwatch.trainer.checkpoints.safety import (
     one_line,
     read_checksums,
     read_local_state,
-    tensor_sha256,
     verify_export,
     write_checksums,
 )

@@ -39,6 +39,8 @@ from torch.distributed.checkpoint.planner import ReadItem
 # it as exported, which a strict type checker refuses)
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
+from qkwatch.agent.metrics import export_fault
+
 logger = logging.getLogger(__name__)
 
 CHECKSUMS = "checksums.json"
@@ -327,12 +329,6 @@ def _check_file(file: Path, digest: str) -> str | None:
 # --- the qkwatch-gpt export ---------------------------------------------------------------------------
 
 
-def tensor_sha256(tensor: torch.Tensor) -> str:
-    """The sha256 of a tensor's bytes (in its dtype, row-major)."""
-    raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-    return hashlib.sha256(raw.numpy().tobytes()).hexdigest()
-
-
 def verify_export(payload: dict[str, Any], path: Path) -> None:
     """Every tensor of an export against its ``sha256`` entry (an export older than checksums is warned about)."""
     sums = payload.get("sha256")
@@ -341,9 +337,6 @@ def verify_export(payload: dict[str, Any], path: Path) -> None:
             _warned_unchecked.add(path)
             logger.warning("%s has no checksums (exported by an older qkwatch): its weights cannot be checked", path)
         return
-    tensors = {name: t for name, t in payload["model"].items() if isinstance(t, torch.Tensor)}
-    if not isinstance(sums, dict) or set(sums) != set(tensors):
-        raise BadCheckpoint(f"{path}: its sha256 list does not name exactly the model's tensors")
-    for name, tensor in tensors.items():
-        if tensor_sha256(tensor) != sums[name]:
-            raise BadCheckpoint(f"{path}: tensor {name} differs from its sha256 (the file is corrupted or was changed)")
+    fault = export_fault({name: t for name, t in payload["model"].items() if isinstance(t, torch.Tensor)}, sums)
+    if fault:
+        raise BadCheckpoint(f"{path}: {fault}")
