@@ -12,6 +12,7 @@ The definitions themselves are docs/metrics.md's; the summaries here are for hel
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -56,12 +57,8 @@ class Metric:
         return self.summary if self.per_rank else f"{self.summary.rstrip('.')}, latest report."
 
 
-def _layer(name: str, summary: str, display: str, **more: object) -> Metric:
-    return Metric(name, summary, display, "layer", **more)  # type: ignore[arg-type]
-
-
-def _run(name: str, summary: str, display: str, **more: object) -> Metric:
-    return Metric(name, summary, display, "run", **more)  # type: ignore[arg-type]
+_layer = functools.partial(Metric, scope="layer")
+_run = functools.partial(Metric, scope="run")
 
 
 _ENTRIES = (

@@ -21,6 +21,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -93,15 +94,21 @@ class RunCollector(Collector):
             by_run[(r.project, r.run_name)].append(r)
             if r.metric == "qkai" and r.layer >= 0 and not math.isnan(r.value) and r.value > threshold:
                 collapsed[(r.project, r.run_name)].append(r.layer)
-        dropped = {run: self._export_run(run_rows, families) for run, run_rows in by_run.items()}
+        layers = frozenset(layer_gauges)
+        dropped = {run: self._export_run(run_rows, families, layers) for run, run_rows in by_run.items()}
         yield from families.values()
         yield from self._run_gauges(runs, collapsed, dropped)
 
-    def _export_run(self, rows: list[LatestRow], families: dict[str, GaugeMetricFamily | CounterMetricFamily]) -> int:
+    def _export_run(
+        self,
+        rows: list[LatestRow],
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily],
+        layers: frozenset[str],
+    ) -> int:
         """Add one run's series to ``families``, in export order up to the per-run cap; returns how
         many of ``rows`` were left out (a rank at or over the cap, a malformed rank, past the cap, a
         value of the wrong kind such as the loss sent per layer)."""
-        series = [s for r in rows if (s := self._series(r, families)) is not None]
+        series = [s for r in rows if (s := self._series(r, layers, families.keys() - layers)) is not None]
         series.sort(key=lambda s: s[0])
         kept = series[: self.settings.metrics_max_series_per_run]
         for _, metric, labels, value in kept:
@@ -109,16 +116,16 @@ class RunCollector(Collector):
         return len(rows) - len(kept)
 
     def _series(
-        self, r: LatestRow, families: dict[str, GaugeMetricFamily | CounterMetricFamily]
+        self, r: LatestRow, layers: AbstractSet[str], scalars: AbstractSet[str]
     ) -> tuple[SeriesKey, str, list[str], float] | None:
-        """The series a latest row is exported as: (export order, metric, labels, value); None: not exported."""
-        scope = catalogue.CATALOGUE.get(r.metric if r.layer >= 0 else agent_rank(r.metric)[0])
+        """The series a latest row is exported as: (export order, metric, labels, value); None: not exported
+        (a name the catalogue does not export, or exports at the other scope: the loss sent per layer)."""
         if r.layer >= 0:
-            if r.metric not in families or scope is None or scope.scope != "layer":
+            if r.metric not in layers:
                 return None
             return (1, r.layer, r.metric), r.metric, [r.project, r.run_name, str(r.layer)], r.value
         metric, rank = agent_rank(r.metric)
-        if metric not in families or scope is None or scope.scope != "run":
+        if metric not in scalars:
             return None
         if metric not in AGENT_SCALARS:
             return (0, 0, metric), metric, [r.project, r.run_name], r.value
