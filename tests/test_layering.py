@@ -242,6 +242,26 @@ def test_monitor_layers_import_only_downward(layer: str) -> None:
         assert not upward, f"{name} imports {upward}, which sit above {layer}"
 
 
+TRAINER_FLOORS = ("reporting", "model", "checkpoints", "run")
+"""The trainer's rooms from the ground floor up: the agent seam (``Monitor``, which RAA and the loop
+talk to), the network, its checkpoints, and the run that uses them all."""
+
+
+@pytest.mark.parametrize("room", TRAINER_FLOORS)
+def test_trainer_rooms_import_only_downward(room: str) -> None:
+    above = [f"qkwatch.trainer.{r}" for r in TRAINER_FLOORS[TRAINER_FLOORS.index(room) + 1 :]]
+    found = modules(f"qkwatch.trainer.{room}")
+    assert found, f"no modules in qkwatch.trainer.{room}"
+    for name, path in found.items():
+        upward = [n for n in imports_of(path) if any(within(n, a) for a in above)]
+        assert not upward, f"{name} imports {upward}, which sit above qkwatch.trainer.{room}"
+
+
+def test_the_trainer_has_only_its_floors_and_the_command_line() -> None:
+    rooms = {p.name for p in (ROOT / "qkwatch" / "trainer").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(TRAINER_FLOORS), f"a trainer room without a floor: {sorted(rooms - set(TRAINER_FLOORS))}"
+
+
 @pytest.mark.parametrize(("name", "path"), cases(modules("qkwatch.agent")))
 def test_agent_imports_the_contract_and_never_the_monitor(name: str, path: Path) -> None:
     names = imports_of(path)

@@ -152,8 +152,8 @@ def print_recipes() -> None:
 def _eval(args: argparse.Namespace) -> int:
     import torch
 
-    from qkwatch.trainer.reporting.evals import TASK_NAMES, evaluate, format_table, load_checkpoint
     from qkwatch.trainer.reporting.monitoring import open_monitor
+    from qkwatch.trainer.run.evals import TASK_NAMES, evaluate, format_table, load_checkpoint
 
     tasks = list(TASK_NAMES) if not args.task or "all" in args.task else list(dict.fromkeys(args.task))
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device

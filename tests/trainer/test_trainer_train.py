@@ -295,7 +295,7 @@ def test_metrics_log_appends_records_and_a_resume_cuts_it_back(tmp_path):
 
 
 def test_eval_passkey_with_one_and_five_needles(tiny_model, tmp_path):
-    from qkwatch.trainer.reporting.evals import evaluate, load_checkpoint
+    from qkwatch.trainer.run.evals import evaluate, load_checkpoint
 
     export_model(tiny_model(max_seq_len=256), tmp_path / "model.pt")
     loaded = load_checkpoint(tmp_path / "model.pt")
@@ -314,8 +314,8 @@ def test_eval_passkey_with_one_and_five_needles(tiny_model, tmp_path):
 
 def test_eval_scores_a_model_that_knows_the_answer():
     """``accuracy`` is right when the model predicts the next token: a copy-the-answer oracle scores 1."""
-    from qkwatch.trainer.reporting.evals import accuracies, accuracy
     from qkwatch.trainer.run.data import passkey
+    from qkwatch.trainer.run.evals import accuracies, accuracy
 
     samples = passkey(__import__("random").Random(0), 80, 1)
 
@@ -365,7 +365,7 @@ def test_activation_checkpointing_and_compile_change_nothing(tiny_run, tmp_path,
 
 
 def test_eval_reads_a_dcp_checkpoint_folder(tiny_run, tmp_path):
-    from qkwatch.trainer.reporting.evals import evaluate, load_checkpoint
+    from qkwatch.trainer.run.evals import evaluate, load_checkpoint
 
     run(tiny_run(steps=2), tmp_path)
     from_dcp = load_checkpoint(tmp_path / "checkpoints" / "step-0000002")

@@ -1,4 +1,4 @@
-"""What a run says about itself: ``monitoring`` (the one seam to the agent), ``step_report`` (what
-the loop reports after a step), ``metrics_log`` (``<out>/metrics.jsonl``) and ``evals`` (seed
-000's evaluations of a checkpoint).
+"""What a run says about itself, the trainer's ground floor: ``monitoring`` (the one seam to the agent:
+the ``Monitor`` protocol that the loop and RAA talk to) and ``metrics_log`` (``<out>/metrics.jsonl``).
+It imports no other room of the trainer.
 """

@@ -6,7 +6,7 @@
 Each optimizer step: ``monitor.step`` -> ``apply_lambdas`` (RAA) -> ``interventions.before_step``
 -> ``train_step`` (``trainer.run.step``: forward, loss with the RAA penalty and any intervention's term,
 backward, clip, AdamW) -> ``maybe_intervene`` (seed 001's weight surgery) -> ``log_step`` ->
-``maybe_log_qkai`` -> ``maybe_validate`` (``trainer.reporting.step_report``) -> ``maybe_checkpoint``. A SIGTERM
+``maybe_log_qkai`` -> ``maybe_validate`` (``trainer.run.step_report``) -> ``maybe_checkpoint``. A SIGTERM
 (preemption, ``trainer.run.preemption``) makes every rank checkpoint and stop at the next log step. What
 a run writes, in ``--out``: ``run.json`` (the collector run's name and attempts), ``config.json``,
 ``metrics.jsonl`` (rank 0, every ``train.log_every`` steps: ``trainer.reporting.metrics_log``),
@@ -21,12 +21,12 @@ from pathlib import Path
 
 from qkwatch.trainer.checkpoints.checkpoint import export_model
 from qkwatch.trainer.reporting.monitoring import Monitor, crash_reason
-from qkwatch.trainer.reporting.step_report import log_step, maybe_log_qkai, maybe_validate
 from qkwatch.trainer.run.config import RunConfig
 from qkwatch.trainer.run.parallelize import close_distributed, init_distributed
 from qkwatch.trainer.run.preemption import Preemption
 from qkwatch.trainer.run.setup import Run, setup
 from qkwatch.trainer.run.step import train_step
+from qkwatch.trainer.run.step_report import log_step, maybe_log_qkai, maybe_validate
 
 logger = logging.getLogger(__name__)
 
