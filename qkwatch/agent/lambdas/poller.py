@@ -17,6 +17,7 @@ from typing import Any
 
 from qkwatch.agent.identity import RunIdentity
 from qkwatch.agent.shipping.transport import Transport, TransportError
+from qkwatch.contract import api
 
 logger = logging.getLogger(__name__)
 
@@ -95,12 +96,14 @@ def fetch_first(transport: Transport, identity: RunIdentity, offer: Callable[[di
     try:
         run_id = transport.create_run(identity.create_body()).get("id")
         if not isinstance(run_id, str) or not run_id:
-            raise TransportError("POST /v1/runs: the answer names no run", retryable=True)
+            raise TransportError(f"POST {api.RUNS}: the answer names no run", retryable=True)
     except TransportError as exc:
         logger.info("qkwatch: collector not reachable at start (%s); working offline until it is", exc)
         return None
     except Exception as exc:  # attach() must not fail on an answer
-        logger.warning("qkwatch: the collector's answer to POST /v1/runs could not be used (%s)", type(exc).__name__)
+        logger.warning(
+            "qkwatch: the collector's answer to POST %s could not be used (%s)", api.RUNS, type(exc).__name__
+        )
         return None
     try:
         offer(transport.get_lambdas(run_id))

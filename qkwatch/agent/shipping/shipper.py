@@ -44,6 +44,7 @@ from qkwatch.agent.health import Health
 from qkwatch.agent.identity import RunIdentity
 from qkwatch.agent.shipping.disk_spool import Position, Record, Spool, encode_record
 from qkwatch.agent.shipping.transport import Transport, TransportError
+from qkwatch.contract import api
 from qkwatch.contract.answers import RunAnswer
 
 logger = logging.getLogger(__name__)
@@ -342,7 +343,7 @@ def _run_answer(answer: object) -> RunAnswer:
     try:
         return RunAnswer.model_validate(answer)
     except ValidationError:
-        raise TransportError("POST /v1/runs: the answer is not a run", retryable=True) from None
+        raise TransportError(f"POST {api.RUNS}: the answer is not a run", retryable=True) from None
 
 
 def _reports(records: list[Record], key: str) -> Iterator[Record]:
