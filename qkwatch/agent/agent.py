@@ -50,6 +50,7 @@ from qkwatch.agent.models.layouts import Layout
 from qkwatch.agent.probe.plan import Plan
 from qkwatch.agent.shipping.forks import track as track_forks
 from qkwatch.agent.shipping.transport import FaultLog, HttpTransport, transports
+from qkwatch.agent.sinks.base import RunInfo
 from qkwatch.contract.names import rank_suffix
 from qkwatch.contract.values import clean_metric_name
 from qkwatch.contract.wire import RunConfig
@@ -84,6 +85,7 @@ class Agent(ReportAssembly):
         sent = {**cfg.config, "n_layers": self.n_layers, "schedule": dataclasses.asdict(run_config.schedule)}
         self.identity = RunIdentity.agree(cfg.project, cfg.run, sent, self._group, tags=cfg.tags, notes=cfg.notes)
         self.owned = {s.layer for s in sites if s.layer % self.world == self.rank}
+        self.sinks = cfg.sinking.build(RunInfo(cfg.project, self.run, self.n_layers, self.rank, self.world, sent))
         suffix = rank_suffix(self.rank, self.world)
         self.spool = cfg.spooling.open(Path(cfg.spool) / cfg.project / self.run / f"rank-{self.rank}")
         self.identity.claim(self.spool, url=cfg.url, rank=self.rank)
@@ -236,12 +238,16 @@ class Agent(ReportAssembly):
             self._spool_status(status, reason, deadline)
             if self._host_copy is not None:
                 self._host_copy.close(max(0.0, deadline - time.monotonic()))
+            if self.sinks is not None:
+                self.sinks.stop()  # the sinks write what they hold while the sender delivers
             if self.poller is not None:
                 self.poller.close(0.1)
             # offline (no URL) nothing can be delivered: do not spend the timeout trying
             finished = self.sender.close(max(0.0, deadline - time.monotonic()) if self.cfg.url else 0.0)
             if finished:
                 self.spool.close()
+            if self.sinks is not None:
+                self.sinks.close(max(0.0, deadline - time.monotonic()))
             left = self.spool.bytes_pending() if finished else None
             if not finished and self.cfg.url:
                 logger.warning(
@@ -252,8 +258,9 @@ class Agent(ReportAssembly):
                     self.spool.path,
                     self.spool.path,
                 )
-            if left:
-                logger.warning(
+            if left:  # collector-free with sinks: nothing is missing, the spool only keeps them for later
+                logger.log(
+                    logging.WARNING if self.cfg.url or self.sinks is None else logging.INFO,
                     "qkwatch: %d bytes of reports not delivered yet; they stay in %s "
                     "(delivered on the next run, or by `qkwatch sync %s`)",
                     left,
@@ -343,7 +350,7 @@ def attach(
 
     Settings resolve as: the argument, then the environment (``QKWATCH_URL``, ``QKWATCH_TOKEN``,
     ``QKWATCH_PROJECT``, ``QKWATCH_RUN``, ``QKWATCH_SPOOL``, ``QKWATCH_EVERY``, ``QKWATCH_TAGS``,
-    ``QKWATCH_NOTES``), then the default (see :class:`qkwatch.agent.config.AgentConfig` for every
+    ``QKWATCH_NOTES``, ``QKWATCH_SINKS``), then the default (see :class:`qkwatch.agent.config.AgentConfig` for every
     setting). With FSDP2, call it on every rank after ``fully_shard``; each rank measures
     ``layer % world == rank``. ``layout`` names the query and key projections of a model no adapter
     knows (``mapping`` is its older name).
@@ -351,6 +358,10 @@ def attach(
     ``tags`` (``["baseline", "lr=3e-4"]``, or ``"baseline,lr=3e-4"``) are added to the run's tags; a
     resume never removes one. ``notes`` (free text) are stored when the run has none yet; a resume
     keeps notes already set. ``qkwatch runs tag/untag/note`` and ``PATCH /v1/runs/{id}`` change both.
+
+    ``sinks=["tensorboard", "wandb", "mlflow", <a qkwatch.agent.sinks.base.Sink>]`` also sends every
+    report there, from a thread of its own (``qkwatch.agent.sinks``); with no ``url`` they are the only
+    destination, and the spool still keeps every report for ``qkwatch sync``.
 
     Raises:
         ValueError: a bad setting (named). agent.models.adapters.AdapterError: no attention found.

@@ -1,13 +1,14 @@
 """The agent's settings: explicit argument, then environment variable, then default, then validate.
 
 :func:`qkwatch.agent.attach` takes every setting as a flat keyword (``every=``, ``sample_rows=``,
-``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the eight the environment may give
+``flush_seconds=``...). :meth:`AgentConfig.resolve` reads the nine the environment may give
 (:class:`AgentEnvironment`, ``QKWATCH_URL``... as the collector reads its own with
 pydantic-settings) and hands each remaining keyword to the component that owns it: the probe
 (:class:`qkwatch.agent.probe.probe.ProbeConfig`), the spool
 (:class:`qkwatch.agent.shipping.disk_spool.SpoolConfig`), the sender
-(:class:`qkwatch.agent.shipping.shipper.SenderConfig`) and the lambdas
-(:class:`qkwatch.agent.lambdas.lambdas.LambdasConfig`).
+(:class:`qkwatch.agent.shipping.shipper.SenderConfig`), the lambdas
+(:class:`qkwatch.agent.lambdas.lambdas.LambdasConfig`) and the sinks
+(:class:`qkwatch.agent.sinks.config.SinkConfig`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ from qkwatch.agent.probe.probe import ProbeConfig
 from qkwatch.agent.shipping.disk_spool import SpoolConfig
 from qkwatch.agent.shipping.shipper import SenderConfig
 from qkwatch.agent.shipping.transport import clean_token
+from qkwatch.agent.sinks.config import SinkConfig
 from qkwatch.contract.values import check_notes, tag_set
 
 NAME = re.compile(r"^[^\s/\x00-\x1f\x7f]{1,200}$")
-COMPONENTS = {"probe": ProbeConfig, "spooling": SpoolConfig, "sender": SenderConfig, "lambdas": LambdasConfig}
+COMPONENTS = {
+    "probe": ProbeConfig,
+    "spooling": SpoolConfig,
+    "sender": SenderConfig,
+    "lambdas": LambdasConfig,
+    "sinking": SinkConfig,
+}
 """AgentConfig's component slots and their configs; every setting of theirs is also a keyword of attach()."""
 
 
@@ -47,6 +55,7 @@ class AgentEnvironment(BaseSettings):
     every: int | None = Field(None, validation_alias="QKWATCH_EVERY")
     tags: str | None = Field(None, validation_alias="QKWATCH_TAGS")
     notes: str | None = Field(None, validation_alias="QKWATCH_NOTES")
+    sinks: str | None = Field(None, validation_alias="QKWATCH_SINKS")
 
     @classmethod
     def variable(cls, key: str) -> str:
@@ -114,6 +123,8 @@ class AgentConfig:
     """How reports are batched and retried."""
     lambdas: LambdasConfig = field(default_factory=LambdasConfig)
     """How lambdas are fetched, exchanged and trusted."""
+    sinking: SinkConfig = field(default_factory=SinkConfig)
+    """Where reports go besides the collector (``sinks``, ``QKWATCH_SINKS``), and the heatmaps' cadence."""
 
     def __post_init__(self) -> None:
         if self.url is not None and not re.match(r"^https?://[^\s]+$", self.url):

@@ -5,7 +5,9 @@ microseconds, one ``write``); on a GPU the host-copy thread (``agent.host_copy``
 device-to-host copy and writes it, so the step never waits for the device, and a report that finds
 its queue full is counted with the spool's drops. Each write feeds the local schedule its
 entropies and wakes the sender (``agent.shipping.shipper``). How the run ended is spooled last, as the record
-after the last report, in order through the same host-copy thread.
+after the last report, in order through the same host-copy thread. Once spooled, each report is
+offered to the sinks' worker (``agent.sinks.worker``: a put into its bounded queue, never a wait),
+and nothing changes it after that.
 
 :class:`ReportDelivery` is the part of :class:`qkwatch.agent.agent.Agent` that does this; the
 agent's constructor sets the parts it uses.
@@ -25,6 +27,7 @@ from qkwatch.agent.lambdas.lambdas import Lambdas
 from qkwatch.agent.report import Packed, encode, encode_logged
 from qkwatch.agent.shipping.disk_spool import Spool, encode_record
 from qkwatch.agent.shipping.shipper import Sender
+from qkwatch.agent.sinks.worker import SinkWorker
 from qkwatch.contract.wire import STATUS_REASON_MAX
 
 logger = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class ReportDelivery:
     owned: set[int]
     spool: Spool
     sender: Sender
+    sinks: SinkWorker | None
     health: Health
     lambdas_state: Lambdas
     _drops: DropNotes
@@ -70,7 +74,11 @@ class ReportDelivery:
         count it carries includes every drop made to fit it.
         """
         report = encode(packed, self.n_layers) if packed.main else None
-        self._spool_reports(encode_logged(packed), report)
+        logged = encode_logged(packed)
+        try:
+            self._spool_reports(logged, report)
+        finally:  # a spool that refused them still leaves the sinks theirs
+            self._offer_sinks(logged, report)
         if report is None:
             return
         entropy = report["layers"].get("attn_entropy")
@@ -78,6 +86,12 @@ class ReportDelivery:
             self.lambdas_state.observe(
                 {i: float(v) for i, v in enumerate(entropy) if isinstance(v, float) and i in self.owned}
             )
+
+    def _offer_sinks(self, logged: list[dict[str, Any]], report: dict[str, Any] | None) -> None:
+        """Hand the reports, in step order, to the sinks' worker (a queue put each, never a wait)."""
+        if self.sinks is not None:
+            for r in [*logged, *([report] if report is not None else [])]:
+                self.sinks.offer(r)
 
     def _spool_reports(self, logged: list[dict[str, Any]], report: dict[str, Any] | None) -> None:
         """The scalar-only reports of earlier steps, then the report (if any), in one write.
