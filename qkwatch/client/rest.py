@@ -13,13 +13,13 @@ Shared by ``qkwatch report``, the CLI and users::
 
 A run is named by its id, by ``"project/name"``, or by a :class:`Run` the client returned.
 
-Results are typed (``monitor.results``, re-exported here): frozen dataclasses whose times are
-timezone-aware datetimes (UTC) and whose values are floats, NaN and infinities decoded from the
-wire's ``"nan"``/``"inf"``/``"-inf"`` (None: not measured). A list answer is a :class:`Page`
-(``data``, ``count``; iterating it gives ``data``). Indexing a result reads the JSON the collector
-sent, as the client returned it before it was typed: ``run["created_at"]`` is epoch seconds,
-``series["values"]`` holds ``"nan"`` strings, ``page["data"]`` is a list of dicts. Errors raise
-:class:`CollectorError`.
+Every answer is parsed with the model the collector's routers declare it with
+(:mod:`qkwatch.contract.responses`; here under the names ``Run``, ``Alert``, ``Series``, ...):
+frozen, times read as timezone-aware datetimes (UTC) and values as floats, NaN and infinities
+decoded from the wire's ``"nan"``/``"inf"``/``"-inf"`` (None: not measured). A list answer is a
+:class:`Page` (``data``, ``count``; iterating it gives ``data``). Indexing an answer reads the JSON
+the collector sent: ``run["created_at"]`` is epoch seconds, ``series["values"]`` holds ``"nan"``
+strings, ``page["data"]`` is a list of dicts. Errors raise :class:`CollectorError`.
 """
 
 from __future__ import annotations
@@ -33,24 +33,26 @@ from typing import Any, TypeVar
 import httpx
 
 from qkwatch.client.history_grid import HistoryGrid, history_columns, history_frame
-from qkwatch.client.results import (
-    Alert,
-    AuditEntry,
-    Compare,
-    CompareSeries,
-    Event,
-    Health,
-    Heatmap,
-    Ingested,
-    Lambdas,
-    Page,
-    Result,
-    Run,
-    RunMetrics,
-    Series,
-)
 from qkwatch.client.runs import RunsMixin, run_ref
 from qkwatch.contract import api
+from qkwatch.contract.responses import (
+    AlertPublic,
+    AlertsPublic,
+    Answer,
+    AuditListPublic,
+    AuditPublic,
+    ComparePublic,
+    CompareSeriesPublic,
+    EventPublic,
+    HealthPublic,
+    HeatmapPublic,
+    IngestPublic,
+    LambdasPublic,
+    MetricsListPublic,
+    Page,
+    RunPublic,
+    SeriesPublic,
+)
 from qkwatch.contract.thresholds import Thresholds, as_text
 from qkwatch.contract.wire import Report
 
@@ -136,8 +138,8 @@ class Client(RunsMixin):
         return self._request(method, path, **kwargs).json()
 
     # the collector
-    def health(self) -> Health:
-        return Health.of(self._json("GET", "/healthz"))
+    def health(self) -> HealthPublic:
+        return HealthPublic.of(self._json("GET", "/healthz"))
 
     def thresholds(self) -> Thresholds:
         """The collector's collapse threshold and H* (``/ui/config.json``, which needs no token).
@@ -170,40 +172,42 @@ class Client(RunsMixin):
     # ingest
     def send_reports(
         self,
-        run: str | Run | dict[str, Any],
+        run: str | RunPublic | dict[str, Any],
         reports: Iterable[Report | dict[str, Any]],
         batch_id: str | None = None,
         attempt: int | None = None,
-    ) -> Ingested:
+    ) -> IngestPublic:
         """Send one batch; reuse ``batch_id`` when retrying it, so it is stored once."""
         body = {
             "batch_id": batch_id or str(uuid.uuid4()),
             "attempt": attempt,
             "reports": [r.model_dump(mode="json") if isinstance(r, Report) else r for r in reports],
         }
-        return Ingested.of(self._json("POST", self._path(api.REPORTS, self._id(run)), json=body))
+        return IngestPublic.of(self._json("POST", self._path(api.REPORTS, self._id(run)), json=body))
 
     # queries
-    def series(self, run: str | Run | dict[str, Any], metric: str, layer: int = -1, **params: Any) -> Series:
+    def series(
+        self, run: str | RunPublic | dict[str, Any], metric: str, layer: int = -1, **params: Any
+    ) -> SeriesPublic:
         """One layer's values over steps (``layer`` -1: a run-level scalar). params: head, start, end,
         max_points, attempt."""
-        return Series.of(
+        return SeriesPublic.of(
             self._json("GET", self._path(api.SERIES, run), params={"metric": metric, "layer": layer, **params})
         )
 
-    def heatmap(self, run: str | Run | dict[str, Any], metric: str = "qkai", **params: Any) -> Heatmap:
+    def heatmap(self, run: str | RunPublic | dict[str, Any], metric: str = "qkai", **params: Any) -> HeatmapPublic:
         """params: start, end, max_steps, agg ("max", "min", "mean"), head, attempt."""
-        return Heatmap.of(self._json("GET", self._path(api.HEATMAP, run), params={"metric": metric, **params}))
+        return HeatmapPublic.of(self._json("GET", self._path(api.HEATMAP, run), params={"metric": metric, **params}))
 
     def compare(
-        self, runs: Iterable[str | Run | dict[str, Any]], metric: str, layer: int = -1, **params: Any
-    ) -> Compare:
+        self, runs: Iterable[str | RunPublic | dict[str, Any]], metric: str, layer: int = -1, **params: Any
+    ) -> ComparePublic:
         query = [("run", run_ref(r)) for r in runs] + [("metric", metric), ("layer", layer), *params.items()]
-        return Compare.of(self._json("GET", api.COMPARE, params=query))
+        return ComparePublic.of(self._json("GET", api.COMPARE, params=query))
 
     def history(
         self,
-        run: str | Run | dict[str, Any],
+        run: str | RunPublic | dict[str, Any],
         metrics: Iterable[str] | None = None,
         *,
         start: int | None = None,
@@ -237,7 +241,9 @@ class Client(RunsMixin):
                 frame = True
         return history_frame(body) if frame else history_columns(body)
 
-    def export(self, run: str | Run | dict[str, Any], format: str = "csv", attempt: int | None = None) -> Iterator[str]:
+    def export(
+        self, run: str | RunPublic | dict[str, Any], format: str = "csv", attempt: int | None = None
+    ) -> Iterator[str]:
         """Stream the run's points as lines of CSV (with a header) or JSON."""
         params: dict[str, str | int] = {"format": format, **({"attempt": attempt} if attempt else {})}
         with self._http.stream("GET", self._path(api.EXPORT, run), params=params) as response:
@@ -248,25 +254,42 @@ class Client(RunsMixin):
 
     # alerts and lambdas
     def alerts(
-        self, run: str | Run | dict[str, Any] | None = None, state: str | None = None, limit: int | None = None
-    ) -> Page[Alert]:
+        self, run: str | RunPublic | dict[str, Any] | None = None, state: str | None = None, limit: int | None = None
+    ) -> AlertsPublic:
         params = {"run": run_ref(run) if run is not None else None, "state": state, "limit": limit}
-        return Page.of(self._json("GET", api.ALERTS, params=params), Alert)
+        return AlertsPublic.of(self._json("GET", api.ALERTS, params=params))
 
-    def lambdas(self, run: str | Run | dict[str, Any]) -> Lambdas:
-        return Lambdas.of(self._json("GET", self._path(api.LAMBDAS, self._id(run))))
+    def lambdas(self, run: str | RunPublic | dict[str, Any]) -> LambdasPublic:
+        return LambdasPublic.of(self._json("GET", self._path(api.LAMBDAS, self._id(run))))
 
-    def set_overrides(self, run: str | Run | dict[str, Any], overrides: dict[int | str, float | None]) -> Lambdas:
+    def set_overrides(
+        self, run: str | RunPublic | dict[str, Any], overrides: dict[int | str, float | None]
+    ) -> LambdasPublic:
         """Set per-layer overrides (None removes one); needs the control scope."""
-        return Lambdas.of(
+        return LambdasPublic.of(
             self._json(
                 "PUT", self._path(api.LAMBDA_OVERRIDES, self._id(run)), json={str(k): v for k, v in overrides.items()}
             )
         )
 
-    def lambdas_audit(self, run: str | Run | dict[str, Any]) -> Page[AuditEntry]:
-        return Page.of(self._json("GET", self._path(api.LAMBDA_AUDIT, self._id(run))), AuditEntry)
+    def lambdas_audit(self, run: str | RunPublic | dict[str, Any]) -> AuditListPublic:
+        return AuditListPublic.of(self._json("GET", self._path(api.LAMBDA_AUDIT, self._id(run))))
 
+
+# The client's names of the answers (``from qkwatch.client.rest import Run``): the contract's models.
+Alert = AlertPublic
+AuditEntry = AuditPublic
+Compare = ComparePublic
+CompareSeries = CompareSeriesPublic
+Event = EventPublic
+Health = HealthPublic
+Heatmap = HeatmapPublic
+Ingested = IngestPublic
+Lambdas = LambdasPublic
+Result = Answer
+Run = RunPublic
+RunMetrics = MetricsListPublic
+Series = SeriesPublic
 
 __all__ = [
     "Alert",

@@ -1,6 +1,6 @@
 """The runs resource of :class:`~qkwatch.client.rest.Client`, and how a run is named in a request.
 
-A run is named by its id, by ``"project/name"``, or by a :class:`~qkwatch.client.results.Run` the
+A run is named by its id, by ``"project/name"``, or by a :class:`~qkwatch.contract.responses.RunPublic` the
 client returned (:func:`run_ref`). :class:`RunsMixin` holds what the client does to runs (create or
 resume, page and search, change tags, notes and status, delete, read events and metrics); the
 transport it sends them through, and the errors it raises, are the client's own
@@ -14,13 +14,13 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from qkwatch.client.results import Event, Page, Result, Run, RunMetrics
 from qkwatch.contract import api
+from qkwatch.contract.responses import Answer, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
 
 
-def run_ref(run: str | Result | dict[str, Any]) -> str:
+def run_ref(run: str | Answer | dict[str, Any]) -> str:
     """A run argument -> the id or ``project/name`` it names."""
-    return run["id"] if isinstance(run, (Result, dict)) else str(run)
+    return run["id"] if isinstance(run, (Answer, dict)) else str(run)
 
 
 def _tags(tags: Iterable[str]) -> list[str]:
@@ -49,12 +49,12 @@ class RunsMixin(ABC):
         """Send one request and decode its JSON answer."""
 
     @staticmethod
-    def _path(template: str, run: str | Run | dict[str, Any]) -> str:
+    def _path(template: str, run: str | RunPublic | dict[str, Any]) -> str:
         """``template`` (of :mod:`qkwatch.contract.api`) with the run filled in: ``project/name`` travels
         with its slash encoded (``%2F``)."""
         return api.path(template, run_ref(run))
 
-    def _id(self, run: str | Run | dict[str, Any]) -> str:
+    def _id(self, run: str | RunPublic | dict[str, Any]) -> str:
         """The run's id; ``project/name`` is looked up (the ingest and lambda routes take ids only)."""
         ref = run_ref(run)
         return self.run(ref).id if "/" in ref else ref
@@ -68,7 +68,7 @@ class RunsMixin(ABC):
         *,
         tags: Iterable[str] = (),
         notes: str | None = None,
-    ) -> Run:
+    ) -> RunPublic:
         """Create or resume a run; the answer's ``attempt`` is the attempt to report under.
 
         ``tags`` are added to the run's (a resume never removes one); ``notes`` are stored when the
@@ -79,7 +79,7 @@ class RunsMixin(ABC):
             body["tags"] = _tags(tags)
         if notes is not None:
             body["notes"] = notes
-        return Run.of(self._json("POST", api.RUNS, json=body))
+        return RunPublic.of(self._json("POST", api.RUNS, json=body))
 
     def runs(
         self,
@@ -91,7 +91,7 @@ class RunsMixin(ABC):
         *,
         tags: Iterable[str] = (),
         **filters: Any,
-    ) -> Page[Run]:
+    ) -> RunsPublic:
         """One page of runs, latest activity first; ``tags`` and ``filters`` as in :meth:`search_runs`."""
         params = [
             ("project", project),
@@ -102,7 +102,7 @@ class RunsMixin(ABC):
             *(("tag", tag) for tag in _tags(tags)),
             *self._filters(**filters).items(),
         ]
-        return Page.of(self._json("GET", api.RUNS, params=params), Run)
+        return RunsPublic.of(self._json("GET", api.RUNS, params=params))
 
     def search_runs(
         self,
@@ -120,7 +120,7 @@ class RunsMixin(ABC):
         updated_after: datetime | float | str | None = None,
         updated_before: datetime | float | str | None = None,
         max_results: int = 1000,
-    ) -> list[Run]:
+    ) -> list[RunPublic]:
         """Runs by what happened in them, latest activity first (all pages, up to ``max_results``).
 
         Args:
@@ -144,7 +144,7 @@ class RunsMixin(ABC):
             updated_after=updated_after,
             updated_before=updated_before,
         )
-        out: list[Run] = []
+        out: list[RunPublic] = []
         while len(out) < max_results:
             page = self.runs(
                 project=project,
@@ -171,27 +171,27 @@ class RunsMixin(ABC):
             out[key] = value
         return out
 
-    def run(self, run: str | Run | dict[str, Any]) -> Run:
-        return Run.of(self._json("GET", self._path(api.RUN, run)))
+    def run(self, run: str | RunPublic | dict[str, Any]) -> RunPublic:
+        return RunPublic.of(self._json("GET", self._path(api.RUN, run)))
 
     def set_status(
-        self, run: str | Run | dict[str, Any], status: str, reason: str | None = None, attempt: int | None = None
-    ) -> Run:
+        self, run: str | RunPublic | dict[str, Any], status: str, reason: str | None = None, attempt: int | None = None
+    ) -> RunPublic:
         """Say how the run ended ("finished", "crashed"); ``reason`` is stored as ``status_reason``."""
         body = {"status": status, "reason": reason, "attempt": attempt}
-        return Run.of(
+        return RunPublic.of(
             self._json("PATCH", self._path(api.RUN, run), json={k: v for k, v in body.items() if v is not None})
         )
 
     def update_run(
         self,
-        run: str | Run | dict[str, Any],
+        run: str | RunPublic | dict[str, Any],
         *,
         tags: Iterable[str] | None = None,
         add_tags: Iterable[str] | None = None,
         remove_tags: Iterable[str] | None = None,
         notes: str | None = None,
-    ) -> Run:
+    ) -> RunPublic:
         """Change the run's tags and notes (an ``ingest`` or ``control`` token), all or nothing.
 
         Args:
@@ -203,31 +203,30 @@ class RunsMixin(ABC):
         for key, value in (("tags", tags), ("add_tags", add_tags), ("remove_tags", remove_tags)):
             if value is not None:
                 body[key] = _tags(value)
-        return Run.of(self._json("PATCH", self._path(api.RUN, run), json=body))
+        return RunPublic.of(self._json("PATCH", self._path(api.RUN, run), json=body))
 
-    def tag(self, run: str | Run | dict[str, Any], *tags: str) -> Run:
+    def tag(self, run: str | RunPublic | dict[str, Any], *tags: str) -> RunPublic:
         """Add ``tags`` to the run (those it has are kept)."""
         return self.update_run(run, add_tags=tags)
 
-    def untag(self, run: str | Run | dict[str, Any], *tags: str) -> Run:
+    def untag(self, run: str | RunPublic | dict[str, Any], *tags: str) -> RunPublic:
         """Remove ``tags`` from the run (one it lacks is fine)."""
         return self.update_run(run, remove_tags=tags)
 
-    def delete_run(self, run: str | Run | dict[str, Any]) -> None:
+    def delete_run(self, run: str | RunPublic | dict[str, Any]) -> None:
         self._request("DELETE", self._path(api.RUN, run))
 
     def events(
         self,
-        run: str | Run | dict[str, Any],
+        run: str | RunPublic | dict[str, Any],
         kind: str | None = None,
         attempt: int | None = None,
         limit: int | None = None,
-    ) -> Page[Event]:
-        return Page.of(
-            self._json("GET", self._path(api.EVENTS, run), params={"kind": kind, "attempt": attempt, "limit": limit}),
-            Event,
+    ) -> EventsPublic:
+        return EventsPublic.of(
+            self._json("GET", self._path(api.EVENTS, run), params={"kind": kind, "attempt": attempt, "limit": limit})
         )
 
-    def metrics(self, run: str | Run | dict[str, Any]) -> RunMetrics:
+    def metrics(self, run: str | RunPublic | dict[str, Any]) -> MetricsListPublic:
         """The metrics the run reported, each with its layers."""
-        return RunMetrics.of(self._json("GET", self._path(api.METRICS, run)))
+        return MetricsListPublic.of(self._json("GET", self._path(api.METRICS, run)))

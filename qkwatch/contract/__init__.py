@@ -6,6 +6,8 @@ only the standard library and pydantic, so the training process pulls in nothing
 * :mod:`qkwatch.contract.values`: a value on the wire (numbers and ``"nan"``, ``"inf"``), names,
   tags and notes, and the bounds of each;
 * :mod:`qkwatch.contract.wire`: the models of what the agent sends (runs, reports, events, status);
+* :mod:`qkwatch.contract.responses`: the models of what the collector's API answers, which its
+  routers declare and the client parses with (the alert record among them);
 * :mod:`qkwatch.contract.names`: the metric names both sides use, their Prometheus names and units,
   and the ``_rank<r>`` suffix of a rank's own series;
 * :mod:`qkwatch.contract.thresholds`: the collapse threshold and the entropy floor ``H*``;

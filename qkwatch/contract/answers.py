@@ -1,6 +1,6 @@
 """What the agent accepts from the collector: the two answers it reads, checked before any is used.
 
-The collector's full answers are ``monitor.api.schemas``' ``RunPublic`` and ``LambdasPublic``;
+The collector's full answers are :mod:`qkwatch.contract.responses`' ``RunPublic`` and ``LambdasPublic``;
 these models hold only the fields the agent uses, bounded so that no value can hurt the
 training process (a ``version`` of 400 digits, a run id of a megabyte). Other fields are
 ignored, so a newer collector's answers still fit. Each lambda value is checked later, layer by

@@ -4,8 +4,8 @@ The models of what the agent sends: a run (:class:`RunCreate`, its typed :class:
 batch of reports (:class:`ReportBatch` of :class:`Report`, with :class:`Event`), a run's end
 (:class:`RunPatch`) and an operator's lambda overrides (:class:`OverridesPut`). Values and names
 follow :mod:`qkwatch.contract.values`; the models serialise non-finite floats as ``"nan"``,
-``"inf"``, ``"-inf"``, so ``model_dump(mode="json")`` is strict JSON. Responses have their own
-``*Public`` classes in ``monitor.api.schemas``.
+``"inf"``, ``"-inf"``, so ``model_dump(mode="json")`` is strict JSON. The answers are the ``*Public``
+models of :mod:`qkwatch.contract.responses`.
 """
 
 from __future__ import annotations

@@ -23,12 +23,12 @@ from sqlalchemy.exc import DataError, DBAPIError, InterfaceError, OperationalErr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from qkwatch.contract.responses import HealthPublic
 from qkwatch.monitor.alerting.notifier import Notifier
 from qkwatch.monitor.alerting.webhooks import Policy
 from qkwatch.monitor.api import alerts, lambdas, queries, reports, runs
 from qkwatch.monitor.api.deps import Principal, RateLimiter, metrics_viewer
 from qkwatch.monitor.api.limits import BodyLimitMiddleware
-from qkwatch.monitor.api.schemas import HealthPublic
 from qkwatch.monitor.exposition import REJECT_REASONS, Scrape, ServiceMetrics, build_registry
 from qkwatch.monitor.maintenance import Maintenance
 from qkwatch.monitor.settings import Settings

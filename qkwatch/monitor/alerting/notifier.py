@@ -20,8 +20,9 @@ fingerprint) either fires on or resolves, and the receiver hears that too. The a
 label on purpose: labels are an alert's identity to Alertmanager, and a label would make the end
 a different alert.
 
-The notifier needs two things of the store, the :class:`Outbox` protocol, and the rows it hands
-up (:mod:`qkwatch.monitor.alerting.records`); it does not import the store (which imports
+The notifier needs two things of the store, the :class:`Outbox` protocol, and the notifications it
+hands up (:mod:`qkwatch.monitor.alerting.records`, each with the contract's alert record); it does
+not import the store (which imports
 :mod:`qkwatch.monitor.alerting` to evaluate the rules on ingest).
 """
 
@@ -37,7 +38,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
+from qkwatch.contract.responses import AlertPublic
+from qkwatch.monitor.alerting.records import PendingNotification
 from qkwatch.monitor.alerting.webhooks import Policy, post
 
 logger = logging.getLogger(__name__)
@@ -65,18 +67,18 @@ def _rfc3339(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, tz=dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def alert_labels(alert: AlertRow) -> dict[str, str]:
+def alert_labels(alert: AlertPublic) -> dict[str, str]:
     return {
         "alertname": alert.rule,
         "severity": alert.severity,
         "project": alert.project,
         "run": alert.run_name,
-        "run_id": alert.run_id,
+        "run_id": alert.run,
         "metric": alert.metric,
     }
 
 
-def last_values_text(alert: AlertRow) -> str:
+def last_values_text(alert: AlertPublic) -> str:
     """``layer=value`` of the alert's metric at its run's end, comma-separated ("3=0.931,4=0.95");
     "" when they were not kept."""
     if alert.last_values is None:
@@ -84,7 +86,7 @@ def last_values_text(alert: AlertRow) -> str:
     return ",".join(f"{layer}={_value(v)}" for layer, v in zip(alert.layers, alert.last_values, strict=False))
 
 
-def ended_summary(alert: AlertRow) -> str:
+def ended_summary(alert: AlertPublic) -> str:
     """The summary of an alert whose run ended while it fired: how and where, its last values, then its own summary."""
     at = "" if alert.ended_step is None else f" at step {alert.ended_step}"
     values = ""
@@ -94,10 +96,9 @@ def ended_summary(alert: AlertRow) -> str:
     return f"run ended while firing (run {alert.run_end or 'ended'}{at}{values}): {alert.summary}"
 
 
-def _value(v: float | str | None) -> str:
-    if v is None:
-        return "-"
-    return v if isinstance(v, str) else f"{v:.4g}"
+def _value(v: float | None) -> str:
+    """A value as a webhook shows it: 4 significant digits; NaN and infinities as "nan", "inf", "-inf"."""
+    return "-" if v is None else f"{v:.4g}"
 
 
 def alertmanager_payload(n: PendingNotification, external_url: str, receiver: str = "qkwatch") -> dict[str, Any]:
@@ -128,9 +129,9 @@ def alertmanager_payload(n: PendingNotification, external_url: str, receiver: st
         "status": status,
         "labels": labels,
         "annotations": annotations,
-        "startsAt": _rfc3339(a.starts_at),
-        "endsAt": _rfc3339(a.ends_at if status == "resolved" else None),
-        "generatorURL": f"{external_url.rstrip('/')}/?run={a.run_id}",
+        "startsAt": _rfc3339(a.starts_at_s),
+        "endsAt": _rfc3339(a.ends_at_s if status == "resolved" else None),
+        "generatorURL": f"{external_url.rstrip('/')}/?run={a.run}",
         "fingerprint": hashlib.sha256(f"{a.id}".encode()).hexdigest()[:16],
     }
     return {

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from qkwatch.contract import api
+from qkwatch.contract.responses import AlertsPublic
 from qkwatch.monitor.api.deps import Reader, StoreDep, load_run
-from qkwatch.monitor.api.schemas import AlertPublic, AlertsPublic
 
 router = APIRouter(tags=["alerts"])
 
@@ -31,4 +31,4 @@ def list_alerts(
     """
     run_id = load_run(store, run, principal).id if run is not None else None
     rows = store.list_alerts(projects=principal.projects(), run_id=run_id, state=state, limit=limit)
-    return AlertsPublic(data=[AlertPublic.of(r) for r in rows], count=len(rows))
+    return AlertsPublic(data=rows, count=len(rows))

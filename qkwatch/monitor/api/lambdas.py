@@ -7,10 +7,10 @@ import dataclasses
 from fastapi import APIRouter, HTTPException
 
 from qkwatch.contract import api, scheduling
+from qkwatch.contract.responses import AuditListPublic, AuditPublic, LambdasPublic
 from qkwatch.contract.wire import OverridesPut, layer_key
 from qkwatch.monitor.api.deps import Controller, Reader, StoreDep, load_run
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
-from qkwatch.monitor.api.schemas import AuditListPublic, AuditPublic, LambdasPublic
 from qkwatch.monitor.store.lambdas import LambdaState
 from qkwatch.monitor.store.models import RunRow
 from qkwatch.monitor.store.store import Invalid, NotFound
@@ -34,7 +34,7 @@ def lambdas_public(run: RunRow, state: LambdaState) -> LambdasPublic:
         version=state.version,
         step=state.step,
         lambdas=lambdas,
-        overrides={str(k): v for k, v in overrides.items()},
+        overrides=overrides,
         h=h,
         schedule=dataclasses.asdict(cfg),
     )
@@ -73,4 +73,4 @@ def put_overrides(run_id: RunRef, body: OverridesPut, store: StoreDep, principal
 @router.get(api.LAMBDA_AUDIT, response_model=AuditListPublic)
 def get_audit(run_id: RunRef, store: StoreDep, principal: Reader) -> AuditListPublic:
     rows = store.lambda_audit(load_run(store, run_id, principal))
-    return AuditListPublic(data=[AuditPublic.of(r) for r in rows], count=len(rows))
+    return AuditListPublic(data=[AuditPublic.model_validate(r, from_attributes=True) for r in rows], count=len(rows))

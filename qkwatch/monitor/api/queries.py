@@ -25,12 +25,12 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from qkwatch.contract import api
+from qkwatch.contract.responses import ComparePublic, HeatmapPublic, HistoryPublic, SeriesPublic
 from qkwatch.contract.values import encode_value
 from qkwatch.monitor.api.deps import Reader, StoreDep, load_run
 from qkwatch.monitor.api.disposition import attachment
 from qkwatch.monitor.api.run_ref import RunRef, RunRefRoute
 from qkwatch.monitor.api.runs import check_attempt
-from qkwatch.monitor.api.schemas import ComparePublic, HeatmapPublic, HistoryPublic, SeriesPublic
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR, ExportRow, RunRow, Series
 from qkwatch.monitor.store.store import Invalid, Store
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 
 from qkwatch.contract import api
+from qkwatch.contract.responses import IngestPublic
 from qkwatch.contract.wire import ReportBatch
 from qkwatch.monitor.api.deps import Ingester, SettingsDep, StoreDep, load_run
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
-from qkwatch.monitor.api.schemas import IngestPublic
 
 router = APIRouter(tags=["ingest"], route_class=StrictRunRefRoute)
 

@@ -13,11 +13,11 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import Field
 
 from qkwatch.contract import api
+from qkwatch.contract.responses import EventPublic, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
 from qkwatch.contract.values import MAX_TAGS
 from qkwatch.contract.wire import RunCreate, RunPatch, RunStatus, Tag
 from qkwatch.monitor.api.deps import Controller, Ingester, Principal, Reader, StoreDep, load_run, require
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
-from qkwatch.monitor.api.schemas import EventPublic, EventsPublic, MetricsListPublic, RunPublic, RunsPublic
 from qkwatch.monitor.store.models import RunRow
 
 router = APIRouter(tags=["runs"], route_class=StrictRunRefRoute)
@@ -27,6 +27,26 @@ Time = Annotated[
     Annotated[float, Field(allow_inf_nan=False)] | datetime | None,
     Query(description="Epoch seconds, or ISO 8601 (UTC when it has no offset); inclusive"),
 ]
+
+
+def run_public(row: RunRow, attempt: int | None = None) -> RunPublic:
+    """The answer of one run; ``attempt``: the attempt to report under (a create), else the latest."""
+    return RunPublic(
+        id=row.id,
+        project=row.project,
+        name=row.name,
+        status=row.status,
+        status_reason=row.status_reason,
+        attempt=attempt or row.latest_attempt,
+        latest_attempt=row.latest_attempt,
+        config=row.config.as_dict(),
+        tags=tuple(row.tags),
+        notes=row.notes,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        last_report_at=row.last_report_at,
+        last_step=row.last_step,
+    )
 
 
 def check_attempt(run: RunRow, attempt: int | None) -> None:
@@ -55,7 +75,7 @@ def create_run(body: RunCreate, store: StoreDep, principal: Ingester) -> RunPubl
     """Create a run, or resume the one with this project and name (see ``attempt_key`` in the wire schema)."""
     principal.check_project(body.project)
     run, attempt = store.create_or_resume_run(body)
-    return RunPublic.of(run, attempt)
+    return run_public(run, attempt)
 
 
 @router.get(api.RUNS, response_model=RunsPublic)
@@ -117,12 +137,12 @@ def list_runs(
         limit=limit,
         offset=offset,
     )
-    return RunsPublic(data=[RunPublic.of(r) for r in rows], count=count)
+    return RunsPublic(data=[run_public(r) for r in rows], count=count)
 
 
 @router.get(api.RUN, response_model=RunPublic)
 def get_run(run_id: RunRef, store: StoreDep, principal: Reader) -> RunPublic:
-    return RunPublic.of(load_run(store, run_id, principal))
+    return run_public(load_run(store, run_id, principal))
 
 
 ANNOTATE_SCOPES = ("ingest", "control")
@@ -145,7 +165,7 @@ def patch_run(
     """
     _check_patch_scope(principal, body)
     run = load_run(store, run_id, principal)
-    return RunPublic.of(store.patch_run(run.id, body))
+    return run_public(store.patch_run(run.id, body))
 
 
 def _check_patch_scope(principal: Principal, body: RunPatch) -> None:
@@ -178,7 +198,7 @@ def list_events(
     run = load_run(store, run_id, principal)
     check_attempt(run, attempt)
     rows = store.list_events(run, kind=kind, attempt=attempt, limit=limit)
-    return EventsPublic(data=[EventPublic.of(r) for r in rows], count=len(rows))
+    return EventsPublic(data=[EventPublic.model_validate(r, from_attributes=True) for r in rows], count=len(rows))
 
 
 @router.get(api.METRICS, response_model=MetricsListPublic)

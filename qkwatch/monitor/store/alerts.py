@@ -13,8 +13,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from qkwatch.contract.responses import AlertPublic
 from qkwatch.contract.values import encode_value
-from qkwatch.monitor.alerting.records import AlertRow, PendingNotification, Value
+from qkwatch.monitor.alerting.records import PendingNotification
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store import sql
 from qkwatch.rules.evaluator import StateKey, StoredState
@@ -115,7 +116,7 @@ class AlertRows:
     def reopen_alert(self, alert_id: int) -> None:
         self._update(alert_id, state="firing", ends_at=None, **_NOT_ENDED)
 
-    def _latest(self, metric: str, layers: list[int]) -> list[Value]:
+    def _latest(self, metric: str, layers: list[int]) -> list[float | str | None]:
         """The run's latest value of ``metric`` on each of ``layers``, wire-encoded (NULL in the table is NaN)."""
         lt = m.latest
         rows = self.conn.execute(
@@ -141,10 +142,12 @@ _NOT_ENDED: dict[str, Any] = {"ended_step": None, "run_end": None, "last_values"
 """What an alert that fires again, or resolves, no longer says about its run's end."""
 
 
-def alert_row(r: sa.Row[Any]) -> AlertRow:
-    return AlertRow(
+def alert_public(r: sa.Row[Any]) -> AlertPublic:
+    """The alert of a row of ``alerts`` joined with its run's id, name and project: the one place the
+    table becomes the contract's record (the API lists it, the notifier formats it)."""
+    return AlertPublic(
         id=r.id,
-        run_id=r.run_id,
+        run=r.run_id,
         run_name=r.run_name,
         project=r.project,
         rule=r.rule,
@@ -166,7 +169,7 @@ def alert_row(r: sa.Row[Any]) -> AlertRow:
 
 def select(
     conn: sa.Connection, projects: Sequence[str] | None, run_id: str | None, state: str | None, limit: int
-) -> list[AlertRow]:
+) -> list[AlertPublic]:
     """Alerts of ``projects`` (None = all), of one run, in one state; newest first."""
     q = sa.select(m.alerts, m.runs.c.id.label("run_id"), m.runs.c.name.label("run_name"), m.runs.c.project).join(
         m.runs, m.runs.c.pk == m.alerts.c.run_pk
@@ -178,7 +181,7 @@ def select(
     if state:
         q = q.where(m.alerts.c.state == state)
     rows = conn.execute(q.order_by(m.alerts.c.id.desc()).limit(limit)).all()
-    return [alert_row(r) for r in rows]
+    return [alert_public(r) for r in rows]
 
 
 # --- the notification outbox ------------------------------------------------------------------
@@ -215,7 +218,7 @@ def claim_notifications(conn: sa.Connection, now: float, lease_s: float, limit: 
         .where(n.c.id.in_(claimed))
         .order_by(n.c.id)
     ).all()
-    return [PendingNotification(id=r.nid, attempts=r.attempts, status=r.nstatus, alert=alert_row(r)) for r in rows]
+    return [PendingNotification(id=r.nid, attempts=r.attempts, status=r.nstatus, alert=alert_public(r)) for r in rows]
 
 
 def finish_notification(

@@ -21,6 +21,7 @@ from typing import Any, TypeGuard
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
+from qkwatch.contract import api
 from qkwatch.contract.values import decode_value
 from qkwatch.contract.wire import ReportBatch
 from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs, sql
@@ -163,7 +164,7 @@ def write_batch(
     if attempt > run.latest_attempt:
         raise Invalid(
             f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt}); "
-            "start one with POST /v1/runs and an attempt_key"
+            f"start one with POST {api.RUNS} and an attempt_key"
         )
     if not _record_batch(conn, run, str(batch.batch_id), attempt, total, now):
         return IngestResult(inserted=0, duplicates=total, replayed_batch=True)

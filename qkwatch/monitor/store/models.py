@@ -1,7 +1,8 @@
 """Database tables (SQLAlchemy Core) and the row classes the store hands upwards.
 
-The alert rows (:class:`qkwatch.monitor.alerting.records.AlertRow` and ``PendingNotification``)
-live in ``alerting``, which formats them and must not import the store. The token, event, lambda and
+An alert is the contract's :class:`qkwatch.contract.responses.AlertPublic` (made in
+``alerts.alert_public``), and a queued notification of one (``PendingNotification``) lives in
+``alerting``, which formats it and must not import the store. The token, event, lambda and
 ingest rows live with the store module that makes them (``tokens``, ``events``, ``lambdas``, ``ingest``).
 
 Points carry no surrogate key: their natural key (run, metric id, head, step, layer, attempt) is

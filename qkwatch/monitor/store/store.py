@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import sqlalchemy as sa
 
+from qkwatch.contract.responses import AlertPublic
 from qkwatch.contract.wire import ReportBatch, RunCreate, RunPatch
-from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
+from qkwatch.monitor.alerting.records import PendingNotification
 from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, metric_names, reads, runs, tokens
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import Invalid, NotFound
@@ -229,7 +230,7 @@ class Store(Transactions):
 
     def list_alerts(
         self, *, projects: Sequence[str] | None, run_id: str | None = None, state: str | None = None, limit: int = 500
-    ) -> list[AlertRow]:
+    ) -> list[AlertPublic]:
         with self._read() as conn:
             return alerts.select(conn, projects, run_id, state, limit)
 

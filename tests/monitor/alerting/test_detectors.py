@@ -8,14 +8,14 @@ predict exactly.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from qkwatch.contract.responses import AlertPublic
 from qkwatch.monitor.alerting.notifier import alertmanager_payload
-from qkwatch.monitor.alerting.records import AlertRow, PendingNotification
+from qkwatch.monitor.alerting.records import PendingNotification
 from qkwatch.rules.forecast import fit_line
 from qkwatch.rules.kinds import ForecastRule, GrowthRule, ThresholdRule
 from qkwatch.rules.ruleset import RuleSet
@@ -347,12 +347,25 @@ def test_the_same_run_in_batches_gives_the_same_transitions(cuts: tuple[int, ...
 
 
 def test_a_forecasts_webhook_carries_its_predicted_step() -> None:
-    row = AlertRow(
-        1, "rid", "r", "p", "qkai_forecast", "warning", "firing", "qkai", [3], "crosses", 1150, None, 0.0, None
+    row = AlertPublic(
+        id=1,
+        run="rid",
+        run_name="r",
+        project="p",
+        rule="qkai_forecast",
+        severity="warning",
+        state="firing",
+        metric="qkai",
+        layers=[3],
+        summary="crosses",
+        onset_step=1150,
+        resolved_step=None,
+        starts_at=0.0,
+        ends_at=None,
     )
     plain = alertmanager_payload(PendingNotification(1, 0, "firing", row), "http://collector")
     assert "predicted_step" not in plain["alerts"][0]["annotations"]
-    forecast = PendingNotification(1, 0, "firing", dataclasses.replace(row, predicted_step=1450))
+    forecast = PendingNotification(1, 0, "firing", row.model_copy(update={"predicted_step": 1450}))
     assert alertmanager_payload(forecast, "http://collector")["alerts"][0]["annotations"]["predicted_step"] == "1450"
 
 
