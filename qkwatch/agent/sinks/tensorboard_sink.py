@@ -40,6 +40,11 @@ LAYOUT_CATEGORY = PREFIX
 """The custom-scalars layout's one category."""
 
 
+def tensorboard_installed() -> bool:
+    """Whether the tensorboard package is there (looked up, not imported: that waits for the sinks' thread)."""
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 def default_logdir(run: RunInfo) -> Path:
     """``runs/<project>/<run>``, relative to the working directory."""
     return Path("runs") / run.project / run.run
@@ -67,7 +72,7 @@ class TensorBoardSink:
         Raises:
             ImportError: tensorboard is not installed (``pip install 'qkwatch[tensorboard]'``).
         """
-        if writer is None and importlib.util.find_spec("tensorboard") is None:
+        if writer is None and not tensorboard_installed():
             raise ImportError(f"the tensorboard sink needs the tensorboard package: {INSTALL}", name="tensorboard")
         self.logdir = Path(logdir) if logdir is not None else None
         self.flush_secs = flush_secs

@@ -151,3 +151,14 @@ def test_sinks_resolve_as_the_agents_other_settings(monkeypatch: pytest.MonkeyPa
     with pytest.raises(ValueError, match="heatmap_every must be an integer >= 0"):
         AgentConfig.resolve(heatmap_every=-1)
     assert isinstance(resolve("TensorBoard"), TensorBoardSink)
+
+
+def test_a_sink_whose_library_is_missing_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tensorboard is installed here; the one patch makes the sink's check see it absent
+    from qkwatch.agent.sinks import tensorboard_sink
+
+    monkeypatch.setattr(tensorboard_sink, "tensorboard_installed", lambda: False)
+    with pytest.raises(ImportError, match=r"pip install 'qkwatch\[tensorboard\]'"):
+        agent.attach(TinyGPT(), url=None, project="tests", run="missing", sinks=["tensorboard"])
+    with pytest.raises(ValueError, match="unknown sink 'nope'"):
+        resolve("nope")
