@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.agent_overhead [--rounds 30] [--every 50]
         [--collector up|down|offline] [--ranks 1|2] [--layers 6 --d-model 128 --heads 4 --batch 8 --seq 128]
-        [--profile] [--device cpu|cuda]
+        [--profile] [--device cpu|cuda] [--sinks tensorboard[,wandb,mlflow]]
 
 Two identical GPTs (``qkwatch.nanogpt.NanoGPT``: same init, same batches) train side by side in one
 process (per rank), one step each in turn; arm A has the agent attached at the default cadence
@@ -16,6 +16,12 @@ the rounds, seed 0) are printed. "Proven <= 0.5 %" means the interval's upper bo
 ``--ranks 2``: the same under FSDP2 on gloo, two processes (``torch.multiprocessing``, one thread
 each); both models are ``fully_shard``-ed per block, each rank trains on its own batches and
 measures its own layers (``layer % world == rank``); a round's time is the slower rank's.
+
+``--sinks tensorboard`` (or ``wandb``, ``mlflow``, comma-separated; one rank): the sinks' cost to the
+step. Both arms have the agent, attached the same way; arm A's also sends every report to the sinks
+(``bench.agent_overhead.sinks``: TensorBoard event files, W&B offline, MLflow on a file store, all in
+a temporary folder). The same rounds and statistics; also each arm's training thread inside its
+agent, and the sinks' worker thread's wall clock and CPU time a round (off the training thread).
 
 ``--profile``: after the timed rounds, cProfile of arm A's report step and the step after it
 (three pairs), the agent's own functions by cumulative time.
@@ -34,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from bench.agent_overhead import sinks
 from bench.agent_overhead.arms import VOCAB, measure
 from bench.agent_overhead.parts import parts
 from bench.agent_overhead.summary import summarize
@@ -60,6 +67,12 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--parts", action="store_true", help="time the pieces of one report instead (no A/B)")
     parser.add_argument(
+        "--sinks",
+        type=sinks.parse,
+        default=(),
+        help=f"A/B of the sinks: both arms with the agent, arm A's with these sinks too ({', '.join(sinks.NAMES)})",
+    )
+    parser.add_argument(
         "--measure-thread",
         choices=("on", "off"),
         help="the agent's measure_thread setting (default: the agent's default)",
@@ -69,6 +82,8 @@ def main() -> None:
     device = torch.device(args.device)
     if args.ranks > 1 and device.type != "cpu":
         parser.error("--ranks 2 runs FSDP2 on gloo: CPU only")
+    if args.sinks and args.ranks > 1:
+        parser.error("--sinks runs on one rank")
     if args.parts:
         parts(args)
         return
@@ -92,10 +107,13 @@ def main() -> None:
         f"batch {args.batch} x {args.seq} tokens per rank; collector {args.collector}; report every {args.every}; "
         f"measure_thread {'default' if args.measure_thread is None else args.measure_thread}; "
         f"{s['rounds']} rounds of {args.every} steps per arm after {args.warmup_rounds} warm-up; "
-        f"wall {wall / 60:.1f} min; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}\n"
+        f"wall {wall / 60:.1f} min; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}"
+        + (f"; arm A: the agent and the sinks {', '.join(args.sinks)}, arm B: the agent alone" if args.sinks else "")
+        + "\n"
     )
+    with_, whose = ("with the sinks", "arm A's") if args.sinks else ("with", "the")
     print(
-        "| step with (ms) | step without (ms) | mean overhead | median | 95 % bootstrap CI of the mean "
+        f"| step {with_} (ms) | step without (ms) | mean overhead | median | 95 % bootstrap CI of the mean "
         "| report step + next, extra (ms) | plain step, extra (ms) | close (s) |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -105,13 +123,16 @@ def main() -> None:
         f"({s['report_step']:.1f} + {s['next_step']:.1f}) | {s['plain_steps']:+.3f} | {s['close']:.2f} |"
     )
     print(
-        f"\ntraining thread inside the agent (step, log, hooks): {s['inside_ms']:.1f} ms a round, "
+        f"\ntraining thread inside {whose} agent (step, log, hooks): {s['inside_ms']:.1f} ms a round, "
         f"{100 * s['share']:.3f} % of the round without it, 95 % bootstrap CI "
         f"[{100 * s['share_low']:.3f} %, {100 * s['share_high']:.3f} %]; the measure thread's own work: "
         f"{s['worker_ms']:.1f} ms a round (a spare core's, or taken from the step where there is none)"
     )
-    verdict = "PROVEN <= 0.5 %" if s["high"] < 0.005 else "NOT proven <= 0.5 %"
-    print(f"\n{verdict}: upper bound {100 * s['high']:+.2f} %")
+    if args.sinks:
+        sinks.print_summary(s, per_rank[0]["sinks"], args.sink_dir)
+    else:
+        verdict = "PROVEN <= 0.5 %" if s["high"] < 0.005 else "NOT proven <= 0.5 %"
+        print(f"\n{verdict}: upper bound {100 * s['high']:+.2f} %")
     print("per-round overheads (%): " + " ".join(f"{100 * v:+.2f}" for v in s["rel"]))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the benchmark process: {peak:.0f} MiB")

@@ -1,5 +1,6 @@
 """The agent-overhead bench's model (``qkwatch.nanogpt.NanoGPT``, FSDP2 when distributed) and its
-interleaved A/B rounds: per round, per arm, the step times, and the time spent inside the agent.
+interleaved A/B rounds: per round, per arm, the step times, and the time spent inside the agent
+(with ``--sinks``, in each arm's agent, and the sinks' worker's time off the training thread).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
 
+from bench.agent_overhead.sinks import make_sinks, watch_worker, worker_counts
 from qkwatch import agent
 from qkwatch.launch import free_port
 from qkwatch.nanogpt import NanoGPT
@@ -84,20 +86,20 @@ def train_step(
     return time.perf_counter() - start
 
 
-def run_arms(args: argparse.Namespace, url: str | None, device: torch.device) -> dict[str, Any]:
-    """This rank's interleaved rounds: per round, per arm, the ``every`` step times (seconds)."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    a_model, a_opt = make(args, device)
-    b_model, b_opt = make(args, device)
+def attach(
+    args: argparse.Namespace, model: nn.Module, url: str | None, run: str, sinks: list[Any] | None = None
+) -> tuple[agent.Agent, OnThread, OnThread]:
+    """The agent on ``model`` as the bench attaches it, with its training thread's time inside it and its
+    measure thread's own work timed."""
     monitor = agent.attach(
-        a_model,
+        model,
         url=url,
         project="bench",
-        run=args.run_name,
+        run=run,
         spool=args.spool,
         every=args.every,
         **({} if args.measure_thread is None else {"measure_thread": args.measure_thread}),
+        **({} if sinks is None else {"sinks": sinks}),
     )
     on_thread = OnThread()
     # the hooks call self._guarded: an instance attribute shadows the method; step and log likewise
@@ -107,14 +109,34 @@ def run_arms(args: argparse.Namespace, url: str | None, device: torch.device) ->
     worker = OnThread()  # the measure thread's own work (not on the training thread)
     monitor.probe._activation_batch = worker.wrap(monitor.probe._activation_batch)  # type: ignore[method-assign]
     monitor.probe._weight_values = worker.wrap(monitor.probe._weight_values)  # type: ignore[method-assign]
+    return monitor, on_thread, worker
+
+
+def run_arms(args: argparse.Namespace, url: str | None, device: torch.device) -> dict[str, Any]:
+    """This rank's interleaved rounds: per round, per arm, the ``every`` step times (seconds).
+
+    Without ``args.sinks`` arm A has the agent and arm B none; with it both arms have the agent and
+    arm A's also has the sinks (``bench.agent_overhead.sinks``).
+    """
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    a_model, a_opt = make(args, device)
+    b_model, b_opt = make(args, device)
+    sinks = make_sinks(args.sinks, args.sink_dir) if args.sinks else None
+    monitor, on_thread, worker = attach(args, a_model, url, args.run_name, sinks)
+    b_monitor, b_on_thread = None, OnThread()
+    if args.sinks:
+        b_monitor, b_on_thread, _ = attach(args, b_model, url, args.run_name + "-b")
+    clock = watch_worker(monitor)
     gen = torch.Generator().manual_seed(1 + rank)
-    arms = {"A": (a_model, a_opt, monitor), "B": (b_model, b_opt, None)}
+    arms = {"A": (a_model, a_opt, monitor), "B": (b_model, b_opt, b_monitor)}
     times: list[dict[str, list[float]]] = []
     step = 0
     for round_ in range(args.warmup_rounds + args.rounds):
         order = ("A", "B") if round_ % 2 == 0 else ("B", "A")
         got: dict[str, list[float]] = {"A": [], "B": [], "agent": [], "worker": []}
-        on_thread.seconds = worker.seconds = 0.0
+        on_thread.seconds = worker.seconds = b_on_thread.seconds = 0.0
+        sinks_before = clock.reading()
         for _ in range(args.every):  # step % every == 0 first: the report step, then the step that ships it
             x = torch.randint(0, VOCAB, (args.batch, args.seq + 1), generator=gen).to(device)
             for arm in order:
@@ -124,15 +146,20 @@ def run_arms(args: argparse.Namespace, url: str | None, device: torch.device) ->
         if round_ >= args.warmup_rounds:
             got["agent"].append(on_thread.seconds)
             got["worker"] = [worker.seconds]
+            if args.sinks:
+                got["agent_b"] = [b_on_thread.seconds]
+                got["sinks"] = [now - before for now, before in zip(clock.reading(), sinks_before, strict=True)]
             times.append(got)
     profile = None
     if args.profile:
         profile = profile_reports(a_model, a_opt, monitor, args, device, gen, step, sync)
     start = time.perf_counter()
-    monitor.close(timeout=5 if url else 0.5)
+    monitor.close(timeout=5 if url or sinks else 0.5)
     close_s = time.perf_counter() - start
+    if b_monitor is not None:
+        b_monitor.close(timeout=5 if url else 0.5)
     params = sum(p.numel() for p in a_model.parameters())  # a DTensor's numel is its global one
-    return {"times": times, "close": close_s, "profile": profile, "params": params}
+    return {"times": times, "close": close_s, "profile": profile, "params": params, "sinks": worker_counts(monitor)}
 
 
 def profile_reports(
@@ -179,6 +206,7 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, url: s
 def measure(args: argparse.Namespace, url: str | None, device: torch.device) -> list[dict[str, Any]]:
     args.run_name = f"overhead-{args.collector}-{time.time_ns()}"
     args.spool = tempfile.mkdtemp()
+    args.sink_dir = Path(tempfile.mkdtemp())
     if args.ranks == 1:
         return [run_arms(args, url, device)]
     out = tempfile.mkdtemp()

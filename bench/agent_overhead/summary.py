@@ -35,6 +35,7 @@ def summarize(per_rank: list[dict[str, Any]], every: int) -> dict[str, Any]:
     share_low, share_high = bootstrap_mean(share)
     worker = np.array([max(r["times"][i]["worker"][0] for r in per_rank) for i in range(rounds)])
     first = per_rank[0]["times"]  # rank 0's steps by position in the round
+    sinks = sinks_summary(first, b_sum) if "sinks" in first[0] else {}
 
     def extra(pos: Callable[[int], bool]) -> float:
         """Median over rounds of A - B summed over the positions selected (ms)."""
@@ -61,4 +62,23 @@ def summarize(per_rank: list[dict[str, Any]], every: int) -> dict[str, Any]:
         "share": float(share.mean()),
         "share_low": share_low,
         "share_high": share_high,
+        **sinks,
+    }
+
+
+def sinks_summary(times: list[dict[str, list[float]]], b_sum: np.ndarray) -> dict[str, Any]:
+    """``--sinks`` (one rank): arm B's training thread inside its agent, arm A's minus arm B's as a share
+    of the round without the sinks (with its bootstrap interval), and the sinks' worker per round."""
+    inside_a = np.array([t["agent"][0] for t in times])
+    inside_b = np.array([t["agent_b"][0] for t in times])
+    extra = (inside_a - inside_b) / b_sum
+    low, high = bootstrap_mean(extra)
+    return {
+        "inside_b_ms": 1e3 * float(inside_b.mean()),
+        "share_b": float((inside_b / b_sum).mean()),
+        "inside_extra": float(extra.mean()),
+        "inside_extra_low": low,
+        "inside_extra_high": high,
+        "sinks_wall_ms": 1e3 * float(np.mean([t["sinks"][0] for t in times])),
+        "sinks_cpu_ms": 1e3 * float(np.mean([t["sinks"][1] for t in times])),
     }
