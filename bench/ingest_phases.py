@@ -2,7 +2,7 @@
 
 The workload of ``bench/ingest/`` (24 layers x 6 metrics, batches of 10 reports), parsed with
 ``ReportBatch.model_validate_json`` as the collector does, then stored; each phase of
-``monitor.store.ingest.write_batch`` is timed by wrapping its function for this process only.
+``monitor.store.values.ingest.write_batch`` is timed by wrapping its function for this process only.
 "Rest" is what no phase covers: the run's row locked, the transaction's begin and commit. Usage::
 
     .venv/bin/python -m bench.ingest_phases                 # SQLite, 2,000 steps
@@ -25,10 +25,11 @@ from typing import Any
 
 from bench.ingest.workload import database, report_bodies
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.store import events, ingest, lambdas
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.migrate import upgrade
+from qkwatch.monitor.store.runs import events, lambdas
 from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.store.values import ingest
 from qkwatch.rules.ruleset import RuleSet
 
 PG_ADMIN_URL = os.environ.get("QKWATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -5,7 +5,7 @@ Raw ``sqlite3`` (no qkwatch code), one run of ``--steps`` steps x ``--layers`` l
 * ``points`` keyed (run, metric, head, layer, step, attempt), the key before 0011;
 * ``points`` keyed (run, metric, head, step, layer, attempt), the key since 0011;
 * ``frames`` (one float64 array per step and metric), the layer's 8 bytes cut out in SQL, as
-  ``monitor.store.reads._series_from_frames`` reads them.
+  ``monitor.store.values.reads._series_from_frames`` reads them.
 
 Each query is run 3 times; the best is kept. Usage::
 

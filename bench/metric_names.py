@@ -23,11 +23,12 @@ import sqlalchemy as sa
 
 from bench.ingest.workload import database
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.store import ingest, runs
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.metric_names import ids_for_batch
 from qkwatch.monitor.store.migrate import upgrade
+from qkwatch.monitor.store.runs import lookup
 from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.store.values import ingest
 from qkwatch.rules.ruleset import RuleSet
 
 METRICS = ("qkai", "qkai_max", "stable_rank", "attn_entropy", "attn_top1", "pr_gap")
@@ -67,7 +68,7 @@ def measure(url: str, batches: int) -> dict[str, float]:
         for _ in range(batches):
             with engine.connect().execution_options(write=True) as conn:
                 tx = conn.begin()
-                row = runs.locked(conn, run.id)
+                row = lookup.locked(conn, run.id)
                 t0 = time.perf_counter()
                 ids_for_batch(conn, row, names, 1000)
                 query.append(time.perf_counter() - t0)

@@ -165,7 +165,7 @@ class RunConfig(BaseModel):
     (the recipe, hyperparameters) free-form, kept and served as it was sent.
 
     The API validates it on ``POST /v1/runs``; the store parses a stored one again when it loads
-    the run row (see :func:`qkwatch.monitor.store.runs.load_config`), and the agent builds its local
+    the run row (see :func:`qkwatch.monitor.store.runs.lookup.load_config`), and the agent builds its local
     schedule from one, so every consumer reads ``config.schedule`` and ``config.n_layers``.
     """
 

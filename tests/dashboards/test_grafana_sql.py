@@ -296,7 +296,7 @@ def test_the_alerts_view_carries_an_ended_alerts_end_and_last_values(scratch_url
                 a.resolved_step,
                 a.ended_step,
                 a.run_end,
-                a.last_values,
+                a["last_values"],  # as the API sends them: wire values, like the view's JSON
             )
         for g in ended:
             assert (g.ended_step, g.run_end) == (300, "finished") and g.resolved_step is None

@@ -3,7 +3,7 @@
 It lives here, below the store, because alerting's notifier formats it and the store fills it: the
 store imports alerting, never the reverse. The alert itself is the contract's
 :class:`qkwatch.contract.responses.AlertPublic`, the record the API lists too; the store makes it
-from its rows in one place (``qkwatch.monitor.store.alerts.alert_public``).
+from its rows in one place (``qkwatch.monitor.store.runs.alerts.alert_public``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from qkwatch.contract.responses import AuditListPublic, AuditPublic, LambdasPubl
 from qkwatch.contract.wire import OverridesPut, layer_key
 from qkwatch.monitor.api.deps import Controller, Reader, StoreDep, load_run
 from qkwatch.monitor.api.run_ref import RunRef, StrictRunRefRoute
-from qkwatch.monitor.store.lambdas import LambdaState
 from qkwatch.monitor.store.models import RunRow
+from qkwatch.monitor.store.runs.lambdas import LambdaState
 from qkwatch.monitor.store.store import Invalid, NotFound
 
 router = APIRouter(tags=["lambdas"], route_class=StrictRunRefRoute)

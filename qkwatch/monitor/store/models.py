@@ -319,7 +319,7 @@ class RunRow:
     status: str
     status_reason: str | None
     config: RunConfig
-    """Parsed once, when the row is read (:func:`qkwatch.monitor.store.runs.load_config`)."""
+    """Parsed once, when the row is read (:func:`qkwatch.monitor.store.runs.lookup.load_config`)."""
     created_at: float
     updated_at: float
     last_report_at: float | None
@@ -328,7 +328,7 @@ class RunRow:
     lambda_version: int
     lambda_step: int | None
     tags: tuple[str, ...]
-    """Sorted; read with the row (:func:`qkwatch.monitor.store.runs.run_rows`)."""
+    """Sorted; read with the row (:func:`qkwatch.monitor.store.runs.lookup.run_rows`)."""
     notes: str | None
 
 

@@ -3,12 +3,15 @@
 :class:`Store` is a facade: each method opens one transaction (:mod:`qkwatch.monitor.store.transactions`,
 which owns the engine) and hands its connection to the module of its concern:
 
-* :mod:`qkwatch.monitor.store.lifecycle` (runs start, resume, end, go away) and :mod:`qkwatch.monitor.store.runs`
-  (runs by id, name, filters);
-* :mod:`qkwatch.monitor.store.ingest` (a batch of reports, with its schedule state and alerts);
-* :mod:`qkwatch.monitor.store.reads` and :mod:`qkwatch.monitor.store.history` (series, heatmaps, history, export);
-* :mod:`qkwatch.monitor.store.alerts` (alerts and the notification outbox), :mod:`qkwatch.monitor.store.lambdas`
-  (running entropies, overrides, audit), :mod:`qkwatch.monitor.store.events`, :mod:`qkwatch.monitor.store.tokens`.
+* the runs (:mod:`qkwatch.monitor.store.runs`): :mod:`~qkwatch.monitor.store.runs.lifecycle` (runs
+  start, resume, end, go away) and :mod:`~qkwatch.monitor.store.runs.lookup` (runs by id, name,
+  filters); :mod:`~qkwatch.monitor.store.runs.alerts` (alerts and the notification outbox),
+  :mod:`~qkwatch.monitor.store.runs.lambdas` (running entropies, overrides, audit),
+  :mod:`~qkwatch.monitor.store.runs.events`;
+* the values (:mod:`qkwatch.monitor.store.values`): :mod:`~qkwatch.monitor.store.values.ingest` (a
+  batch of reports, with its schedule state and alerts), :mod:`~qkwatch.monitor.store.values.reads`
+  and :mod:`~qkwatch.monitor.store.values.history` (series, heatmaps, history, export);
+* :mod:`qkwatch.monitor.store.tokens` and :mod:`qkwatch.monitor.store.metric_names`.
 
 A route that reads a run and then its values takes one read transaction for all of them with
 :meth:`Store.snapshot` (:class:`~qkwatch.monitor.store.transactions.Snapshot`).
@@ -27,13 +30,15 @@ import sqlalchemy as sa
 from qkwatch.contract.responses import AlertPublic
 from qkwatch.contract.wire import ReportBatch, RunCreate, RunPatch
 from qkwatch.monitor.alerting.records import PendingNotification
-from qkwatch.monitor.store import alerts, events, history, ingest, lambdas, lifecycle, metric_names, reads, runs, tokens
+from qkwatch.monitor.store import metric_names, tokens
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import Invalid, NotFound
-from qkwatch.monitor.store.lambdas import CLIP_WHO
-from qkwatch.monitor.store.runs import TERMINAL
+from qkwatch.monitor.store.runs import alerts, events, lambdas, lifecycle, lookup
+from qkwatch.monitor.store.runs.lambdas import CLIP_WHO
+from qkwatch.monitor.store.runs.lookup import TERMINAL
 from qkwatch.monitor.store.tokens import hash_token
 from qkwatch.monitor.store.transactions import Transactions
+from qkwatch.monitor.store.values import history, ingest, reads
 from qkwatch.rules.ruleset import RuleSet
 
 logger = logging.getLogger(__name__)
@@ -53,7 +58,7 @@ class Store(Transactions):
     def create_or_resume_run(self, body: RunCreate, now: float | None = None) -> tuple[m.RunRow, int]:
         """Create the run or resume it; returns the run and the attempt to report under.
 
-        See :func:`qkwatch.monitor.store.lifecycle.create_or_resume`.
+        See :func:`qkwatch.monitor.store.runs.lifecycle.create_or_resume`.
         """
         with self._write() as conn:
             return lifecycle.create_or_resume(conn, body, _now(now))
@@ -89,7 +94,7 @@ class Store(Transactions):
         """Runs matching the filters (``projects`` None = all; ``tags``: each of them), newest activity
         first, and their count."""
         with self._read() as conn:
-            return runs.page(conn, runs.basic_filters(projects, status, name, tags), limit, offset)
+            return lookup.page(conn, lookup.basic_filters(projects, status, name, tags), limit, offset)
 
     def search_runs(
         self,
@@ -119,7 +124,7 @@ class Store(Transactions):
                 an alert, firing or resolved, of one of the rules.
         """
         with self._read() as conn:
-            where = runs.basic_filters(projects, status, name, tags) + runs.search_filters(
+            where = lookup.basic_filters(projects, status, name, tags) + lookup.search_filters(
                 conn,
                 created=created,
                 updated=updated,
@@ -127,12 +132,12 @@ class Store(Transactions):
                 latest_above=latest_above,
                 alerts=alerts,
             )
-            return runs.page(conn, where, limit, offset)
+            return lookup.page(conn, where, limit, offset)
 
     def set_status(
         self, run_id: str, status: str, reason: str | None = None, attempt: int | None = None, now: float | None = None
     ) -> m.RunRow:
-        """Set how the run ended (idempotent); see :func:`qkwatch.monitor.store.lifecycle.set_status`.
+        """Set how the run ended (idempotent); see :func:`qkwatch.monitor.store.runs.lifecycle.set_status`.
 
         Raises:
             NotFound: unknown run. Invalid: an attempt the run does not have.
@@ -141,7 +146,7 @@ class Store(Transactions):
             return lifecycle.set_status(conn, run_id, status, reason, attempt, _now(now))
 
     def patch_run(self, run_id: str, body: RunPatch, now: float | None = None) -> m.RunRow:
-        """Set the run's tags, notes and status, all or nothing; see :func:`qkwatch.monitor.store.lifecycle.patch`.
+        """Set the run's tags, notes and status, all or nothing; see :func:`qkwatch.monitor.store.runs.lifecycle.patch`.
 
         Raises:
             NotFound: unknown run. Invalid: too many tags, or an attempt the run does not have.
@@ -150,14 +155,14 @@ class Store(Transactions):
             return lifecycle.patch(conn, run_id, body, _now(now))
 
     def delete_run(self, run_id: str) -> None:
-        """Delete the run and all its rows (see :func:`qkwatch.monitor.store.lifecycle.delete`), then the
+        """Delete the run and all its rows (see :func:`qkwatch.monitor.store.runs.lifecycle.delete`), then the
         metric names no run uses any more.
 
         Raises:
             NotFound: unknown run.
         """
         with self._write() as conn:
-            lifecycle.delete(conn, runs.locked(conn, run_id).pk)
+            lifecycle.delete(conn, lookup.locked(conn, run_id).pk)
         self._reclaim_after_delete()
 
     def mark_stale(self, timeout_s: float, now: float | None = None) -> list[str]:
@@ -208,7 +213,7 @@ class Store(Transactions):
 
         In the same transaction the batch's metric names get their ids (read there, never cached),
         the run's running entropies move and ``rules`` are evaluated (alerts opened or resolved,
-        notifications queued): see :func:`qkwatch.monitor.store.ingest.write_batch`.
+        notifications queued): see :func:`qkwatch.monitor.store.values.ingest.write_batch`.
 
         Args:
             max_metric_names: the most distinct metric names a run may have (None: no limit).
@@ -302,7 +307,7 @@ class Store(Transactions):
     ) -> dict[str, m.Heatmap]:
         """Every layer value and run-level scalar of ``metrics``, unbucketed: per metric, steps x layers.
 
-        See :func:`qkwatch.monitor.store.history.grids`.
+        See :func:`qkwatch.monitor.store.values.history.grids`.
 
         Raises:
             Invalid: the answer would hold more than ``max_points`` values.
@@ -343,7 +348,7 @@ class Store(Transactions):
 
     def lambda_state(self, run_id: str) -> tuple[m.RunRow, lambdas.LambdaState]:
         with self._read() as conn:
-            run = runs.by_id(conn, run_id)
+            run = lookup.by_id(conn, run_id)
             return run, lambdas.state(conn, run)
 
     def set_overrides(

@@ -17,10 +17,11 @@ import sqlalchemy as sa
 from alembic.migration import MigrationContext
 from sqlalchemy.engine import Engine
 
-from qkwatch.monitor.store import history, reads, runs
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import check_file, is_postgres
-from qkwatch.monitor.store.history import Doubles
+from qkwatch.monitor.store.runs import lookup
+from qkwatch.monitor.store.values import history, reads
+from qkwatch.monitor.store.values.history import Doubles
 
 
 class Transactions:
@@ -83,7 +84,7 @@ class Snapshot:
         Raises:
             NotFound: no such run.
         """
-        return runs.by_id(self._conn, run_id)
+        return lookup.by_id(self._conn, run_id)
 
     def get_run_by_name(self, project: str, name: str) -> m.RunRow:
         """The run ``project/name``.
@@ -91,7 +92,7 @@ class Snapshot:
         Raises:
             NotFound: no such run.
         """
-        return runs.by_name(self._conn, project, name)
+        return lookup.by_name(self._conn, project, name)
 
     def run_metrics(self, run: m.RunRow) -> dict[str, list[int]]:
         """Metric name -> layers that reported it (``[-1]`` for a run-level scalar)."""
@@ -109,6 +110,6 @@ class Snapshot:
     ) -> dict[str, Doubles]:
         """:meth:`Store.history` as float64 bytes: per metric (steps, layers, values, measured).
 
-        See :func:`qkwatch.monitor.store.history.doubles`.
+        See :func:`qkwatch.monitor.store.values.history.doubles`.
         """
         return history.doubles(self._conn, run, metrics, start, end, attempt, max_points)

@@ -1,6 +1,6 @@
 """The evaluator: rules' transitions -> alerts, notifications and stored state, through a ledger.
 
-The ledger here is an in-memory double of the store's (``monitor.store.alerts.AlertRows``, which
+The ledger here is an in-memory double of the store's (``monitor.store.runs.alerts.AlertRows``, which
 ``tests/monitor/store/test_alert_rows.py`` runs on both databases), so each test sees exactly
 what the evaluator asked the store to write.
 """

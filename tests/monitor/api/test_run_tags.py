@@ -77,7 +77,7 @@ def test_a_resume_adds_tags_and_keeps_notes_already_set(h):
 
 def test_a_resume_past_the_bound_adds_what_fits_and_is_never_refused(h, caplog):
     run = create(h, tags=[f"t{i:02d}" for i in range(MAX_TAGS - 1)])
-    with caplog.at_level(logging.WARNING, logger="qkwatch.monitor.store.lifecycle"):
+    with caplog.at_level(logging.WARNING, logger="qkwatch.monitor.store.runs.lifecycle"):
         resumed = create(h, run["name"], tags=["x1", "x2", "x3", "t00"])
     assert len(resumed["tags"]) == MAX_TAGS and "x1" in resumed["tags"] and "x2" not in resumed["tags"]
     assert "x2, x3 left out" in caplog.text

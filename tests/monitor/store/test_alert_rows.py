@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.store.alerts import AlertRows
 from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.runs.alerts import AlertRows
 from qkwatch.monitor.store.store import Store
 from qkwatch.rules.evaluator import AlertLedger, StoredState, evaluate_batch
 from qkwatch.rules.kinds import BandRule, ForecastRule, GrowthRule, ThresholdRule
@@ -44,7 +44,7 @@ def test_an_alert_fires_and_resolves_across_transactions(store: Store) -> None:
     assert evaluate(store, run.pk, 200.0, range(3, 4), 0.1) == 1
     [alert] = store.list_alerts(projects=[project], run_id=run.id)
     assert (alert.state, alert.layers, alert.onset_step, alert.resolved_step) == ("resolved", [0], 0, 3)
-    assert (alert.starts_at, alert.ends_at) == (100.0, 200.0)
+    assert (alert.starts_at_s, alert.ends_at_s) == (100.0, 200.0)  # epoch seconds, exactly
     pending = [n for n in store.claim_notifications(now=300.0) if n.alert.id == alert.id]
     assert [(n.status, n.attempts) for n in pending] == [("firing", 0), ("resolved", 0)]
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from qkwatch.contract.scheduling import ScheduleConfig
-from qkwatch.monitor.store.lambdas import Entropy, advance_entropies
+from qkwatch.monitor.store.runs.lambdas import Entropy, advance_entropies
 
 CFG = ScheduleConfig(ema=0.5)
 

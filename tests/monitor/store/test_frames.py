@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from qkwatch.monitor.store import frames
+from qkwatch.monitor.store.values import frames
 
 
 def rows(*frames_):

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from qkwatch.contract.values import decode_value
 from qkwatch.contract.wire import ReportBatch
-from qkwatch.monitor.store import frames, ingest, sql
+from qkwatch.monitor.store import sql
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR
+from qkwatch.monitor.store.values import frames, ingest
 
 
 def reference_flatten(batch: ReportBatch) -> ingest.FlatBatch:

@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.store import means, metric_names, reads
+from qkwatch.monitor.store import metric_names
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.store.values import means, reads
 from qkwatch.rules.ruleset import RuleSet
 
 LAYERS = 4

@@ -19,10 +19,11 @@ import pytest
 import sqlalchemy as sa
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.store import ingest, lifecycle
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
+from qkwatch.monitor.store.runs import lifecycle
 from qkwatch.monitor.store.store import NotFound, Store
+from qkwatch.monitor.store.values import ingest
 from qkwatch.rules.ruleset import RuleSet
 from tests.conftest import missing_service
 from tests.monitor.conftest import PG_ADMIN_URL, _fresh_database, _pg_admin

@@ -1,4 +1,4 @@
-"""Bucket means (``qkwatch/monitor/store/means.py``) against exact answers: finite for huge finite values,
+"""Bucket means (``qkwatch/monitor/store/values/means.py``) against exact answers: finite for huge finite values,
 IEEE for infinities, and the plain mean for values of ordinary size."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from qkwatch.monitor.store.means import SCALE, mean, of_aggregates
+from qkwatch.monitor.store.values.means import SCALE, mean, of_aggregates
 
 MAX = sys.float_info.max
 TINY = 5e-324

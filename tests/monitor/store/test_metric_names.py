@@ -13,11 +13,12 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from qkwatch.contract.wire import ReportBatch, RunCreate
-from qkwatch.monitor.store import ingest, metric_names
+from qkwatch.monitor.store import metric_names
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.engine import make_engine
 from qkwatch.monitor.store.errors import Invalid
 from qkwatch.monitor.store.store import Store
+from qkwatch.monitor.store.values import ingest
 from qkwatch.rules.ruleset import RuleSet
 from tests.monitor.conftest import report
 

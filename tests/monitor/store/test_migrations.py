@@ -150,7 +150,7 @@ def test_alerts_of_runs_that_had_ended_are_closed(db_url: str):
         assert rows[live.pk].state == "firing"  # a running run's alert is left alone
         assert streaks[ended.pk] == (0, None) and streaks[live.pk][1] == rows[live.pk].id
         upgrade(engine)
-        alerts = {a.run_id: a for a in store.list_alerts(projects=["p"], run_id=None)}
+        alerts = {a.run: a for a in store.list_alerts(projects=["p"], run_id=None)}
         assert (alerts[ended.id].state, alerts[ended.id].ended_step, alerts[ended.id].run_end) == (
             "ended",
             20,
@@ -258,7 +258,7 @@ def test_alerts_the_old_code_closed_at_a_runs_end_become_ended_and_back(db_url: 
         upgrade(engine)
         got = sorted(store.list_alerts(projects=["p"], run_id=run.id), key=lambda a: a.id)
         assert [
-            (a.state, a.summary, a.resolved_step, a.ended_step, a.run_end, a.last_values, a.ends_at) for a in got
+            (a.state, a.summary, a.resolved_step, a.ended_step, a.run_end, a.last_values, a.ends_at_s) for a in got
         ] == [
             ("ended", "layer 0: qkai > 0.7 (0.81 at onset)", None, 40, "finished", None, 5.0),
             ("ended", "layer 0: qkai > 0.7 (0.82 at onset)", None, 41, "crashed", None, 6.0),

@@ -73,7 +73,7 @@ def test_a_config_stored_before_validation_loads_with_the_bad_keys_set_aside(
 ) -> None:
     run = create(store, {"n_layers": 2})
     text = store_text(store, run, json.dumps(stored))
-    with caplog.at_level(logging.WARNING, logger="qkwatch.monitor.store.runs"):
+    with caplog.at_level(logging.WARNING, logger="qkwatch.monitor.store.runs.lookup"):
         row = store.get_run(run.id)
         again = store.get_run_by_name(run.project, run.name)
     assert row.config == again.config

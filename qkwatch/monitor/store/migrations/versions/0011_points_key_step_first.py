@@ -5,7 +5,7 @@ series together: a batch of 10 reports of 24 layers x 6 metrics wrote 10 points 
 places in the index, so every batch dirtied at least 144 leaf pages (and their WAL frames). With
 the step before the layer, a batch's points of one metric are next to each other, at the end of
 the run's range: a few pages per metric. Layer series are read from the frames since this revision
-(``monitor.store.reads.series``); the points keep the per-head values, the scalars, the export and
+(``monitor.store.values.reads.series``); the points keep the per-head values, the scalars, the export and
 the dashboards' view, none of which reads one layer over many steps.
 
 SQLite: the table is rebuilt (copied in key order, the old one dropped after the copy) because a

@@ -11,8 +11,10 @@ from collections.abc import Iterator, Sequence
 
 import sqlalchemy as sa
 
-from qkwatch.monitor.store import frames, means, metric_names, runs, sql
+from qkwatch.monitor.store import metric_names, sql
 from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store.runs import lookup
+from qkwatch.monitor.store.values import frames, means
 
 
 def attempt_filter(run: m.RunRow, attempt: int | None) -> list[sa.ColumnElement[bool]]:
@@ -303,7 +305,7 @@ def latest_snapshot(
     where = [m.runs.c.status == "running"]
     if projects is not None:
         where.append(m.runs.c.project.in_(list(projects)))
-    found = runs.run_rows(
+    found = lookup.run_rows(
         conn, conn.execute(sa.select(m.runs).where(*where).order_by(m.runs.c.updated_at.desc()).limit(max_runs)).all()
     )
     if not found:

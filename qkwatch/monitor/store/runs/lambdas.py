@@ -13,9 +13,10 @@ import sqlalchemy as sa
 
 from qkwatch.contract import scheduling
 from qkwatch.contract.values import MAX_LAYERS
-from qkwatch.monitor.store import events, runs, sql
 from qkwatch.monitor.store import models as m
+from qkwatch.monitor.store import sql
 from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.store.runs import events, lookup
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +155,7 @@ def set_overrides(
     Raises:
         NotFound: unknown run. Invalid: naming the layer and the bound; nothing is applied then.
     """
-    run = runs.locked(conn, run_id)
+    run = lookup.locked(conn, run_id)
     current = state(conn, run)
     cfg = run.config.schedule
     for layer, value in overrides.items():
@@ -167,7 +168,7 @@ def set_overrides(
     ]
     if changes:
         _write_overrides(conn, run, changes, current.step, run.lambda_version + 1, who, now)
-    run = runs.by_pk(conn, run.pk)
+    run = lookup.by_pk(conn, run.pk)
     return run, state(conn, run)
 
 

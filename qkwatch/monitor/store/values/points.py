@@ -1,6 +1,6 @@
 """A batch's points into the ``points`` table, insert-or-ignore on their natural key.
 
-:func:`insert_points` is called by :func:`qkwatch.monitor.store.ingest.write_batch` in its transaction:
+:func:`insert_points` is called by :func:`qkwatch.monitor.store.values.ingest.write_batch` in its transaction:
 on SQLite one prepared statement over the rows in key order, on PostgreSQL a binary COPY (a temporary
 table and ``INSERT ... ON CONFLICT DO NOTHING`` when some points were stored before).
 """

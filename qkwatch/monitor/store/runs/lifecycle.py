@@ -11,10 +11,11 @@ import sqlalchemy as sa
 
 from qkwatch.contract.values import MAX_TAGS
 from qkwatch.contract.wire import RunConfig, RunCreate, RunPatch
-from qkwatch.monitor.store import lambdas, runs, sql
 from qkwatch.monitor.store import models as m
-from qkwatch.monitor.store.alerts import AlertRows
+from qkwatch.monitor.store import sql
 from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.store.runs import lambdas, lookup
+from qkwatch.monitor.store.runs.alerts import AlertRows
 from qkwatch.rules.evaluator import end_of_run
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def create_or_resume(conn: sa.Connection, body: RunCreate, now: float) -> tuple[
     when the run has none; notes already set are kept, since a job's restart or a late ``qkwatch sync``
     re-sends the notes it started with and must not undo an edit (PATCH changes them).
     """
-    row = runs.locked_by_name(conn, body.project, body.name)
+    row = lookup.locked_by_name(conn, body.project, body.name)
     if row is None:
         row = _insert_run(conn, body, now)
     known = _known_attempt(conn, row, body.attempt_key)
@@ -50,8 +51,8 @@ def create_or_resume(conn: sa.Connection, body: RunCreate, now: float) -> tuple[
         values["config"] = json.dumps(config.as_dict())
     conn.execute(sa.update(m.runs).where(m.runs.c.pk == row.pk).values(**values))
     if config is not None:
-        lambdas.clip_overrides(conn, runs.by_pk(conn, row.pk), config.schedule, attempt, now)
-    return runs.by_pk(conn, row.pk), attempt
+        lambdas.clip_overrides(conn, lookup.by_pk(conn, row.pk), config.schedule, attempt, now)
+    return lookup.by_pk(conn, row.pk), attempt
 
 
 def _add_tags(conn: sa.Connection, run: m.RunRow, tags: list[str]) -> None:
@@ -99,7 +100,7 @@ def annotate(conn: sa.Connection, run_id: str, body: RunPatch) -> m.RunRow:
     Raises:
         NotFound: unknown run. Invalid: more than :data:`MAX_TAGS` tags would result (naming ``add_tags``).
     """
-    run = runs.locked(conn, run_id)
+    run = lookup.locked(conn, run_id)
     have = set(run.tags)
     want = set(body.tags) if body.tags is not None else (have | set(body.add_tags or ())) - set(body.remove_tags or ())
     if len(want) > MAX_TAGS and len(want) > len(have):  # only add_tags can (the schema bounds ``tags``)
@@ -114,7 +115,7 @@ def annotate(conn: sa.Connection, run_id: str, body: RunPatch) -> m.RunRow:
         conn.execute(sa.insert(t).values([{"run_pk": run.pk, "tag": tag} for tag in sorted(want - have)]))
     if "notes" in body.model_fields_set:
         conn.execute(sa.update(m.runs).where(m.runs.c.pk == run.pk).values(notes=body.notes or None))
-    return runs.by_pk(conn, run.pk)
+    return lookup.by_pk(conn, run.pk)
 
 
 def _keep_shape(run: m.RunRow, config: RunConfig) -> RunConfig:
@@ -122,7 +123,7 @@ def _keep_shape(run: m.RunRow, config: RunConfig) -> RunConfig:
 
     The layer count sizes the lambdas the trainer reads and the alerts' layers; a resume that
     changed it would silently change what they mean. A count stored before it was bounded
-    (set aside when the row is read: :func:`qkwatch.monitor.store.runs.load_config`) does not
+    (set aside when the row is read: :func:`qkwatch.monitor.store.runs.lookup.load_config`) does not
     hold the run to it.
     """
     old, new = run.config.n_layers, config.n_layers
@@ -145,7 +146,7 @@ def _keeps_status(run: m.RunRow) -> bool:
     the attempt key it already has; that must not undo the status. A stale guess
     (crashed, reason "stale") does not count: the run revives as on reports.
     """
-    return run.status in runs.TERMINAL and run.status_reason != "stale"
+    return run.status in lookup.TERMINAL and run.status_reason != "stale"
 
 
 def _known_attempt(conn: sa.Connection, run: m.RunRow, key: str | None) -> int | None:
@@ -172,7 +173,7 @@ def _insert_run(conn: sa.Connection, body: RunCreate, now: float) -> m.RunRow:
     # Two replicas creating the same run at once: the loser's insert does nothing and it
     # reads (and locks) the winner's row.
     conn.execute(ins.on_conflict_do_nothing(index_elements=["project", "name"]))
-    row = runs.locked_by_name(conn, body.project, body.name)
+    row = lookup.locked_by_name(conn, body.project, body.name)
     assert row is not None
     conn.execute(
         sql.insert(conn, m.attempts)
@@ -202,7 +203,7 @@ def set_status(
     Raises:
         NotFound: unknown run. Invalid: an attempt the run does not have.
     """
-    run = runs.locked(conn, run_id)
+    run = lookup.locked(conn, run_id)
     if attempt is not None and attempt > run.latest_attempt:
         raise Invalid(f"attempt: run {run.id} has no attempt {attempt} (latest is {run.latest_attempt})")
     if attempt is not None and attempt < run.latest_attempt:
@@ -215,9 +216,9 @@ def set_status(
         .where(m.runs.c.pk == run.pk)
         .values(status=status, status_reason=reason or "patch", updated_at=now)
     )
-    if status in runs.TERMINAL:
+    if status in lookup.TERMINAL:
         end_of_run(AlertRows(conn, run.pk, now), run.last_step, _how(status, reason))
-    return runs.by_pk(conn, run.pk)
+    return lookup.by_pk(conn, run.pk)
 
 
 def _how(status: str, reason: str | None) -> str:
@@ -229,7 +230,7 @@ def delete(conn: sa.Connection, pk: int) -> None:
     """Delete the run and every row of it (points, frames, alerts and their notifications...).
 
     The run's row is locked first, as every write of a run locks it first (ingest, status, tags,
-    overrides, create or resume: :func:`qkwatch.monitor.store.runs.locked`). One order, run before
+    overrides, create or resume: :func:`qkwatch.monitor.store.runs.lookup.locked`). One order, run before
     its rows, so a delete waits for a batch being stored and then deletes that batch too, and a
     batch that waited for the delete finds no run (NotFound, a 404): never a deadlock, and no row
     written between the delete's statements is left behind. A run deleted meanwhile is no error.
@@ -294,7 +295,7 @@ def apply_retention(conn: sa.Connection, days: float, now: float) -> list[str]:
     """
     rows = conn.execute(
         sa.select(m.runs.c.pk, m.runs.c.id)
-        .where(m.runs.c.status.in_(runs.TERMINAL), m.runs.c.updated_at < now - days * 86400)
+        .where(m.runs.c.status.in_(lookup.TERMINAL), m.runs.c.updated_at < now - days * 86400)
         .order_by(m.runs.c.pk)
         .with_for_update()
     ).all()

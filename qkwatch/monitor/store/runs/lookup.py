@@ -1,6 +1,6 @@
 """The runs table read: a run by id or name (locked for a write), runs by filters, with their tags.
 
-How a run starts, resumes, ends and goes away is :mod:`qkwatch.monitor.store.lifecycle`.
+How a run starts, resumes, ends and goes away is :mod:`qkwatch.monitor.store.runs.lifecycle`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from qkwatch.monitor.store import means
+from qkwatch.monitor.store.values import means
 
 FrameRow = tuple[str, int, str, bytes, bytes | None, bool]
 """(metric, step, mask, vals, present, has_nan) as stored (run and attempt are added on insert)."""

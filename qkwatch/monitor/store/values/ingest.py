@@ -2,7 +2,7 @@
 
 :func:`write_batch` is the transaction's body: the batch id (exactly once), the points, frames,
 events and latest values, then the run's schedule state and its alerts (decided in
-:mod:`qkwatch.rules.evaluator`, written through :class:`qkwatch.monitor.store.alerts.AlertRows`).
+:mod:`qkwatch.rules.evaluator`, written through :class:`qkwatch.monitor.store.runs.alerts.AlertRows`).
 
 The cost of a batch is constant in the run's history: points go in with insert-or-ignore on
 their natural key (an index probe each), never a read of what is already stored.
@@ -24,12 +24,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from qkwatch.contract import api
 from qkwatch.contract.values import decode_value
 from qkwatch.contract.wire import ReportBatch
-from qkwatch.monitor.store import alerts, events, frames, lambdas, models, runs, sql
+from qkwatch.monitor.store import models, sql
 from qkwatch.monitor.store.errors import Invalid
-from qkwatch.monitor.store.events import EventIn
 from qkwatch.monitor.store.metric_names import ids_for_batch
 from qkwatch.monitor.store.models import LAYER_VALUE, RUN_SCALAR
-from qkwatch.monitor.store.points import PointRow, insert_points
+from qkwatch.monitor.store.runs import alerts, events, lambdas, lookup
+from qkwatch.monitor.store.runs.events import EventIn
+from qkwatch.monitor.store.values import frames
+from qkwatch.monitor.store.values.points import PointRow, insert_points
 from qkwatch.rules.evaluator import RunEnd, evaluate_batch
 from qkwatch.rules.ruleset import RuleSet
 
@@ -157,7 +159,7 @@ def write_batch(
         Invalid: the batch names an attempt the run does not have, or takes the run past ``max_names``.
     """
     total = len(flat.points)
-    run = runs.locked(conn, run_id)
+    run = lookup.locked(conn, run_id)
     if allow is not None:
         allow(run)
     attempt = batch.attempt or run.latest_attempt
@@ -197,7 +199,7 @@ def _record_batch(
     return conn.execute(stmt, params).first() is not None
 
 
-# Built once (see runs._BY_ID): one per dialect, each ``INSERT ... ON CONFLICT DO NOTHING RETURNING``.
+# Built once (see lookup._BY_ID): one per dialect, each ``INSERT ... ON CONFLICT DO NOTHING RETURNING``.
 _RECORD_BATCH = {
     name: dialect.insert(models.batches)
     .values({c: sa.bindparam(c) for c in ("run_pk", "batch_id", "attempt", "points", "received_at")})
@@ -224,7 +226,7 @@ def _upsert_latest(conn: sa.Connection, pk: int, attempt: int, latest: Latest) -
 def _run_end(run: models.RunRow, max_step: int, inserted: int) -> RunEnd | None:
     """How the run ended, when the batch reaches it ended and does not revive it (see ``_touch_run``):
     another rank's last reports, delivered after rank 0 said the run finished."""
-    if run.status not in runs.TERMINAL:
+    if run.status not in lookup.TERMINAL:
         return None
     stale = run.status == "crashed" and run.status_reason == "stale"
     if stale and inserted:

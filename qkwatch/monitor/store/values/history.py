@@ -15,9 +15,10 @@ from typing import TypeGuard
 
 import sqlalchemy as sa
 
-from qkwatch.monitor.store import frames, metric_names, reads, sql
+from qkwatch.monitor.store import metric_names, sql
 from qkwatch.monitor.store import models as m
 from qkwatch.monitor.store.errors import Invalid
+from qkwatch.monitor.store.values import frames, reads
 
 Doubles = tuple[list[int], list[int], bytes, bytes | None]
 """(steps, layers, float64 values step-major with NaN where not measured, measured bytes or None)."""
