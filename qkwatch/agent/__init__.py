@@ -28,18 +28,27 @@ if TYPE_CHECKING:  # what the lazy names resolve to, for type checkers
     from qkwatch.agent.agent import Agent
     from qkwatch.agent.models.adapters import Site
     from qkwatch.agent.models.layouts import Layout
+    from qkwatch.agent.sinks.base import RunInfo, Sink, SinkAlert, SinkReport, layer_tag, scalar_tag
 
 __all__ = [
     "Agent",
     "AgentConfig",
     "Layout",
     "Mapping",
+    "RunInfo",
     "ScheduleConfig",
+    "Sink",
+    "SinkAlert",
+    "SinkReport",
     "Site",
     "attach",
     "exception_reason",
     "find_sites",
+    "layer_tag",
+    "scalar_tag",
 ]
+_SINK_NAMES = frozenset({"RunInfo", "Sink", "SinkAlert", "SinkReport", "layer_tag", "scalar_tag"})
+"""What a sink is and how it names values (``qkwatch.agent.sinks.base``), for sinks written outside the agent."""
 
 
 def attach(model: Any, **kwargs: Any) -> Any:
@@ -93,4 +102,8 @@ def __getattr__(name: str) -> Any:
         from qkwatch.agent.models.layouts import Layout
 
         return Layout
+    if name in _SINK_NAMES:
+        from qkwatch.agent.sinks import base
+
+        return getattr(base, name)
     raise AttributeError(f"module 'qkwatch.agent' has no attribute {name!r}")

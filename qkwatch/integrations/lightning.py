@@ -31,6 +31,20 @@ any logger is Lightning's ``log_every_n_steps`` (default 50): 1 stores the loss 
 (With manual optimization and several ``optimizer.step()`` calls per batch, ``global_step``
 counts every one while the loggers count batches.)
 
+**Into the trainer's loggers** (``tracker_logs``, on by default). The other way round: qkwatch's
+per-layer values (``qkwatch/qkai/layer_07``; the catalogue's primary per-layer metrics unless a list
+is given) go to every logger of the trainer but the callback's own (TensorBoard, CSV, W&B,
+MLflow...), each report at its own step: ``logger.log_metrics(values, step=report.step)``. The
+agent hands its reports to a sink of the callback's (``qkwatch.integrations.latest``) on the sinks'
+worker thread; ``on_train_batch_end`` takes on the training thread what has arrived and logs it,
+and ``on_fit_end`` does once more after closing the agent (which finishes the last report and
+waits for the worker), before Lightning finalizes its loggers, so every report step reaches them.
+Not ``pl_module.log_dict``: it logs at ``trainer.global_step`` (the report of step ``s`` is finished
+only at ``s + 1`` and reaches the sink later still), keeps only the steps ``log_every_n_steps``
+lets through, and would hand the values to :class:`QKWatchLogger`, back into the agent. Only rank
+0 logs (Lightning's loggers log on rank 0 alone), so under DDP the loggers get rank 0's layers
+(``l % world == 0``); the collector has every layer.
+
 **End.** ``on_fit_end`` closes the agent with ``finished``; ``on_exception`` (any exception in the
 fit, KeyboardInterrupt included) with ``crashed`` and ``"Type: message"``. Metrics logged outside
 ``fit`` (``trainer.test`` afterwards) are not stored: the run ended with the fit.
@@ -49,7 +63,7 @@ import logging
 import math
 import numbers
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 try:
@@ -64,6 +78,7 @@ from torch import Tensor, nn
 
 from qkwatch.agent import Agent, attach, exception_reason
 from qkwatch.contract.values import clean_metric_name
+from qkwatch.integrations.latest import LatestReports, chosen_metrics, with_sink
 
 __all__ = ["QKWatchCallback", "QKWatchLogger"]
 
@@ -87,6 +102,9 @@ class QKWatchCallback(pl.Callback):
         module: dotted path of the submodule that holds the transformer (``"model"``,
             ``"net.backbone"``); default the LightningModule itself. A ``layout=`` is relative to it.
         close_timeout: seconds ``close`` may spend delivering at the end of the fit.
+        tracker_logs: log qkwatch's per-layer values to the trainer's other loggers, each report at
+            its step: True, the catalogue's primary per-layer metrics (QKAI, stable rank, attention
+            entropy, logit max, lambda); a list of metric names, those; False, none.
         **settings: any other keyword of :func:`qkwatch.attach` (``url``, ``token``, ``spool``,
             ``tags``, ``notes``, ``layout``, ``heads``, ``sample_rows``...).
 
@@ -103,6 +121,7 @@ class QKWatchCallback(pl.Callback):
         *,
         module: str | None = None,
         close_timeout: float = 10.0,
+        tracker_logs: bool | Iterable[str] = True,
         **settings: Any,
     ) -> None:
         super().__init__()
@@ -113,8 +132,10 @@ class QKWatchCallback(pl.Callback):
         self.module = module
         self.close_timeout = close_timeout
         self.settings = settings
+        self.tracker_metrics = chosen_metrics(tracker_logs)
         self.agent: Agent | None = None
         self.logger = QKWatchLogger(self)
+        self._latest: LatestReports | None = None
         self._stepped: int | None = None  # the optimizer step last given to agent.step
         self._fitting = False
         self._warned: set[str] = set()
@@ -131,9 +152,9 @@ class QKWatchCallback(pl.Callback):
         """Attach (every rank: the process group is up and the model is on its device)."""
         target = pl_module.get_submodule(self.module) if self.module else pl_module
         config = {**self._hparams(trainer, pl_module), **self.config}
-        self.agent = attach(
-            target, project=self.project, run=self.run, every=self.every, config=config, **self.settings
-        )
+        self._latest = LatestReports(self.tracker_metrics) if self.tracker_metrics else None
+        settings = with_sink(self.settings, self._latest)
+        self.agent = attach(target, project=self.project, run=self.run, every=self.every, config=config, **settings)
         self._stepped = None
         self._fitting = True
 
@@ -146,11 +167,18 @@ class QKWatchCallback(pl.Callback):
             self._stepped = step
             self.agent.step(step)
 
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._to_loggers(trainer)
+
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._close("finished", None)
+        self._to_loggers(trainer)  # the reports the close finished; the loggers are finalized after this hook
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._close("crashed", exception_reason(exception))
+        self._to_loggers(trainer)
 
     # --- what the logger hands over ----------------------------------------------------------------
 
@@ -174,6 +202,18 @@ class QKWatchCallback(pl.Callback):
             agent.log((self._stepped or 0) if step is None else step, **values)
 
     # --- helpers ------------------------------------------------------------------------------------
+
+    def _to_loggers(self, trainer: pl.Trainer) -> None:
+        """The reports that have reached the callback's sink, to every other logger at their own steps (rank 0)."""
+        if self._latest is None:
+            return
+        taken = self._latest.drain()
+        if not trainer.is_global_zero:
+            return
+        for step, values in taken:
+            for each in trainer.loggers:
+                if each is not self.logger:  # ours would hand them back to the agent
+                    each.log_metrics(values, step=step)
 
     def _close(self, status: str, reason: str | None) -> None:
         self._fitting = False

@@ -10,6 +10,7 @@
 lambdas to the loss (``qkwatch.raa``). Install with ``pip install 'qkwatch[huggingface]'``.
 
 The parts: ``callback`` (:class:`QKWatchCallback`, and how it follows the Trainer's events),
+``tracker_logs`` (qkwatch's per-layer values in the Trainer's logs, for every ``report_to`` target),
 ``process_hooks`` (what closes a run left open by an uncaught exception or the process's exit),
 ``raa_trainer`` (:class:`RAATrainer`), ``config_fields`` (:func:`run_config`: the run's config from
 ``TrainingArguments`` and the model's config) and ``logs`` (:func:`scalars`: the numbers of the

@@ -14,6 +14,10 @@ How the callback follows the Trainer's events:
 * ``on_log`` and ``on_evaluate``: every number the Trainer logs (``loss``, ``learning_rate``,
   ``grad_norm``, ``epoch``, ``eval_*``, the closing ``train_*`` summary) goes to ``agent.log`` at
   ``state.global_step``: each value is stored at the step ``trainer.state.log_history`` shows it at.
+  With ``tracker_logs`` (on by default) the same ``on_log`` then adds qkwatch's per-layer values
+  to the Trainer's ``logs`` (``qkwatch/qkai/layer_07``, ..., ``qkwatch/step``), so every
+  ``report_to`` target receives them: the callback moves itself ahead of the reporters when training
+  begins. How, which report and at which step: :mod:`qkwatch.integrations.huggingface.tracker_logs`.
 * ``on_train_end``: ``agent.close(status="finished")``.
 
 A training that raises. The Trainer has no exception event (its ``on_train_end`` runs only on
@@ -46,7 +50,7 @@ scalars and says "finished" (any rank says "crashed").
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from types import TracebackType
 from typing import Any
 
@@ -58,6 +62,8 @@ from qkwatch.agent import Agent, Layout, attach, exception_reason
 from qkwatch.integrations.huggingface.config_fields import run_config
 from qkwatch.integrations.huggingface.logs import scalars
 from qkwatch.integrations.huggingface.process_hooks import ProcessHooks
+from qkwatch.integrations.huggingface.tracker_logs import TrackerLogs
+from qkwatch.integrations.latest import with_sink
 
 
 class QKWatchCallback(TrainerCallback):
@@ -73,6 +79,7 @@ class QKWatchCallback(TrainerCallback):
         url: str | None = None,
         layout: Layout | None = None,
         close_timeout: float = 10.0,
+        tracker_logs: bool | Iterable[str] = True,
         **settings: Any,
     ) -> None:
         """Settings for :func:`qkwatch.attach`, used when training begins.
@@ -87,6 +94,10 @@ class QKWatchCallback(TrainerCallback):
             url: the collector (then ``QKWATCH_URL``; neither: offline, everything stays spooled).
             layout: where the projections are, for a model the agent's adapters do not know.
             close_timeout: seconds the end of the run may spend delivering what is spooled.
+            tracker_logs: add qkwatch's per-layer values to the Trainer's logs, which every
+                ``report_to`` target receives: True, the catalogue's primary per-layer metrics (QKAI,
+                stable rank, attention entropy, logit max, lambda); a list of metric names, those;
+                False, none.
             settings: any other keyword of :func:`qkwatch.attach` (``token``, ``spool``, ``tags``,
                 ``notes``, ``weight_every``, ``sample_rows``, ...).
         """
@@ -102,6 +113,7 @@ class QKWatchCallback(TrainerCallback):
         self.agent: Agent | None = None
         """The agent of the open run; None before training begins and once the run is closed."""
         self._hooks = ProcessHooks(self._uncaught, self._exiting)
+        self._tracker = TrackerLogs(tracker_logs)
 
     # --- the Trainer's events -----------------------------------------------------------------
 
@@ -118,6 +130,7 @@ class QKWatchCallback(TrainerCallback):
         if model is None:
             raise ValueError("QKWatchCallback.on_train_begin: the Trainer passed no model")
         unwrapped = unwrap(model)
+        sink = self._tracker.begin(self)  # before attach: the agent is given the sink
         self.agent = attach(
             unwrapped,
             url=self.url,
@@ -126,7 +139,7 @@ class QKWatchCallback(TrainerCallback):
             every=self.every,
             config=run_config(args, unwrapped, self.config),
             layout=self.layout,
-            **self.settings,
+            **with_sink(self.settings, sink),
         )
         self.run = self.agent.run  # later train() calls are attempts of this run
         self._hooks.install()
@@ -142,11 +155,12 @@ class QKWatchCallback(TrainerCallback):
         args: TrainingArguments,
         state: TrainerState,
         control: TrainerControl,
-        logs: Mapping[str, Any] | None = None,
+        logs: MutableMapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if self.agent is not None and logs:
-            self.agent.log(state.global_step, **scalars(logs))
+            self.agent.log(state.global_step, **scalars(logs))  # the Trainer's own values, before ours join them
+            self._tracker.add_to(logs)
 
     def on_evaluate(
         self,
