@@ -10,10 +10,8 @@ from qkwatch.agent.metrics.attention import (
     STAT_NAMES,
     attention_spectrum,
     attention_stats,
-    mask_values,
     qk_erank,
     scored_logits,
-    visible_keys,
 )
 from qkwatch.agent.metrics.digest import export_fault, tensor_sha256
 from qkwatch.agent.metrics.heads import (
@@ -25,7 +23,9 @@ from qkwatch.agent.metrics.heads import (
     split_qkv,
     split_qkv_output,
 )
+from qkwatch.agent.metrics.masks import mask_values, visible_keys
 from qkwatch.agent.metrics.par import TAU_FACTOR, par_penalty
+from qkwatch.agent.metrics.rows import RowMetric, activation_metric
 from qkwatch.agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
 from qkwatch.agent.metrics.subspace import (
     ACCURACY,
@@ -44,7 +44,9 @@ __all__ = [
     "SPLITS",
     "STAT_NAMES",
     "TAU_FACTOR",
+    "RowMetric",
     "WeightMetric",
+    "activation_metric",
     "attention_spectrum",
     "attention_stats",
     "column_alignment",
