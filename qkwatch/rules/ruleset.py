@@ -7,9 +7,11 @@ the rule and the key, rather than silently alerting on less.
 Rules file (YAML); every field is checked by type, and ``rules`` is required (``rules: []``
 switches alerting off: an empty file is an error, not a silent "no alerts"). ``kind`` is one of
 ``threshold``, ``band``, ``growth``, ``forecast``; left out, a rule with ``band_of`` is a band and
-any other a threshold rule. A qkai threshold or forecast rule without a ``threshold`` takes the
-collector's collapse threshold (``QKWATCH_COLLAPSE_THRESHOLD``, 0.70 by default); a rule on any
-other metric must give its own. ``factor`` (growth) and ``horizon_steps`` (forecast) are required::
+any other a threshold rule. A threshold or forecast rule on a metric on QKAI's scale (the catalogue,
+``qkwatch.contract.metrics``: qkai, qkai_max) without a ``threshold`` takes the collector's collapse
+threshold (``QKWATCH_COLLAPSE_THRESHOLD``, 0.70 by default); a rule on any other metric must give
+its own, and a threshold outside the metric's catalogue range is refused. ``factor`` (growth) and
+``horizon_steps`` (forecast) are required::
 
     rules:
       - name: qkai_high          # a threshold rule
@@ -53,6 +55,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from qkwatch.contract.metrics import CATALOGUE
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD, as_text
 from qkwatch.contract.urls import check_http_url
 from qkwatch.rules.kinds import (
@@ -217,18 +220,35 @@ def _parse_rule(item: object, i: int, collapse: float) -> Rule:
 
 
 def _with_threshold(item: Mapping[str, Any], i: int, collapse: float) -> dict[str, Any]:
-    """A threshold or forecast rule's fields, a qkai rule's omitted threshold filled with the collapse threshold.
+    """A threshold or forecast rule's fields, read against the metric's catalogue entry
+    (``qkwatch.contract.metrics``): an omitted threshold is the collapse threshold for a metric on
+    QKAI's scale (the entry's ``threshold`` is ``collapse``: qkai, qkai_max), and a threshold outside
+    the metric's range (``low``, ``high``) is refused, as a rule that could never fire or always would.
 
     Any other metric has no threshold to inherit: QKAI's collapse threshold means nothing on its scale.
     """
-    if "threshold" in item:
-        return dict(item)
-    if item.get("metric", "qkai") != "qkai":
-        raise ValueError(
-            f"rules[{i}] ({item.get('name')!r}): threshold is required for metric {item.get('metric')!r} "
-            f"(only a qkai rule defaults to the collapse threshold, {as_text(collapse)})"
-        )
-    return {**item, "threshold": collapse}
+    metric = item.get("metric", "qkai")
+    entry = CATALOGUE.get(metric) if isinstance(metric, str) else None
+    where = f"rules[{i}] ({item.get('name')!r})"
+    if "threshold" not in item:
+        if entry is None or entry.threshold != "collapse":
+            inherits = ", ".join(m.name for m in CATALOGUE.values() if m.threshold == "collapse")
+            raise ValueError(
+                f"{where}: threshold is required for metric {metric!r} (only a metric on QKAI's scale, "
+                f"{inherits}, defaults to the collapse threshold, {as_text(collapse)})"
+            )
+        return {**item, "threshold": collapse}
+    threshold = item["threshold"]
+    number = isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+    if entry is not None and number:
+        low = -float("inf") if entry.low is None else entry.low
+        high = float("inf") if entry.high is None else entry.high
+        if not low <= threshold <= high:
+            raise ValueError(
+                f"{where}: threshold {as_text(threshold)} is outside {metric}'s range "
+                f"[{as_text(low)}, {as_text(high)}] ({entry.display}, qkwatch.contract.metrics)"
+            )
+    return dict(item)
 
 
 def with_webhooks(rules: RuleSet, urls: Iterable[str]) -> RuleSet:

@@ -66,6 +66,26 @@ def test_a_rule_on_another_metric_must_give_its_threshold():
         RuleSet.from_mapping({"rules": [{"name": "low", "metric": "attn_entropy", "op": "<"}]})
 
 
+def test_the_rules_read_the_metric_catalogue():
+    """A metric on QKAI's scale in the catalogue (qkai_max) inherits the collapse threshold too; a
+    threshold outside a catalogue metric's range is refused naming it; a metric the catalogue does
+    not know (one of the user's own) takes any threshold it is given, and must give one."""
+    worst = RuleSet.from_mapping({"rules": [{"name": "w", "metric": "qkai_max"}]}, collapse=0.66)
+    assert worst.thresholds[0].threshold == 0.66
+    for metric, threshold, shown in (("qkai", 1.5, "[0.00, 1.00]"), ("attn_entropy", -0.1, "[0.00, 1.00]")):
+        rule = {"name": "x", "metric": metric, "threshold": threshold}
+        with pytest.raises(ValueError, match=rf"rules\[0\] \('x'\): threshold .* is outside {metric}'s range") as err:
+            RuleSet.from_mapping({"rules": [rule]})
+        assert shown in str(err.value)
+    forecast = {"name": "f", "kind": "forecast", "metric": "qkai", "threshold": 2.0, "horizon_steps": 10}
+    with pytest.raises(ValueError, match="outside qkai's range"):
+        RuleSet.from_mapping({"rules": [forecast]})
+    own = RuleSet.from_mapping({"rules": [{"name": "o", "metric": "my_metric", "threshold": 1e6}]})
+    assert own.thresholds[0].threshold == 1e6
+    with pytest.raises(ValueError, match=r"threshold is required for metric 'my_metric'.*qkai, qkai_max"):
+        RuleSet.from_mapping({"rules": [{"name": "o", "metric": "my_metric"}]})
+
+
 def test_an_integer_threshold_is_a_number():
     assert RuleSet.from_mapping({"rules": [{**GOOD, "threshold": 1}]}).thresholds[0].threshold == 1
 
