@@ -22,6 +22,7 @@ step. Both arms have the agent, attached the same way; arm A's also sends every 
 (``bench.agent_overhead.sinks``: TensorBoard event files, W&B offline, MLflow on a file store, all in
 a temporary folder). The same rounds and statistics; also each arm's training thread inside its
 agent, and the sinks' worker thread's wall clock and CPU time a round (off the training thread).
+``--sinks none``: both arms with the agent and no sink, the A/A control.
 
 ``--profile``: after the timed rounds, cProfile of arm A's report step and the step after it
 (three pairs), the agent's own functions by cumulative time.
@@ -70,7 +71,8 @@ def main() -> None:
         "--sinks",
         type=sinks.parse,
         default=(),
-        help=f"A/B of the sinks: both arms with the agent, arm A's with these sinks too ({', '.join(sinks.NAMES)})",
+        help=f"A/B of the sinks: both arms with the agent, arm A's with these sinks too ({', '.join(sinks.NAMES)}; "
+        f"{sinks.CONTROL}: no sink in either arm, the A/A control)",
     )
     parser.add_argument(
         "--measure-thread",
@@ -108,12 +110,17 @@ def main() -> None:
         f"measure_thread {'default' if args.measure_thread is None else args.measure_thread}; "
         f"{s['rounds']} rounds of {args.every} steps per arm after {args.warmup_rounds} warm-up; "
         f"wall {wall / 60:.1f} min; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}"
-        + (f"; arm A: the agent and the sinks {', '.join(args.sinks)}, arm B: the agent alone" if args.sinks else "")
+        + (f"; {sinks.arms(args.sinks)}" if args.sinks else "")
         + "\n"
     )
-    with_, whose = ("with the sinks", "arm A's") if args.sinks else ("with", "the")
+    with_, without, whose = ("with", "without", "the")
+    if args.sinks:
+        control = args.sinks == (sinks.CONTROL,)
+        with_, without, whose = (
+            ("of arm A", "of arm B", "arm A's") if control else ("with the sinks", "without", "arm A's")
+        )
     print(
-        f"| step {with_} (ms) | step without (ms) | mean overhead | median | 95 % bootstrap CI of the mean "
+        f"| step {with_} (ms) | step {without} (ms) | mean overhead | median | 95 % bootstrap CI of the mean "
         "| report step + next, extra (ms) | plain step, extra (ms) | close (s) |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -6,7 +6,9 @@ sinks write under one temporary folder, nothing over the network:
 
 * ``tensorboard``: ``TensorBoardSink`` (event files);
 * ``wandb``: ``WandbSink`` in offline mode (W&B's own service process, its files local);
-* ``mlflow``: ``MlflowSink`` on a local file store.
+* ``mlflow``: ``MlflowSink`` on a local file store;
+* ``none``: no sink in either arm, the A/A control: the difference the bench reads between two arms
+  that differ in nothing.
 
 The sinks' worker thread (``qkwatch-sinks-0``) is timed by wrapping its per-report handler: wall
 clock and the thread's own CPU time (``time.thread_time``), both off the training thread; its
@@ -27,19 +29,31 @@ from qkwatch.agent.sinks.base import Sink
 
 NAMES = ("tensorboard", "wandb", "mlflow")
 """The sinks ``--sinks`` knows (comma-separated)."""
+CONTROL = "none"
+"""``--sinks none``: both arms with the agent and neither with a sink, the A/A control (what the
+bench reads when the two arms differ in nothing)."""
 
 
 def parse(value: str) -> tuple[str, ...]:
     """``--sinks tensorboard,wandb`` -> ("tensorboard", "wandb"); an unknown name is argparse's error."""
     names = tuple(n.strip().lower() for n in value.split(",") if n.strip())
+    if names == (CONTROL,):
+        return names
     unknown = [n for n in names if n not in NAMES]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"--sinks: {', '.join(unknown) or 'none given'} (known: {', '.join(NAMES)})")
     return names
 
 
+def arms(names: tuple[str, ...]) -> str:
+    """What each arm has, for the run's description."""
+    if names == (CONTROL,):
+        return "arms A and B: the agent alone (the A/A control)"
+    return f"arm A: the agent and the sinks {', '.join(names)}, arm B: the agent alone"
+
+
 def make_sinks(names: tuple[str, ...], folder: Path) -> list[Sink]:
-    """The sinks named, each writing under ``folder`` (W&B offline, MLflow a file store)."""
+    """The sinks named, each writing under ``folder`` (W&B offline, MLflow a file store); none for ``none``."""
     out: list[Sink] = []
     for name in names:
         if name == "tensorboard":
@@ -130,20 +144,26 @@ def print_summary(s: dict[str, Any], counts: dict[str, Any], folder: Path) -> No
         f"{100 * s['share_b']:.3f} % of the round; arm A's minus arm B's: {100 * s['inside_extra']:+.3f} % "
         f"of the round, 95 % bootstrap CI [{100 * s['inside_extra_low']:+.3f} %, {100 * s['inside_extra_high']:+.3f} %]"
     )
-    print(
-        f"the sinks' worker thread (off the training thread): {s['sinks_wall_ms']:.1f} ms a round wall clock, "
-        f"{s['sinks_cpu_ms']:.1f} ms of its own CPU time; reports written {counts.get('written')}, dropped "
-        f"{counts.get('dropped')}, failed calls {counts.get('failures') or 'none'}, still queued at close "
-        f"{counts.get('pending')}; {folder_size(folder) / 2**20:.1f} MiB written under {folder}"
-    )
+    if not counts:
+        print("no sinks' worker: the A/A control (neither arm has a sink)")
+    else:
+        print(
+            f"the sinks' worker thread (off the training thread): {s['sinks_wall_ms']:.1f} ms a round wall clock, "
+            f"{s['sinks_cpu_ms']:.1f} ms of its own CPU time; reports written {counts.get('written')}, dropped "
+            f"{counts.get('dropped')}, failed calls {counts.get('failures') or 'none'}, still queued at close "
+            f"{counts.get('pending')}; {folder_size(folder) / 2**20:.1f} MiB written under {folder}"
+        )
     low, high = 100 * s["low"], 100 * s["high"]
     if low > 0:
-        verdict = f"a cost: the interval [{low:+.2f} %, {high:+.2f} %] lies above zero"
+        verdict = (
+            f"{'arm A slower' if not counts else 'a cost'}: the interval [{low:+.2f} %, {high:+.2f} %] lies above zero"
+        )
     elif high < 0:
-        verdict = f"no cost: the interval [{low:+.2f} %, {high:+.2f} %] lies below zero (arm A was faster)"
+        verdict = f"arm A was faster: the interval [{low:+.2f} %, {high:+.2f} %] lies below zero"
     else:
         verdict = (
             f"no cost told from zero: the interval [{low:+.2f} %, {high:+.2f} %] holds zero; it does not "
             f"exclude a cost up to {high:+.2f} %"
         )
-    print(f"\nthe sinks' cost to the step: {verdict}")
+    what = "arm A against arm B, neither with a sink" if not counts else "the sinks' cost to the step"
+    print(f"\n{what}: {verdict}")
