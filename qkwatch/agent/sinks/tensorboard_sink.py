@@ -1,7 +1,8 @@
 """The TensorBoard sink: every report as event files that ``tensorboard --logdir`` shows.
 
-* Each value is a scalar (``add_scalar``) at the report's step, named as the catalogue names it:
-  ``qkwatch/qkai/layer_07`` for a layer's value, ``qkwatch/loss`` for a run-level one.
+* Each value is a scalar at the report's step (a ``simple_value``, as ``add_scalar`` writes it; a
+  report's values in one event), named as the catalogue names it: ``qkwatch/qkai/layer_07`` for a
+  layer's value, ``qkwatch/loss`` for a run-level one.
 * A custom-scalars layout (TensorBoard's "Custom Scalars" tab) has one category, ``qkwatch``, with
   one multi-line chart per per-layer metric, drawing every layer (``qkwatch/<metric>/layer_.*``),
   the catalogue's primary metrics first. It is written with the first report that has per-layer
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
 INSTALL = "pip install 'qkwatch[tensorboard]'"
+CHUNK = 64
+"""Values per event: a report's scalars go in events of this many, the GIL let go between them."""
 LAYOUT_CATEGORY = PREFIX
 """The custom-scalars layout's one category."""
 
@@ -97,16 +101,22 @@ class TensorBoardSink:
             self._writer = SummaryWriter(log_dir=str(self.logdir), flush_secs=self.flush_secs)
 
     def write(self, report: SinkReport) -> None:
-        writer = self._open_writer()
-        for tag, value in report.flat(self._n_layers).items():
-            writer.add_scalar(tag, value, global_step=report.step, walltime=report.time)
+        from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
+
+        # one event for the whole report (what add_scalar writes per value, a simple_value each): one
+        # record, one checksum and one hand-over to the writer's thread instead of one per value
+        flat = list(report.flat(self._n_layers).items())
+        for start in range(0, len(flat), CHUNK):  # a pause for the GIL between pieces (see the worker)
+            values = [Summary.Value(tag=tag, simple_value=value) for tag, value in flat[start : start + CHUNK]]
+            self._add_summary(Summary(value=values), report.step, report.time)
+            time.sleep(0)
         new = [m for m in report.layers if m not in self._charted]
         if new:
             self._charted = _chart_order([*self._charted, *new])
             self._add_summary(_layout(self._charted), report.step)
 
     def heatmap(self, metric: str, steps: list[int], layers: list[list[float | None]], step: int) -> None:
-        from tensorboard.compat.proto.summary_pb2 import Summary  # type: ignore[import-untyped]
+        from tensorboard.compat.proto.summary_pb2 import Summary
 
         rgb = heatmap_rgb(metric, layers)
         height, width, _ = rgb.shape
@@ -130,10 +140,10 @@ class TensorBoardSink:
             raise RuntimeError("the tensorboard sink was not opened")
         return self._writer
 
-    def _add_summary(self, summary: Any, step: int) -> None:
-        """A summary proto at ``step`` (the layout and the images: torch's helpers for them need a step 0
-        or Pillow)."""
-        self._open_writer()._get_file_writer().add_summary(summary, step)  # type: ignore[no-untyped-call]
+    def _add_summary(self, summary: Any, step: int, walltime: float | None = None) -> None:
+        """A summary proto at ``step`` (the scalars of a report in one event; the layout and the images:
+        torch's helpers for them need a step 0 or Pillow)."""
+        self._open_writer()._get_file_writer().add_summary(summary, step, walltime)  # type: ignore[no-untyped-call]
 
 
 def _chart_order(metrics: list[str]) -> list[str]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -197,6 +198,7 @@ class SinkWorker:
     def _each(self, call: str, *args: Any) -> None:
         """``sink.<call>(*args)`` on every sink; a sink that raises is warned about once and called again next time."""
         for sink in self.sinks:
+            _yield_the_gil()
             try:
                 getattr(sink, call)(*args)
             except Exception as exc:
@@ -212,3 +214,10 @@ class SinkWorker:
                         type(exc).__name__,
                         exc,
                     )
+
+
+def _yield_the_gil() -> None:
+    """Let a thread waiting for the GIL (the training thread, back from a torch op) take it now, not
+    after the interpreter's switch interval (5 ms by default) that a busy worker would hold it for:
+    the worker's Python work comes in pieces between calls, each as short as one sink call."""
+    time.sleep(0)
