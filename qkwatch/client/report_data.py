@@ -13,12 +13,6 @@ from qkwatch.client.report_figures import Json, RunData, finite
 from qkwatch.client.rest import Client, CollectorError
 from qkwatch.contract import metrics as catalogue
 
-
-def band_metrics() -> tuple[str, ...]:
-    """The heatmaps a report draws: the catalogue's primary per-layer metrics (read when a report is made)."""
-    return tuple(m.name for m in catalogue.layer_metrics() if m.primary)
-
-
 MAX_STEPS = 1000  # heatmap columns per run; more steps are bucketed by max, as on the live page
 MAX_POINTS = 2000  # loss points per run
 
@@ -64,7 +58,8 @@ def fetch_run(client: Client, run: Json) -> RunData:
     # so ask only for those it has; the others are drawn empty.
     have = client.metrics(rid).metrics
     heatmaps = {
-        m: client.heatmap(rid, m, max_steps=MAX_STEPS).raw if m in have else _empty_heatmap(m) for m in band_metrics()
+        m: client.heatmap(rid, m, max_steps=MAX_STEPS).raw if m in have else _empty_heatmap(m)
+        for m in catalogue.primary_layer_metrics()
     }
     loss, val_loss = (
         client.series(rid, m, max_points=MAX_POINTS).raw if m in have else _empty_series(m)

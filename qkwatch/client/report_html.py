@@ -28,7 +28,6 @@ from qkwatch.client.report_cells import (
     tags_cell,
     time_text,
 )
-from qkwatch.client.report_data import band_metrics
 from qkwatch.client.report_figures import (
     Figure,
     Json,
@@ -42,6 +41,7 @@ from qkwatch.client.report_figures import (
     loss_figure,
     step_range,
 )
+from qkwatch.contract import metrics as catalogue
 from qkwatch.contract.thresholds import as_text
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True}
@@ -158,7 +158,7 @@ def heatmaps_section(runs: list[RunData], threshold: float) -> str:
     """A metric per row with the runs side by side (one run: two metrics per row), one scale per metric."""
     axes = step_range(runs), layer_range(runs)
     cells = []
-    for metric in band_metrics():
+    for metric in catalogue.primary_layer_metrics():
         scale = colour_scale(metric, [r.heatmaps[metric] for r in runs], threshold)
         cells += [
             plot(heatmap_figure(r, metric, scale, axes, threshold), f"fig-heatmap-{metric}-{i}")

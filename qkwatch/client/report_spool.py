@@ -12,15 +12,16 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from qkwatch.client.report_data import MAX_POINTS, MAX_STEPS, band_metrics
+from qkwatch.client.report_data import MAX_POINTS, MAX_STEPS
 from qkwatch.client.report_figures import Json, RunData, finite
+from qkwatch.contract import metrics as catalogue
 from qkwatch.contract.offline_reports import SpoolReports
 from qkwatch.contract.values import decode_value
 
 
 def spool_run_data(spool: SpoolReports) -> RunData:
     """``spool``'s run as the report draws it."""
-    heatmaps = {m: heatmap(spool, m) for m in band_metrics()}
+    heatmaps = {m: heatmap(spool, m) for m in catalogue.primary_layer_metrics()}
     reports = spool.reports
     return RunData(
         run={

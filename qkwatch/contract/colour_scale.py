@@ -41,7 +41,7 @@ def colour_at(value: float, lo: float, hi: float, t: float) -> str:
     colours, a, b = (BELOW, lo, t) if value < t else (ABOVE, t, hi)
     x = min(max((value - a) / (b - a), 0.0), 1.0) * (len(colours) - 1)  # in [0, len - 1]
     i = min(int(x), len(colours) - 2)
-    left, right = _rgb(colours[i]), _rgb(colours[i + 1])
+    left, right = rgb(colours[i]), rgb(colours[i + 1])
     return "#" + "".join(f"{round(p + (q - p) * (x - i)):02x}" for p, q in zip(left, right, strict=True))
 
 
@@ -68,5 +68,6 @@ def _ramp(colours: tuple[str, ...], a: float, b: float) -> list[tuple[float, str
     return [(a + (b - a) * i / n, c) for i, c in enumerate(colours)]
 
 
-def _rgb(colour: str) -> tuple[int, int, int]:
+def rgb(colour: str) -> tuple[int, int, int]:
+    """``"#e66e0c"`` as ``(230, 110, 12)``."""
     return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)

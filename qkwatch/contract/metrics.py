@@ -301,6 +301,12 @@ def layer_metrics() -> list[Metric]:
     return sorted((m for m in CATALOGUE.values() if m.scope == "layer"), key=lambda m: not m.primary)
 
 
+def primary_layer_metrics() -> tuple[str, ...]:
+    """The names of the primary per-layer metrics, in the catalogue's order: what the report's heatmaps,
+    the sinks' heatmaps and the trainers' logs show by default (read when asked: a registered one counts)."""
+    return tuple(m.name for m in layer_metrics() if m.primary)
+
+
 def exported(scope: Scope, kind: Kind = "gauge") -> dict[str, tuple[str, str]]:
     """``{name: (Prometheus name, help)}`` of the catalogue's exported metrics of ``scope`` and ``kind``."""
     return {

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from qkwatch.agent import RunInfo, SinkAlert, SinkReport, layer_tag
-from qkwatch.contract.metrics import layer_metrics
+from qkwatch.contract.metrics import layer_metrics, primary_layer_metrics
 
 KEEP = 256
 """Reports the buffer holds for the training thread; older ones are pushed out (and counted)."""
@@ -42,7 +42,7 @@ def chosen_metrics(choice: bool | Iterable[str]) -> tuple[str, ...]:
         ValueError: a name that is not a per-layer metric of the catalogue (named).
     """
     if choice is True:
-        return tuple(m.name for m in layer_metrics() if m.primary)
+        return primary_layer_metrics()
     if choice is False:
         return ()
     if isinstance(choice, str):

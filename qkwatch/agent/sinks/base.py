@@ -47,6 +47,11 @@ class RunInfo:
     world: int = 1
     config: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """The name a tracker run of this rank takes: the run's, ``-rank<r>`` added on ranks other than 0."""
+        return self.run if self.world == 1 or self.rank == 0 else f"{self.run}-rank{self.rank}"
+
 
 @dataclass(frozen=True)
 class SinkReport:

@@ -15,15 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qkwatch.contract.metrics import layer_metrics
-
 HEATMAP_COLUMNS = 256
 """Most report steps one heatmap draws."""
-
-
-def primary_layer_metrics() -> tuple[str, ...]:
-    """The metrics the heatmaps draw: the catalogue's primary per-layer metrics, in its order."""
-    return tuple(m.name for m in layer_metrics() if m.primary)
 
 
 @dataclass

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qkwatch.agent.sinks.base import PREFIX, RunInfo, SinkAlert, SinkReport
-from qkwatch.agent.sinks.png import heatmap_png, heatmap_rgb
+from qkwatch.agent.sinks.png import has_pillow, heatmap_png, heatmap_rgb
 from qkwatch.contract.names import rank_suffix
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class MlflowSink:
         self._info = run
         self.n_layers = run.n_layers
         self._suffix = rank_suffix(run.rank, run.world)
-        if self.heatmap_kind == "image" and not _has_pillow():
+        if self.heatmap_kind == "image" and not has_pillow():
             logger.warning("qkwatch: the mlflow sink logs heatmaps as artifacts: log_image needs Pillow")
             self.heatmap_kind = "artifact"
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -216,7 +216,7 @@ class MlflowSink:
         tags = {f"{PREFIX}.project": info.project, f"{PREFIX}.run": info.run, f"{PREFIX}.rank": str(info.rank)}
         if self.run_id is None:
             experiment_id = self._experiment_id(self.experiment or info.project)
-            created = self.client.create_run(experiment_id, run_name=self.run_name or _run_name(info), tags=tags)
+            created = self.client.create_run(experiment_id, run_name=self.run_name or info.label, tags=tags)
             self.run_id, self.owned = created.info.run_id, True
         else:
             self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
@@ -255,13 +255,3 @@ class MlflowSink:
     def _tag_alert(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value, synchronous=True)
         self.client.log_text(self.run_id, json.dumps(self.alerts, indent=1), f"{PREFIX}/alerts.json")
-
-
-def _run_name(run: RunInfo) -> str:
-    return run.run if run.world == 1 or run.rank == 0 else f"{run.run}-rank{run.rank}"
-
-
-def _has_pillow() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("PIL") is not None

@@ -14,13 +14,14 @@ Pure: bytes out, no files.
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 import zlib
 from collections.abc import Sequence
 
 import numpy as np
 
-from qkwatch.contract.colour_scale import ABOVE, BELOW, GAP
+from qkwatch.contract.colour_scale import ABOVE, BELOW, GAP, rgb
 from qkwatch.contract.metrics import CATALOGUE
 from qkwatch.contract.thresholds import Thresholds
 
@@ -72,7 +73,7 @@ def _colours(metric: str, grid: np.ndarray, thresholds: Thresholds) -> np.ndarra
     """Each finite cell's colour, GAP elsewhere: ``(layers, steps, 3)`` uint8."""
     finite = np.isfinite(grid)
     out = np.empty((*grid.shape, 3), dtype=np.uint8)
-    out[...] = _rgb(GAP)
+    out[...] = rgb(GAP)
     if not finite.any():
         return out
     entry = CATALOGUE.get(metric)
@@ -93,13 +94,14 @@ def _colours(metric: str, grid: np.ndarray, thresholds: Thresholds) -> np.ndarra
 def _ramp(stops: tuple[str, ...], values: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """``colour_scale.colour_at`` on one side of the break, for many values: linear in sRGB between
     evenly spaced stops over [lo, hi], clamped, rounded half to even as Python's ``round``."""
-    rgb = np.array([_rgb(c) for c in stops], dtype=np.float64)  # (stops, 3)
+    colours = np.array([rgb(c) for c in stops], dtype=np.float64)  # (stops, 3)
     x = np.clip((values - lo) / (hi - lo), 0.0, 1.0) * (len(stops) - 1)
     i = np.minimum(x.astype(np.int64), len(stops) - 2)
     frac = (x - i)[:, None]
-    out: np.ndarray = np.rint(rgb[i] + (rgb[i + 1] - rgb[i]) * frac).astype(np.uint8)
+    out: np.ndarray = np.rint(colours[i] + (colours[i + 1] - colours[i]) * frac).astype(np.uint8)
     return out
 
 
-def _rgb(colour: str) -> tuple[int, int, int]:
-    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+def has_pillow() -> bool:
+    """Whether Pillow is installed (looked up, not imported), which W&B's and MLflow's image types need."""
+    return importlib.util.find_spec("PIL") is not None

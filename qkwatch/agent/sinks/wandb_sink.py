@@ -33,14 +33,13 @@ tag ``qkwatch:<rule>`` the first time the rule fires.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from qkwatch.agent.sinks.base import PREFIX, RunInfo, SinkAlert, SinkReport, layer_tag, scalar_tag
-from qkwatch.agent.sinks.png import heatmap_rgb
+from qkwatch.agent.sinks.png import has_pillow, heatmap_rgb
 from qkwatch.contract.names import rank_suffix
 
 logger = logging.getLogger(__name__)
@@ -119,14 +118,14 @@ class WandbSink:
         """Find or start the run, and make ``qkwatch/step`` the x axis of every qkwatch name."""
         self.n_layers = run.n_layers
         self.suffix = rank_suffix(run.rank, run.world)
-        if self.heatmap_kind == "image" and importlib.util.find_spec("PIL") is None:
+        if self.heatmap_kind == "image" and not has_pillow():
             logger.warning("qkwatch: the wandb sink draws heatmaps as tables: wandb.Image needs Pillow")
             self.heatmap_kind = "table"
         target = self.given if self.given is not None else self.wandb.run
         if target is None:
             kwargs: dict[str, Any] = {
                 "project": self.project or run.project,
-                "name": self.run_name or _run_name(run),
+                "name": self.run_name or run.label,
                 "mode": self.mode,
                 "dir": self.dir,
                 "entity": self.entity,
@@ -209,10 +208,6 @@ class WandbSink:
         if self.run is None:
             raise RuntimeError("the wandb sink has no run (it did not open, or is closed)")
         return self.run
-
-
-def _run_name(run: RunInfo) -> str:
-    return run.run if run.world == 1 or run.rank == 0 else f"{run.run}-rank{run.rank}"
 
 
 def _config(run: RunInfo) -> dict[str, Any]:

@@ -33,7 +33,8 @@ from typing import Any
 
 from qkwatch.agent.sinks.alerts import LocalAlerts
 from qkwatch.agent.sinks.base import RunInfo, Sink, SinkReport
-from qkwatch.agent.sinks.history import HEATMAP_COLUMNS, LayerHistory, primary_layer_metrics
+from qkwatch.agent.sinks.history import HEATMAP_COLUMNS, LayerHistory
+from qkwatch.contract.metrics import primary_layer_metrics
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from qkwatch.agent.sinks.history import LayerHistory, primary_layer_metrics
+from qkwatch.agent.sinks.history import LayerHistory
 from qkwatch.agent.sinks.png import heatmap_rgb, png_bytes
 from qkwatch.contract.colour_scale import ABOVE, BELOW, GAP, colour_at
+from qkwatch.contract.metrics import primary_layer_metrics
 from qkwatch.contract.thresholds import Thresholds
 
 
