@@ -116,7 +116,7 @@ class RunPublic(Answer):
 
 
 class RunsPublic(Page[RunPublic]):
-    pass
+    """A page of runs (``GET /v1/runs``)."""
 
 
 class IngestPublic(Answer):
@@ -199,7 +199,7 @@ class AuditPublic(Answer):
 
 
 class AuditListPublic(Page[AuditPublic]):
-    pass
+    """A page of lambda audit entries (``GET /v1/runs/{id}/lambdas/audit``)."""
 
 
 class EventPublic(Answer):
@@ -222,7 +222,7 @@ class EventPublic(Answer):
 
 
 class EventsPublic(Page[EventPublic]):
-    pass
+    """A page of a run's events (``GET /v1/runs/{id}/events``)."""
 
 
 class AlertPublic(Answer):
@@ -280,7 +280,7 @@ class AlertPublic(Answer):
 
 
 class AlertsPublic(Page[AlertPublic]):
-    pass
+    """A page of alerts (``GET /v1/alerts``)."""
 
 
 class HistoryMetricPublic(Answer):

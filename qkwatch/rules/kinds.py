@@ -45,6 +45,7 @@ import math
 import operator
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 
 from qkwatch.contract.thresholds import COLLAPSE_THRESHOLD
 from qkwatch.contract.values import METRIC_NAME_PATTERN
@@ -76,14 +77,13 @@ def _check_int(rule: str, key: str, value: object, low: int = 1, high: int | Non
 
 
 def _check_number(rule: str, key: str, value: object, above: float | None = None) -> None:
-    if not _finite(value):
+    if not finite(value):
         raise ValueError(f"rule {brief_repr(rule)}: {key} must be a finite number, got {brief_repr(value)}")
-    assert isinstance(value, (int, float))  # _finite holds only for numbers
     if above is not None and value <= above:
         raise ValueError(f"rule {brief_repr(rule)}: {key} must be above {above:g}, got {brief_repr(value)}")
 
 
-def _finite(value: object) -> bool:
+def finite(value: object) -> TypeGuard[int | float]:
     """A finite int or float (not a bool); an int too large for a float is not."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False

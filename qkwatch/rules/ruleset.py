@@ -50,7 +50,6 @@ its own, and a threshold outside the metric's catalogue range is refused. ``fact
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -67,6 +66,7 @@ from qkwatch.rules.kinds import (
     Rule,
     ThresholdRule,
     brief_repr,
+    finite,
 )
 
 KINDS: dict[str, type[Rule]] = {
@@ -239,8 +239,8 @@ def _with_threshold(item: Mapping[str, Any], i: int, collapse: float) -> dict[st
                 f"{inherits}, defaults to the collapse threshold, {as_text(collapse)})"
             )
         return {**item, "threshold": collapse}
-    threshold = _finite_number(item["threshold"])  # anything else: the rule's own check names it
-    if entry is not None and threshold is not None:
+    threshold = item["threshold"]
+    if entry is not None and finite(threshold):  # anything else: the rule's own check names it
         low = -float("inf") if entry.low is None else entry.low
         high = float("inf") if entry.high is None else entry.high
         if not low <= threshold <= high:
@@ -249,18 +249,6 @@ def _with_threshold(item: Mapping[str, Any], i: int, collapse: float) -> dict[st
                 f"[{as_text(low)}, {as_text(high)}] ({entry.display}, qkwatch.contract.metrics)"
             )
     return dict(item)
-
-
-def _finite_number(value: object) -> float | None:
-    """``value`` as a float when it is a finite number (a bool, NaN, an infinity or an integer too large
-    for a float: None)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def with_webhooks(rules: RuleSet, urls: Iterable[str]) -> RuleSet:

@@ -6,8 +6,6 @@ The definitions are docs/metrics.md's metric tables.
 """
 
 from qkwatch.agent.metrics.attention import (
-    SPECTRUM_NAMES,
-    STAT_NAMES,
     attention_spectrum,
     attention_stats,
     qk_erank,
@@ -25,7 +23,7 @@ from qkwatch.agent.metrics.heads import (
 )
 from qkwatch.agent.metrics.masks import mask_values, visible_keys
 from qkwatch.agent.metrics.par import TAU_FACTOR, par_penalty
-from qkwatch.agent.metrics.rows import RowMetric, activation_metric
+from qkwatch.agent.metrics.rows import SPECTRUM_NAMES, STAT_NAMES, RowMetric, activation_metric
 from qkwatch.agent.metrics.spectra import column_alignment, effective_rank, participation_ratio, projection_norms
 from qkwatch.agent.metrics.subspace import (
     ACCURACY,

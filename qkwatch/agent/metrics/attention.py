@@ -24,21 +24,8 @@ from torch import Tensor
 
 from qkwatch.agent.metrics.heads import group_heads
 from qkwatch.agent.metrics.rows import REGISTERED as ROW_METRICS
-from qkwatch.agent.metrics.rows import row_metrics
+from qkwatch.agent.metrics.rows import STAT_NAMES, row_metrics
 from qkwatch.agent.metrics.spectra import effective_rank
-
-STAT_NAMES = (
-    "attn_entropy",
-    "attn_entropy_nats",
-    "attn_top1",
-    "attn_top5",
-    "attn_gap",
-    "logit_mean",
-    "logit_std",
-    "logit_max",
-    "qk_erank",
-)
-SPECTRUM_NAMES = ("attn_srank", "attn_gap1")
 
 
 def attention_stats(

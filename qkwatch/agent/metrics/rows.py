@@ -1,4 +1,4 @@
-"""Activation metrics of your own: a function of each sampled row's attention probabilities.
+"""The activation metrics' names, and those of your own: a function of each sampled row's attention probabilities.
 
 A metric registered with :func:`activation_metric` (and given one entry in the catalogue,
 ``qkwatch.contract.metrics``) is measured wherever :func:`qkwatch.agent.metrics.attention_stats`
@@ -22,6 +22,9 @@ from collections.abc import Callable
 
 from torch import Tensor
 
+from qkwatch.agent.metrics.summary import HEAD_METRICS
+from qkwatch.agent.metrics.summary import REGISTERED as WEIGHT_METRICS
+
 RowMetric = Callable[[Tensor, Tensor], Tensor]
 """``(p, rows) -> (...)``: a value per head. ``p (..., T_q, T_k)``: each sampled row's attention
 probabilities over the keys (0 on a key the row may not see); ``rows (T_q,)`` or ``(..., T_q)``: 1
@@ -30,21 +33,30 @@ for a row that sees a key, 0 for a padding token's row (leave those out)."""
 REGISTERED: dict[str, RowMetric] = {}
 """The activation metrics added with :func:`activation_metric`, by name."""
 
-RESERVED = (
-    *("attn_entropy", "attn_entropy_nats", "attn_top1", "attn_top5", "attn_gap"),
-    *("logit_mean", "logit_std", "logit_max", "qk_erank", "attn_srank", "attn_gap1", "pr_q", "pr_k", "pr_gap"),
+STAT_NAMES = (
+    "attn_entropy",
+    "attn_entropy_nats",
+    "attn_top1",
+    "attn_top5",
+    "attn_gap",
+    "logit_mean",
+    "logit_std",
+    "logit_max",
+    "qk_erank",
 )
-"""The built-in activation metrics' names."""
+"""The built-in statistics of :func:`qkwatch.agent.metrics.attention_stats`, in its answer's order."""
+SPECTRUM_NAMES = ("attn_srank", "attn_gap1")
+"""Seed 003's quantities of :func:`qkwatch.agent.metrics.attention_spectrum`."""
+PARTICIPATION = ("pr_q", "pr_k", "pr_gap")
+"""The participation ratios' names (measured by the probe, beside ``attention_stats``)."""
 
 
 def activation_metric(name: str) -> Callable[[RowMetric], RowMetric]:
     """Register a per-head metric of the sampled rows' attention under ``name``; reported from the next report on."""
 
     def register(fn: RowMetric) -> RowMetric:
-        from qkwatch.agent.metrics.summary import HEAD_METRICS
-        from qkwatch.agent.metrics.summary import REGISTERED as WEIGHT_METRICS
-
-        if name in RESERVED or name in REGISTERED or name in HEAD_METRICS or name in WEIGHT_METRICS:
+        taken = (*STAT_NAMES, *SPECTRUM_NAMES, *PARTICIPATION, *HEAD_METRICS, *WEIGHT_METRICS, *REGISTERED)
+        if name in taken:
             raise ValueError(f"a metric named {name!r} exists already")
         REGISTERED[name] = fn
         return fn
